@@ -1,0 +1,91 @@
+/**
+ * The runtime contract: what the host agent needs from a sandbox technology.
+ * Two implementations pass one contract suite (test/agent/runtime-contract):
+ *   - process: a machine is a directory; commands are plain child processes.
+ *     No isolation at all; for a laptop, a test, or trusted CI.
+ *   - gvisor: one runsc sandbox per machine; read-only base root, a writable
+ *     layer thrown away by scrub, a workspace directory, no network.
+ *
+ * Every method is idempotent on the machine id, so an agent operation retried
+ * with the same operation id (after a crash or a lost reply) never acts twice.
+ */
+import type { Readable, Writable } from "node:stream";
+
+export type RuntimeKind = "process" | "gvisor";
+
+/** What the agent records about a started machine, enough to recognise it exactly after a restart. */
+export interface RuntimeMachine {
+  machineId: string;
+  /** A fresh boot id on every start and every fence; readable inside the machine (BERTH_INCARNATION). */
+  incarnation: string;
+  /** Host path of the machine's workspace directory (HOME / cwd inside it). */
+  workspace: string;
+  /** Runtime-specific exact identity (e.g. runsc container id + sandbox pid + start time). */
+  identity: Record<string, string | number>;
+}
+
+export interface PtyRequest {
+  cols: number;
+  rows: number;
+  term: string;
+}
+
+export interface ExecRequest {
+  /** null runs the machine's login shell. */
+  argv: string[] | null;
+  /** Extra environment, already filtered through the agent's allowlist. */
+  env: Record<string, string>;
+  pty?: PtyRequest;
+}
+
+/** Exact identity of a process: pid + kernel start time (clock ticks since boot) + process group. */
+export interface ProcessIdentity {
+  pid: number;
+  startTime: number;
+  pgid: number;
+}
+
+export interface ExecHandle {
+  /** Host identity of the process the agent spawned (the child itself, or the `runsc exec` client). */
+  client: ProcessIdentity;
+  /** Identity of the command's group leader as seen by the runtime (in-sandbox pid for gvisor). */
+  leader: ProcessIdentity;
+  /** Without a PTY: the three pipes. With a PTY: stdout carries the merged stream, stderr is empty. */
+  stdin: Writable;
+  stdout: Readable;
+  stderr: Readable;
+  /** Set the PTY size on the master, then SIGWINCH to the group (PTY sessions only). */
+  resize(cols: number, rows: number): void;
+  /** Signal the command's exact process group; refused (returns false) if the leader identity no longer matches. */
+  signalGroup(signal: NodeJS.Signals): Promise<boolean>;
+  /** Resolves once with the exit status, after the client is reaped. */
+  exited: Promise<{ code: number | null; signal: string | null }>;
+  /** Stop reading output (backpressure) / resume. */
+  pause(): void;
+  resume(): void;
+}
+
+export interface FenceProof {
+  /** The new incarnation after the fence. */
+  incarnation: string;
+  /** How absence was proven, e.g. "sandbox restarted: incarnation A -> B" or "3 groups reaped, 0 processes remain". */
+  evidence: string;
+}
+
+export interface Runtime {
+  readonly kind: RuntimeKind;
+  /** Create (or find, if it already exists with the same id) and start the machine. */
+  create(machineId: string): Promise<RuntimeMachine>;
+  /** Run a command inside a started machine. */
+  exec(machineId: string, req: ExecRequest): Promise<ExecHandle>;
+  /** Kill every process of the machine and prove none remain; returns the new incarnation. */
+  fence(machineId: string): Promise<FenceProof>;
+  /** Throw away everything a borrower wrote (workspace and writable layer); the machine stays started. */
+  scrub(machineId: string): Promise<void>;
+  /** Stop and remove the machine; resolves only once its absence is verified. Idempotent. */
+  destroy(machineId: string): Promise<void>;
+  /** What the runtime sees of a machine now. */
+  inspect(machineId: string): Promise<{ exists: boolean; incarnation: string | null; liveProcesses: number }>;
+  /** Every machine the runtime can see on this host under this agent's state directory (for recovery sweeps). */
+  list(): Promise<string[]>;
+}

@@ -1,0 +1,79 @@
+/**
+ * Every refusal in berth is a BerthError: a stable `code` that scripts match
+ * on, a message written for the person reading it, and the HTTP status the
+ * API answers with. Messages never carry secrets (tokens, private keys).
+ */
+export type ErrorCode =
+  | "invalid_id"
+  | "invalid_request"
+  | "body_too_large"
+  | "unauthorized"
+  | "forbidden"
+  | "not_found"
+  | "conflict"
+  | "pool_exhausted"
+  | "borrow_not_active"
+  | "borrow_expired"
+  | "generation_mismatch"
+  | "claim_consumed"
+  | "claim_expired"
+  | "claim_not_found"
+  | "namespace_conflict"
+  | "portable_unsupported"
+  | "grant_expired"
+  | "grant_not_pending"
+  | "token_mismatch"
+  | "key_mismatch"
+  | "provider_unavailable"
+  | "operation_failed"
+  | "store_busy"
+  | "method_not_allowed"
+  | "internal";
+
+const STATUS: Record<ErrorCode, number> = {
+  invalid_id: 400,
+  invalid_request: 400,
+  body_too_large: 413,
+  unauthorized: 401,
+  forbidden: 403,
+  not_found: 404,
+  conflict: 409,
+  pool_exhausted: 503,
+  borrow_not_active: 409,
+  borrow_expired: 409,
+  generation_mismatch: 409,
+  claim_consumed: 409,
+  claim_expired: 409,
+  claim_not_found: 404,
+  namespace_conflict: 409,
+  portable_unsupported: 400,
+  grant_expired: 409,
+  grant_not_pending: 409,
+  token_mismatch: 403,
+  key_mismatch: 403,
+  provider_unavailable: 503,
+  operation_failed: 502,
+  store_busy: 503,
+  method_not_allowed: 405,
+  internal: 500,
+};
+
+export class BerthError extends Error {
+  readonly code: ErrorCode;
+  readonly status: number;
+  constructor(code: ErrorCode, message: string) {
+    super(message);
+    this.name = "BerthError";
+    this.code = code;
+    this.status = STATUS[code];
+  }
+}
+
+export function isBerthError(e: unknown): e is BerthError {
+  return e instanceof BerthError;
+}
+
+/** Exhaustiveness guard for closed unions: a new arm fails to compile. */
+export function assertNever(x: never, what = "value"): never {
+  throw new Error(`unexpected ${what}: ${JSON.stringify(x)}`);
+}

@@ -1,0 +1,39 @@
+/**
+ * Bearer secrets (API tokens, borrow tokens, grant tokens, fill-claim tokens,
+ * agent tokens). The raw value is shown once to its caller; everything stored
+ * is a domain-separated SHA-256 hash, so a hash of one kind can never be
+ * replayed as another kind (invariant 8).
+ */
+import { createHash, timingSafeEqual } from "node:crypto";
+
+export type TokenDomain = "api" | "borrow" | "grant" | "claim" | "agent" | "enroll" | "host-call";
+
+const PREFIX: Record<TokenDomain, string> = {
+  api: "bat",
+  borrow: "bbt",
+  grant: "bgt",
+  claim: "bct",
+  agent: "bag",
+  enroll: "ben",
+  "host-call": "bhc",
+};
+
+/** A raw token: recognisable prefix + 32 random bytes, base64url. */
+export function newToken(domain: TokenDomain, randomBytes: (n: number) => Uint8Array): string {
+  return `${PREFIX[domain]}_${Buffer.from(randomBytes(32)).toString("base64url")}`;
+}
+
+export function hashToken(domain: TokenDomain, raw: string): string {
+  return createHash("sha256").update(`berth.${domain}.v1\0`).update(raw).digest("hex");
+}
+
+/** Constant-time comparison of two hex hashes. */
+export function sameHash(a: string, b: string): boolean {
+  if (a.length !== b.length) return false;
+  return timingSafeEqual(Buffer.from(a), Buffer.from(b));
+}
+
+/** A token is well-formed for a domain when it has that domain's prefix and length. */
+export function looksLikeToken(domain: TokenDomain, raw: unknown): raw is string {
+  return typeof raw === "string" && raw.startsWith(PREFIX[domain] + "_") && raw.length === PREFIX[domain].length + 1 + 43;
+}
