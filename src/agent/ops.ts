@@ -1,0 +1,567 @@
+/**
+ * Agent operations: create, install_key, remove_key, fence, scrub, destroy.
+ *
+ * Protocol, per request `{opId, kind, machineId, generation, args}`:
+ *   1. A known opId with a different kind, machine, generation or arguments
+ *      is refused (`conflict`). A known opId that is `done` returns its first
+ *      result, byte for byte, and acts on nothing.
+ *   2. Preconditions (machine state, generation) are checked; a refusal
+ *      changes nothing and is not recorded, so a retry is refused the same way
+ *      (generations only grow).
+ *   3. The operation row is written `started` BEFORE anything acts (for
+ *      create, together with the machine's `creating` record), so a crash
+ *      leaves a durable trace that recovery reads as "mid-operation".
+ *   4. The action runs (runtime calls outside any transaction).
+ *   5. The state change and the result are committed in ONE transaction,
+ *      and only then is the reply sent: a lost reply is answered again from
+ *      the record by the coordinator's retry, never by acting a second time.
+ *   A failure marks the row `failed`; a retry with the same opId runs it
+ *   again (every runtime method is idempotent on the machine id), since no
+ *   result was ever given out.
+ *
+ * Operations on one machine run one at a time (a per-machine queue).
+ *
+ * Generations: the agent keeps each machine's current generation. An
+ * operation below it is refused (`generation_mismatch`); one above it
+ * advances it, removing every key of an older generation. A key removal is
+ * never a fence: only `fence` closes sessions and restarts the machine's
+ * processes (new incarnation), and proves none of the old ones remain.
+ */
+import { createHash } from "node:crypto";
+import { z } from "zod";
+import { BerthError, assertNever } from "../core/errors.js";
+import { parseId, type Id } from "../core/ids.js";
+import type { SessionRegistry } from "./contracts.js";
+import type { AgentKeys, KeySelector } from "./keys.js";
+import { errorMessage, type AgentLog } from "./log.js";
+import { parsePublicKey } from "./pubkey.js";
+import type { Runtime } from "./runtime/types.js";
+import type { AgentStore, MachineRecord, OpRecord, StoredKey } from "./store.js";
+
+export const OP_KINDS = ["create", "install_key", "remove_key", "fence", "scrub", "destroy"] as const;
+export type OpKind = (typeof OP_KINDS)[number];
+
+export interface OpRequest {
+  opId: string;
+  kind: OpKind;
+  machineId: string;
+  generation: number;
+  args?: unknown;
+}
+
+export interface OpResponse {
+  opId: Id;
+  kind: OpKind;
+  machineId: Id;
+  generation: number;
+  status: "done";
+  result: OpResult;
+}
+
+export interface CreateResult {
+  incarnation: string;
+  runtime: string;
+  /** True when the runtime already had the machine (a create retried under a new opId). */
+  existed: boolean;
+}
+export interface InstallKeyResult {
+  fingerprint: string;
+  grantId: string;
+  mode: "grant" | "keeper";
+  expiresAt: number | null;
+  /** Fingerprints of keys of older generations removed by this install. */
+  superseded: string[];
+}
+export interface RemoveKeyResult {
+  /** Keys removed now; empty when none was installed (the key is absent either way). */
+  removed: Array<{ fingerprint: string; grantId: string }>;
+  /** Keys of the machine still installed (other grants, a keeper key). */
+  keysRemaining: number;
+  /** Sessions closed because no key of the machine is left (else the gateway cuts the key's own sessions). */
+  sessionsClosed: number;
+  /** Live sessions of the machine once that is done. */
+  sessionsRemaining: number;
+}
+export interface FenceResult {
+  incarnationBefore: string | null;
+  incarnationAfter: string;
+  sessionsClosed: number;
+  processesRemaining: number;
+  evidence: string;
+}
+export interface ScrubResult {
+  incarnation: string | null;
+  scrubbed: true;
+}
+export interface DestroyResult {
+  existed: boolean;
+  incarnationBefore: string | null;
+  sessionsClosed: number;
+  keysRemoved: number;
+  processesRemaining: 0;
+}
+export type OpResult = CreateResult | InstallKeyResult | RemoveKeyResult | FenceResult | ScrubResult | DestroyResult;
+
+const installKeyArgs = z
+  .object({
+    publicKey: z.string().max(16_384),
+    mode: z.enum(["grant", "keeper"]),
+    grantId: z.string(),
+    expiresAt: z.number().int().nonnegative().nullable(),
+  })
+  .strict();
+const removeKeyArgs = z.union([
+  z.object({ grantId: z.string() }).strict(),
+  z.object({ fingerprint: z.string().regex(/^SHA256:[A-Za-z0-9+/]{43}$/) }).strict(),
+]);
+const noArgs = z.union([z.object({}).strict(), z.undefined(), z.null()]);
+
+type Normalized =
+  | { kind: "create" }
+  | { kind: "install_key"; publicKey: string; fingerprint: string; mode: "grant" | "keeper"; grantId: Id; expiresAt: number | null }
+  | { kind: "remove_key"; which: KeySelector }
+  | { kind: "fence" }
+  | { kind: "scrub" }
+  | { kind: "destroy" };
+
+export interface AgentOpsDeps {
+  /** The durable record of machines, keys and operation results. */
+  store: AgentStore;
+  /** The key authority the SSH gateway consults. */
+  keys: AgentKeys;
+  /** The sandbox runtime that creates, fences, scrubs and destroys machines. */
+  runtime: Runtime;
+  /** The gateway's sessions: cut them, count them. */
+  sessions: SessionRegistry;
+  /** The clock (epoch ms). */
+  now: () => number;
+  log: AgentLog;
+}
+
+export class AgentOps {
+  readonly #deps: AgentOpsDeps;
+  readonly #queues = new Map<string, Promise<unknown>>();
+
+  constructor(deps: AgentOpsDeps) {
+    this.#deps = deps;
+  }
+
+  /** Runs (or answers again) one operation. Refusals and failures throw BerthError. */
+  async run(req: OpRequest): Promise<OpResponse> {
+    const opId = parseId(req.opId, "opId");
+    const machineId = parseId(req.machineId, "machineId");
+    const kind = req.kind;
+    if (!OP_KINDS.includes(kind)) {
+      throw new BerthError("invalid_request", `invalid_request: unknown operation kind ${JSON.stringify(String(kind)).slice(0, 40)}; use one of ${OP_KINDS.join(", ")}`);
+    }
+    const generation = req.generation;
+    if (!Number.isSafeInteger(generation) || generation < 0) {
+      throw new BerthError("invalid_request", "invalid_request: generation must be a non-negative integer");
+    }
+    const args = normalizeArgs(kind, req.args);
+    const argsHash = hashArgs(args);
+    return this.#serialized(machineId, () => this.#execute(opId, kind, machineId, generation, args, argsHash));
+  }
+
+  /** Runs `fn` after every earlier operation on the same machine. */
+  async #serialized<T>(machineId: string, fn: () => Promise<T>): Promise<T> {
+    const prev = this.#queues.get(machineId) ?? Promise.resolve();
+    const next = prev.then(fn, fn);
+    const tail = next.catch(() => undefined);
+    this.#queues.set(machineId, tail);
+    void tail.then(() => {
+      if (this.#queues.get(machineId) === tail) this.#queues.delete(machineId);
+    });
+    return next;
+  }
+
+  async #execute(
+    opId: Id,
+    kind: OpKind,
+    machineId: Id,
+    generation: number,
+    args: Normalized,
+    argsHash: string,
+  ): Promise<OpResponse> {
+    const { store } = this.#deps;
+    const existing = store.getOp(opId);
+    if (existing !== null) {
+      if (
+        existing.kind !== kind ||
+        existing.machineId !== machineId ||
+        existing.generation !== generation ||
+        existing.argsHash !== argsHash
+      ) {
+        throw new BerthError(
+          "conflict",
+          `conflict: operation ${opId} was already used for ${existing.kind} of machine ${existing.machineId} at generation ${existing.generation} with other arguments; use a new operation id`,
+        );
+      }
+      if (existing.status === "done") return respond(existing);
+    }
+
+    const machine = store.getMachine(machineId);
+    this.#checkPreconditions(opId, kind, machineId, generation, machine);
+
+    try {
+      if (existing === null) {
+        store.transaction(() => {
+          store.insertOp({ opId, kind, machineId, generation, argsHash, now: this.#deps.now() });
+          if (kind === "create" && machine === null) {
+            // The intent record, before the runtime creates anything: after a
+            // crash, "no record" means "never ours".
+            const now = this.#deps.now();
+            store.putMachine({
+              id: machineId, generation, state: "creating", incarnation: null, workspace: null,
+              identity: null, mismatch: null, createdAt: now, updatedAt: now,
+            });
+          }
+        });
+      } else {
+        store.markOpStarted(opId);
+      }
+    } catch (e) {
+      if ((e as { code?: unknown }).code === "SQLITE_CONSTRAINT_PRIMARYKEY") {
+        throw new BerthError("conflict", `conflict: operation ${opId} is already in use; use a new operation id`);
+      }
+      throw e;
+    }
+
+    try {
+      const ctx: OpContext = { opId, machineId, generation };
+      const result = await this.#act(ctx, args);
+      const done = store.getOp(opId);
+      if (done === null || done.status !== "done") throw new Error(`operation ${opId} finished without its result recorded`);
+      this.#deps.log.info({ opId, kind, machineId, generation }, "operation done");
+      void result;
+      return respond(done);
+    } catch (e) {
+      const msg = errorMessage(e);
+      try {
+        store.failOp(opId, msg, this.#deps.now());
+      } catch (e2) {
+        this.#deps.log.error({ opId, error: errorMessage(e2) }, "could not record an operation failure");
+      }
+      this.#deps.log.warn({ opId, kind, machineId, generation, error: msg }, "operation failed");
+      if (e instanceof BerthError) throw e;
+      throw new BerthError(
+        "operation_failed",
+        `operation_failed: ${kind} of machine ${machineId} (operation ${opId}) failed: ${msg}; retry with the same operation id`,
+      );
+    }
+  }
+
+  #checkPreconditions(opId: Id, kind: OpKind, machineId: Id, generation: number, m: MachineRecord | null): void {
+    if (m === null) {
+      if (kind === "create" || kind === "destroy") return;
+      throw new BerthError("not_found", `not_found: machine ${machineId} is not on this host; create it first`);
+    }
+    if (generation < m.generation) {
+      throw new BerthError(
+        "generation_mismatch",
+        `generation_mismatch: operation ${opId} (${kind}) carries generation ${generation} of machine ${machineId}, which is at generation ${m.generation}; nothing was changed`,
+      );
+    }
+    switch (m.state) {
+      case "running":
+        return;
+      case "creating":
+        if (kind === "create" || kind === "destroy") return;
+        throw new BerthError("conflict", `conflict: machine ${machineId} is still being created; finish its create operation first`);
+      case "destroying":
+        if (kind === "destroy") return;
+        throw new BerthError("conflict", `conflict: machine ${machineId} is being destroyed; only destroy can finish it`);
+      case "destroyed":
+        if (kind === "destroy") return;
+        throw new BerthError("conflict", `conflict: machine ${machineId} was destroyed; use a new machine id`);
+      case "mismatch":
+        if (kind === "destroy" && m.mismatch?.startsWith("missing")) return;
+        throw new BerthError(
+          "conflict",
+          `conflict: machine ${machineId} does not match its record (${m.mismatch ?? "unknown"}); the agent will not touch it; an operator must inspect it`,
+        );
+      default:
+        assertNever(m.state, "machine state");
+    }
+  }
+
+  async #act(ctx: OpContext, args: Normalized): Promise<OpResult> {
+    switch (args.kind) {
+      case "create":
+        return this.#create(ctx);
+      case "install_key":
+        return this.#installKey(ctx, args);
+      case "remove_key":
+        return this.#removeKey(ctx, args.which);
+      case "fence":
+        return this.#fence(ctx);
+      case "scrub":
+        return this.#scrub(ctx);
+      case "destroy":
+        return this.#destroy(ctx);
+      default:
+        return assertNever(args, "operation");
+    }
+  }
+
+  /** The machine's record, which the preconditions proved exists. */
+  #machine(id: string): MachineRecord {
+    const m = this.#deps.store.getMachine(id);
+    if (m === null) throw new Error(`machine ${id} has no record`);
+    return m;
+  }
+
+  /** Commits `m` (generation possibly advanced) and the result, in one transaction, with the keys' change. */
+  #commit(ctx: OpContext, m: MachineRecord, result: OpResult): () => void {
+    return () => {
+      const now = this.#deps.now();
+      this.#deps.store.putMachine({ ...m, generation: Math.max(m.generation, ctx.generation), updatedAt: now });
+      this.#deps.store.finishOp(ctx.opId, result, now);
+    };
+  }
+
+  async #create(ctx: OpContext): Promise<CreateResult> {
+    const { runtime, store, keys } = this.#deps;
+    const before = this.#machine(ctx.machineId);
+    const existed = before.state === "running";
+    const rm = await runtime.create(ctx.machineId);
+    const result: CreateResult = { incarnation: rm.incarnation, runtime: runtime.kind, existed };
+    const m: MachineRecord = {
+      ...before,
+      state: "running",
+      incarnation: rm.incarnation,
+      workspace: rm.workspace,
+      identity: rm.identity,
+      mismatch: null,
+    };
+    const generation = Math.max(before.generation, ctx.generation);
+    if (keys.generationOf(ctx.machineId) === undefined) {
+      store.transaction(this.#commit(ctx, m, result));
+      keys.attach(ctx.machineId, generation);
+    } else {
+      keys.advance(ctx.machineId, generation, this.#commit(ctx, m, result));
+    }
+    return result;
+  }
+
+  async #installKey(
+    ctx: OpContext,
+    a: Extract<Normalized, { kind: "install_key" }>,
+  ): Promise<InstallKeyResult> {
+    const { store, keys } = this.#deps;
+    const now = this.#deps.now();
+    if (a.expiresAt !== null && now >= a.expiresAt) {
+      throw new BerthError(
+        "grant_expired",
+        `grant_expired: the key for grant ${a.grantId} expired at ${new Date(a.expiresAt).toISOString()}; it was not installed; borrow again`,
+      );
+    }
+    if (store.wasRemoved(ctx.machineId, ctx.generation, a.grantId, a.fingerprint)) {
+      throw new BerthError(
+        "conflict",
+        `conflict: the key of grant ${a.grantId} was already removed from machine ${ctx.machineId} at generation ${ctx.generation}; a removed key is never installed again`,
+      );
+    }
+    this.#attachIfNeeded(ctx.machineId);
+    const m = this.#machine(ctx.machineId);
+    const key: StoredKey = {
+      machineId: ctx.machineId,
+      fingerprint: a.fingerprint,
+      publicKey: a.publicKey,
+      generation: ctx.generation,
+      mode: a.mode,
+      grantId: a.grantId,
+      expiresAt: a.expiresAt,
+      installedAt: now,
+    };
+    const result: InstallKeyResult = {
+      fingerprint: a.fingerprint,
+      grantId: a.grantId,
+      mode: a.mode,
+      expiresAt: a.expiresAt,
+      superseded: [],
+    };
+    const superseded = this.#deps.store.listKeys(ctx.machineId).filter((k) => k.generation < ctx.generation);
+    result.superseded = superseded.map((k) => k.fingerprint);
+    keys.install(key, this.#commit(ctx, m, result));
+    return result;
+  }
+
+  async #removeKey(ctx: OpContext, which: KeySelector): Promise<RemoveKeyResult> {
+    const { keys, sessions, store } = this.#deps;
+    this.#attachIfNeeded(ctx.machineId);
+    const m = this.#machine(ctx.machineId);
+    const current = keys.generationOf(ctx.machineId) ?? m.generation;
+    if (ctx.generation > current) keys.advance(ctx.machineId, ctx.generation);
+    // Durable first (key deleted, removal remembered); the listeners (the
+    // gateway) cut the sessions admitted with the key as it leaves the index.
+    const removed = keys.remove(ctx.machineId, which, ctx.generation);
+    // With no key left, every open session of the machine was admitted with a
+    // key that is gone: close them all and count them. With other keys left,
+    // the revocation listeners cut only this key's sessions.
+    const left = keys.list(ctx.machineId).length;
+    const sessionsClosed = left === 0 ? await sessions.closeMachine(ctx.machineId, `key removed (operation ${ctx.opId})`) : 0;
+    const result: RemoveKeyResult = {
+      removed: removed.map((k) => ({ fingerprint: k.fingerprint, grantId: k.grantId })),
+      keysRemaining: left,
+      sessionsClosed,
+      sessionsRemaining: sessions.count(ctx.machineId),
+    };
+    store.transaction(this.#commit(ctx, this.#machine(ctx.machineId), result));
+    return result;
+  }
+
+  async #fence(ctx: OpContext): Promise<FenceResult> {
+    const { runtime, sessions, store, keys } = this.#deps;
+    const m = this.#machine(ctx.machineId);
+    if (ctx.generation > m.generation) keys.advance(ctx.machineId, ctx.generation);
+    const sessionsClosed = await sessions.closeMachine(ctx.machineId, `fence (operation ${ctx.opId})`);
+    const proof = await runtime.fence(ctx.machineId);
+    const seen = await runtime.inspect(ctx.machineId);
+    if (!seen.exists) throw new Error(`the runtime no longer has machine ${ctx.machineId} after the fence`);
+    if (seen.liveProcesses > 0) {
+      throw new Error(`${seen.liveProcesses} processes of machine ${ctx.machineId} remain after the fence`);
+    }
+    if (m.incarnation !== null && proof.incarnation === m.incarnation) {
+      throw new Error(`the fence of machine ${ctx.machineId} did not change its incarnation (${proof.incarnation})`);
+    }
+    const result: FenceResult = {
+      incarnationBefore: m.incarnation,
+      incarnationAfter: proof.incarnation,
+      sessionsClosed,
+      processesRemaining: seen.liveProcesses,
+      evidence: proof.evidence,
+    };
+    const after: MachineRecord = { ...this.#machine(ctx.machineId), incarnation: proof.incarnation, mismatch: null };
+    store.transaction(this.#commit(ctx, after, result));
+    this.#attachIfNeeded(ctx.machineId);
+    return result;
+  }
+
+  async #scrub(ctx: OpContext): Promise<ScrubResult> {
+    const { runtime, store, keys } = this.#deps;
+    const m = this.#machine(ctx.machineId);
+    if (ctx.generation > m.generation) keys.advance(ctx.machineId, ctx.generation);
+    await runtime.scrub(ctx.machineId);
+    const result: ScrubResult = { incarnation: m.incarnation, scrubbed: true };
+    store.transaction(this.#commit(ctx, this.#machine(ctx.machineId), result));
+    return result;
+  }
+
+  async #destroy(ctx: OpContext): Promise<DestroyResult> {
+    const { runtime, sessions, store, keys } = this.#deps;
+    const now = this.#deps.now();
+    const m = store.getMachine(ctx.machineId);
+    if (m === null || m.state === "destroyed") {
+      // Never created here (or already gone): record it destroyed, so a
+      // delayed create for this id can never bring it back.
+      const result: DestroyResult = {
+        existed: false, incarnationBefore: m?.incarnation ?? null, sessionsClosed: 0, keysRemoved: 0, processesRemaining: 0,
+      };
+      const rec: MachineRecord = m ?? {
+        id: ctx.machineId, generation: ctx.generation, state: "destroyed", incarnation: null, workspace: null,
+        identity: null, mismatch: null, createdAt: now, updatedAt: now,
+      };
+      store.transaction(this.#commit(ctx, { ...rec, state: "destroyed" }, result));
+      return result;
+    }
+    // Access goes first, durably: no key authenticates from here on.
+    const dropped = keys.drop(ctx.machineId, () => {
+      store.putMachine({ ...m, state: "destroying", generation: Math.max(m.generation, ctx.generation), updatedAt: now });
+    });
+    const sessionsClosed = await sessions.closeMachine(ctx.machineId, `destroy (operation ${ctx.opId})`);
+    await runtime.destroy(ctx.machineId);
+    const seen = await runtime.inspect(ctx.machineId);
+    if (seen.exists || seen.liveProcesses > 0) {
+      throw new Error(`machine ${ctx.machineId} still exists after destroy (${seen.liveProcesses} processes)`);
+    }
+    // A retry after a crash finds the keys already dropped; report the total once known.
+    const result: DestroyResult = {
+      existed: true,
+      incarnationBefore: m.incarnation,
+      sessionsClosed,
+      keysRemoved: dropped.length,
+      processesRemaining: 0,
+    };
+    store.transaction(this.#commit(ctx, { ...this.#machine(ctx.machineId), state: "destroyed" }, result));
+    return result;
+  }
+
+  /** Machines left unattached by recovery (mid-operation) become usable once an operation on them completes. */
+  #attachIfNeeded(machineId: string): void {
+    if (this.#deps.keys.generationOf(machineId) !== undefined) return;
+    const m = this.#machine(machineId);
+    if (m.state === "running") this.#deps.keys.attach(machineId, m.generation);
+  }
+}
+
+interface OpContext {
+  opId: Id;
+  machineId: Id;
+  generation: number;
+}
+
+function respond(op: OpRecord): OpResponse {
+  return {
+    opId: op.opId as Id,
+    kind: op.kind as OpKind,
+    machineId: op.machineId as Id,
+    generation: op.generation,
+    status: "done",
+    result: op.result as OpResult,
+  };
+}
+
+function invalidArgs(kind: OpKind, error: z.ZodError): BerthError {
+  const issue = error.issues[0];
+  const where = issue && issue.path.length > 0 ? `args.${issue.path.join(".")}` : "args";
+  return new BerthError("invalid_request", `invalid_request: ${where} of ${kind}: ${issue?.message ?? "invalid"}`);
+}
+
+/** Validates and canonicalises the arguments of an operation (ids through parseId). */
+export function normalizeArgs(kind: OpKind, raw: unknown): Normalized {
+  switch (kind) {
+    case "install_key": {
+      const p = installKeyArgs.safeParse(raw);
+      if (!p.success) throw invalidArgs(kind, p.error);
+      const key = parsePublicKey(p.data.publicKey);
+      const grantId = parseId(p.data.grantId, "args.grantId");
+      if (p.data.mode === "grant" && p.data.expiresAt === null) {
+        throw new BerthError("invalid_request", "invalid_request: args.expiresAt is required for a grant key (only keeper keys may have no expiry)");
+      }
+      return { kind, publicKey: key.line, fingerprint: key.fingerprint, mode: p.data.mode, grantId, expiresAt: p.data.expiresAt };
+    }
+    case "remove_key": {
+      const p = removeKeyArgs.safeParse(raw);
+      if (!p.success) {
+        throw new BerthError("invalid_request", "invalid_request: args of remove_key must be {grantId} or {fingerprint: \"SHA256:…\"}");
+      }
+      return { kind, which: "grantId" in p.data ? { grantId: parseId(p.data.grantId, "args.grantId") } : { fingerprint: p.data.fingerprint } };
+    }
+    case "create":
+    case "fence":
+    case "scrub":
+    case "destroy": {
+      const p = noArgs.safeParse(raw);
+      if (!p.success) throw invalidArgs(kind, p.error);
+      return { kind };
+    }
+    default:
+      return assertNever(kind, "operation kind");
+  }
+}
+
+function hashArgs(args: Normalized): string {
+  return createHash("sha256").update(canonicalJson(args)).digest("hex");
+}
+
+function canonicalJson(v: unknown): string {
+  if (v === null || typeof v !== "object") return JSON.stringify(v);
+  if (Array.isArray(v)) return `[${v.map(canonicalJson).join(",")}]`;
+  const o = v as Record<string, unknown>;
+  return `{${Object.keys(o)
+    .sort()
+    .filter((k) => o[k] !== undefined)
+    .map((k) => `${JSON.stringify(k)}:${canonicalJson(o[k])}`)
+    .join(",")}}`;
+}
