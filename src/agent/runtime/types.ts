@@ -46,6 +46,8 @@ export interface ProcessIdentity {
 }
 
 export interface ExecHandle {
+  /** The machine incarnation the command runs in; a fence ends it. */
+  incarnation: string;
   /** Host identity of the process the agent spawned (the child itself, or the `runsc exec` client). */
   client: ProcessIdentity;
   /** Identity of the command's group leader as seen by the runtime (in-sandbox pid for gvisor). */
@@ -58,6 +60,12 @@ export interface ExecHandle {
   resize(cols: number, rows: number): void;
   /** Signal the command's exact process group; refused (returns false) if the leader identity no longer matches. */
   signalGroup(signal: NodeJS.Signals): Promise<boolean>;
+  /**
+   * Kill the exec client (the host process the agent spawned) if it is still the
+   * exact recorded process; false if it is already gone. Part of session release
+   * after the group was signalled.
+   */
+  killClient(signal?: NodeJS.Signals): boolean;
   /** Resolves once with the exit status, after the client is reaped. */
   exited: Promise<{ code: number | null; signal: string | null }>;
   /** Stop reading output (backpressure) / resume. */
@@ -80,8 +88,17 @@ export interface Runtime {
   exec(machineId: string, req: ExecRequest): Promise<ExecHandle>;
   /** Kill every process of the machine and prove none remain; returns the new incarnation. */
   fence(machineId: string): Promise<FenceProof>;
-  /** Throw away everything a borrower wrote (workspace and writable layer); the machine stays started. */
+  /**
+   * Throw away everything a borrower wrote (workspace and writable layer); the machine stays started.
+   * Call after fence (process: a live process could write again; gvisor: scrub restarts the sandbox,
+   * so it is also a fence, but report the fence proof via fenceAndScrub).
+   */
   scrub(machineId: string): Promise<void>;
+  /**
+   * fence + scrub as one step — what a returned machine needs before `ready`.
+   * gvisor does it with a single restart (the cheapest path); process fences then wipes.
+   */
+  fenceAndScrub(machineId: string): Promise<FenceProof>;
   /** Stop and remove the machine; resolves only once its absence is verified. Idempotent. */
   destroy(machineId: string): Promise<void>;
   /** What the runtime sees of a machine now. */

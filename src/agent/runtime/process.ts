@@ -1,0 +1,442 @@
+/**
+ * The `process` runtime: a machine is a directory, a command is a plain child
+ * process.
+ *
+ * NO ISOLATION. A command runs as the agent's own user with the agent's view of
+ * the host: it can read anything the agent can read, reach the network, and
+ * see or signal other processes of that user. Use it on a laptop, in tests, or
+ * for trusted CI on a host dedicated to that purpose. It is not a sandbox.
+ *
+ * Layout: <stateDir>/machines/<id>/machine.json (the record) and
+ * <stateDir>/machines/<id>/workspace (cwd and HOME of every command).
+ *
+ * What makes a process "of the machine" (used by fence, destroy and inspect):
+ *   1. its environment carries BERTH_MACHINE=<id> and a BERTH_INCARNATION this
+ *      runtime issued for the machine (every command starts with both; children
+ *      inherit them, including ones that leave the group with setsid/nohup/&);
+ *   2. when the agent runs as root on a writable cgroup v2 hierarchy: membership
+ *      of the machine's cgroup (children cannot leave it without privilege, even
+ *      with a cleaned environment), emptied with cgroup.kill;
+ *   3. a descendant of a process found by 1 or 2 at the time of the scan;
+ *   4. the process group of a command this agent started, while its leader is
+ *      still exactly the recorded process.
+ * A process that clears its environment AND escapes both the cgroup and its
+ * parent chain (possible only without cgroup support) is not found: on such a
+ * host the fence is best effort for cooperative borrowers, as PRODUCT.md's
+ * trust model says.
+ *
+ * Fence: SIGKILL everything found, rescan, repeat (bounded); it succeeds only
+ * when a scan finds nothing, then records a new incarnation. Every kill re-checks
+ * the process's start time first (procfs.ts), so a recycled pid is never hit.
+ *
+ * Crash: the record is written (durably) before any process of a new
+ * incarnation can start, so a restarted agent's fence still finds every
+ * process by marker or cgroup; the in-memory group list (4) is lost, which is
+ * why it is only a supplement.
+ */
+import { spawn } from "node:child_process";
+import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, rmdirSync, writeFileSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { createHash, randomBytes } from "node:crypto";
+import { userInfo } from "node:os";
+import pty from "node-pty";
+import { BerthError } from "../../core/errors.js";
+import { isId, parseId } from "../../core/ids.js";
+import { readRecord, wipeDirectory, writeRecord } from "./durable.js";
+import {
+  allPids,
+  isDead,
+  readEnviron,
+  readStat,
+  signalExact,
+  signalGroupExact,
+  sleep,
+  type ProcStat,
+} from "./procfs.js";
+import { fromChild, fromPty, type Plumbing } from "./streams.js";
+import type { ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeMachine } from "./types.js";
+import { KeyedLock, cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
+
+interface ProcessMachineRecord {
+  v: 1;
+  machineId: string;
+  incarnation: string;
+  /** Incarnations issued for this machine (newest first, bounded): the marker values fence looks for. */
+  incarnations: string[];
+  /** Absolute path of the machine's cgroup v2 directory, or null when unavailable. */
+  cgroup: string | null;
+  createdAt: string;
+}
+
+interface Tracked {
+  client: ProcessIdentity;
+  leader: ProcessIdentity;
+}
+
+const FENCE_ROUNDS = 100;
+const KEEP_INCARNATIONS = 16;
+
+export interface ProcessRuntimeOptions {
+  stateDir: string;
+  /** "auto" (default): use a cgroup per machine when root and cgroup v2 is writable. */
+  cgroup?: "auto" | "off";
+}
+
+export class ProcessRuntime implements Runtime {
+  readonly kind = "process" as const;
+  private readonly stateDir: string;
+  private readonly machinesDir: string;
+  private readonly cgroupBase: string | null;
+  private readonly lock = new KeyedLock();
+  private readonly tracked = new Map<string, Set<Tracked>>();
+
+  constructor(opts: ProcessRuntimeOptions) {
+    this.stateDir = resolve(opts.stateDir);
+    this.machinesDir = join(this.stateDir, "machines");
+    mkdirSync(this.machinesDir, { recursive: true, mode: 0o700 });
+    this.cgroupBase = opts.cgroup === "off" ? null : findCgroupBase(this.stateDir);
+  }
+
+  private dir(id: string): string {
+    return join(this.machinesDir, parseId(id, "machine id"));
+  }
+
+  private record(id: string): ProcessMachineRecord | null {
+    return readRecord<ProcessMachineRecord>(join(this.dir(id), "machine.json"));
+  }
+
+  private mustRecord(id: string): ProcessMachineRecord {
+    const rec = this.record(id);
+    if (!rec) throw new BerthError("not_found", `not_found: machine ${id} does not exist on this host; create it first`);
+    return rec;
+  }
+
+  private view(rec: ProcessMachineRecord): RuntimeMachine {
+    return {
+      machineId: rec.machineId,
+      incarnation: rec.incarnation,
+      workspace: join(this.dir(rec.machineId), "workspace"),
+      identity: { runtime: "process", cgroup: rec.cgroup ?? "none", createdAt: rec.createdAt },
+    };
+  }
+
+  create(machineId: string): Promise<RuntimeMachine> {
+    const dir = this.dir(machineId);
+    return this.lock.run(machineId, async () => {
+      const existing = this.record(machineId);
+      if (existing) {
+        mkdirSync(join(dir, "workspace"), { recursive: true, mode: 0o700 });
+        return this.view(existing);
+      }
+      mkdirSync(join(dir, "workspace"), { recursive: true, mode: 0o700 });
+      let cgroup: string | null = null;
+      if (this.cgroupBase) {
+        const cg = join(this.cgroupBase, machineId);
+        try {
+          mkdirSync(cg, { recursive: true });
+          cgroup = cg;
+        } catch {
+          cgroup = null; // fall back to marker-only fencing; the record says so
+        }
+      }
+      const inc = newIncarnation();
+      const rec: ProcessMachineRecord = {
+        v: 1,
+        machineId,
+        incarnation: inc,
+        incarnations: [inc],
+        cgroup,
+        createdAt: new Date().toISOString(),
+      };
+      writeRecord(join(dir, "machine.json"), rec);
+      return this.view(rec);
+    });
+  }
+
+  exec(machineId: string, req: ExecRequest): Promise<ExecHandle> {
+    // The spawn happens under the machine lock so a concurrent fence can never
+    // miss a process started with an incarnation it is about to retire.
+    return this.lock.run(machineId, async () => {
+      const rec = this.mustRecord(machineId);
+      const workspace = join(this.dir(machineId), "workspace");
+      const shell = loginShell();
+      const env = cleanEnv(req.env, {
+        PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        HOME: workspace,
+        USER: safeUser(),
+        SHELL: shell,
+        TERM: req.pty ? req.pty.term || "xterm" : "dumb",
+        BERTH_MACHINE: machineId,
+        BERTH_INCARNATION: rec.incarnation,
+      });
+      const argv = req.argv && req.argv.length > 0 ? req.argv : [shell, "-l"];
+      // A tiny wrapper joins the machine's cgroup (when there is one) before the
+      // command runs, and otherwise just execs it (so "command not found" is a
+      // normal exit 127 from the shell, not a spawn error).
+      const script = rec.cgroup ? 'echo $$ > "$0" || exit 126; exec "$@"' : 'exec "$@"';
+      const args = ["-c", script, rec.cgroup ? join(rec.cgroup, "cgroup.procs") : "berth-exec", ...argv];
+
+      let plumbing: Plumbing;
+      let pid: number;
+      let resizeFn: (cols: number, rows: number) => void;
+      let ptyObj: pty.IPty | null = null;
+      if (req.pty) {
+        validatePty(req.pty.cols, req.pty.rows);
+        // node-pty's child calls setsid(): it leads its own session and group and
+        // the PTY slave is its controlling terminal.
+        ptyObj = pty.spawn("/bin/sh", args, {
+          name: env.TERM,
+          cols: req.pty.cols,
+          rows: req.pty.rows,
+          cwd: workspace,
+          env,
+          encoding: null,
+        });
+        pid = ptyObj.pid;
+        plumbing = fromPty(ptyObj);
+        const p = ptyObj;
+        resizeFn = (cols, rows) => {
+          validatePty(cols, rows);
+          p.resize(cols, rows);
+        };
+      } else {
+        const child = spawn("/bin/sh", args, { cwd: workspace, env, detached: true, stdio: ["pipe", "pipe", "pipe"] });
+        if (child.pid === undefined) {
+          throw new BerthError("operation_failed", `operation_failed: could not start a process in machine ${machineId}`);
+        }
+        pid = child.pid;
+        plumbing = fromChild(child);
+        resizeFn = () => {
+          throw new BerthError("invalid_request", "invalid_request: resize needs a PTY session");
+        };
+      }
+      // Same tick as the spawn: the child cannot have been reaped yet, so its
+      // /proc entry (possibly a zombie) still carries its true start time.
+      const st = readStat(pid);
+      const leader: ProcessIdentity = st ? { pid, startTime: st.startTime, pgid: pid } : { pid, startTime: -1, pgid: pid };
+      const tracked: Tracked = { client: leader, leader };
+      let set = this.tracked.get(machineId);
+      if (!set) this.tracked.set(machineId, (set = new Set()));
+      set.add(tracked);
+      void plumbing.exited.then(() => set.delete(tracked));
+
+      const handle: ExecHandle = {
+        incarnation: rec.incarnation,
+        client: leader,
+        leader,
+        stdin: plumbing.stdin,
+        stdout: plumbing.stdout,
+        stderr: plumbing.stderr,
+        resize(cols, rows) {
+          resizeFn(cols, rows);
+          // TIOCSWINSZ already signals the terminal's foreground group; the
+          // explicit SIGWINCH to the session's own group is the contract.
+          signalGroupExact(leader, "SIGWINCH");
+        },
+        signalGroup: async (signal) => signalGroupExact(leader, signal),
+        killClient: (signal = "SIGKILL") => signalExact(leader, signal),
+        exited: plumbing.exited,
+        pause: plumbing.pause,
+        resume: plumbing.resume,
+      };
+      return handle;
+    });
+  }
+
+  /** Every live process of the machine by marker, cgroup, descent, or recorded group. */
+  private scan(rec: ProcessMachineRecord): ProcStat[] {
+    const incs = new Set(rec.incarnations);
+    const machineMark = `BERTH_MACHINE=${rec.machineId}`;
+    const stats = new Map<number, ProcStat>();
+    for (const pid of allPids()) {
+      const st = readStat(pid);
+      if (st && !isDead(st)) stats.set(pid, st);
+    }
+    const found = new Set<number>();
+    for (const st of stats.values()) {
+      const env = readEnviron(st.pid);
+      if (!env.includes(machineMark)) continue;
+      const vars = env.split("\0");
+      if (!vars.includes(machineMark)) continue;
+      const inc = vars.find((v) => v.startsWith("BERTH_INCARNATION="))?.slice("BERTH_INCARNATION=".length);
+      if (inc !== undefined && incs.has(inc)) found.add(st.pid);
+    }
+    if (rec.cgroup) {
+      for (const pid of readCgroupProcs(rec.cgroup)) if (stats.has(pid)) found.add(pid);
+    }
+    for (const t of this.tracked.get(rec.machineId) ?? []) {
+      const lst = stats.get(t.leader.pid);
+      if (!lst || lst.startTime !== t.leader.startTime) continue;
+      for (const st of stats.values()) if (st.pgid === t.leader.pgid) found.add(st.pid);
+    }
+    // Descendants of anything found (a child that cleared its environment but
+    // has not been orphaned yet).
+    const children = new Map<number, number[]>();
+    for (const st of stats.values()) {
+      const list = children.get(st.ppid) ?? [];
+      list.push(st.pid);
+      children.set(st.ppid, list);
+    }
+    const queue = [...found];
+    while (queue.length > 0) {
+      const p = queue.pop() as number;
+      for (const c of children.get(p) ?? []) {
+        if (!found.has(c)) {
+          found.add(c);
+          queue.push(c);
+        }
+      }
+    }
+    found.delete(process.pid);
+    found.delete(process.ppid);
+    return [...found].map((p) => stats.get(p) as ProcStat);
+  }
+
+  /** Kill every process of the machine until a scan finds none (bounded). Returns evidence text. */
+  private async killAll(rec: ProcessMachineRecord): Promise<string> {
+    let killed = 0;
+    let rounds = 0;
+    for (const t of this.tracked.get(rec.machineId) ?? []) {
+      if (signalGroupExact(t.leader, "SIGKILL")) killed++;
+    }
+    if (rec.cgroup) {
+      try {
+        writeFileSync(join(rec.cgroup, "cgroup.kill"), "1");
+      } catch {
+        /* cgroup.kill missing (kernel < 5.14): the scan below kills member by member */
+      }
+    }
+    for (;;) {
+      const live = this.scan(rec);
+      if (live.length === 0) break;
+      rounds++;
+      if (rounds > FENCE_ROUNDS) {
+        const sample = live.slice(0, 5).map((s) => `${s.pid}(${s.comm})`).join(", ");
+        throw new BerthError(
+          "operation_failed",
+          `operation_failed: fence of machine ${rec.machineId} gave up after ${FENCE_ROUNDS} rounds; ${live.length} processes remain (${sample}); quarantine the machine`,
+        );
+      }
+      for (const st of live) if (signalExact({ pid: st.pid, startTime: st.startTime }, "SIGKILL")) killed++;
+      await sleep(Math.min(2 * rounds, 20));
+    }
+    const cg = rec.cgroup ? `, cgroup ${rec.cgroup} empty` : ", no cgroup (marker scan only)";
+    return `${killed} processes killed in ${rounds} rounds; 0 processes remain with BERTH_MACHINE=${rec.machineId} and a known incarnation${cg}`;
+  }
+
+  private async fenceLocked(machineId: string): Promise<FenceProof> {
+    const rec = this.mustRecord(machineId);
+    const evidence = await this.killAll(rec);
+    const inc = newIncarnation();
+    const next: ProcessMachineRecord = {
+      ...rec,
+      incarnation: inc,
+      incarnations: [inc, ...rec.incarnations].slice(0, KEEP_INCARNATIONS),
+    };
+    writeRecord(join(this.dir(machineId), "machine.json"), next);
+    return { incarnation: inc, evidence: `${evidence}; incarnation ${rec.incarnation} -> ${inc}` };
+  }
+
+  fence(machineId: string): Promise<FenceProof> {
+    return this.lock.run(machineId, () => this.fenceLocked(machineId));
+  }
+
+  scrub(machineId: string): Promise<void> {
+    return this.lock.run(machineId, async () => {
+      this.mustRecord(machineId);
+      const ws = join(this.dir(machineId), "workspace");
+      mkdirSync(ws, { recursive: true, mode: 0o700 });
+      wipeDirectory(ws);
+    });
+  }
+
+  fenceAndScrub(machineId: string): Promise<FenceProof> {
+    return this.lock.run(machineId, async () => {
+      const proof = await this.fenceLocked(machineId);
+      const ws = join(this.dir(machineId), "workspace");
+      mkdirSync(ws, { recursive: true, mode: 0o700 });
+      const n = wipeDirectory(ws);
+      return { incarnation: proof.incarnation, evidence: `${proof.evidence}; workspace wiped (${n} entries)` };
+    });
+  }
+
+  destroy(machineId: string): Promise<void> {
+    const dir = this.dir(machineId);
+    return this.lock.run(machineId, async () => {
+      const rec = this.record(machineId);
+      if (rec) {
+        await this.killAll(rec);
+        if (rec.cgroup && existsSync(rec.cgroup)) {
+          try {
+            rmdirSync(rec.cgroup);
+          } catch (e) {
+            throw new BerthError("operation_failed", `operation_failed: cgroup ${rec.cgroup} of machine ${machineId} could not be removed (${(e as Error).message})`);
+          }
+        }
+      }
+      rmSync(dir, { recursive: true, force: true, maxRetries: 3 });
+      if (existsSync(dir)) throw new BerthError("operation_failed", `operation_failed: ${dir} still exists after destroy`);
+      this.tracked.delete(machineId);
+    });
+  }
+
+  async inspect(machineId: string): Promise<{ exists: boolean; incarnation: string | null; liveProcesses: number }> {
+    const rec = this.record(machineId);
+    if (!rec) return { exists: false, incarnation: null, liveProcesses: 0 };
+    return { exists: true, incarnation: rec.incarnation, liveProcesses: this.scan(rec).length };
+  }
+
+  async list(): Promise<string[]> {
+    return readdirSync(this.machinesDir).filter((n) => isId(n) && existsSync(join(this.machinesDir, n, "machine.json"))).sort();
+  }
+}
+
+function safeUser(): string {
+  try {
+    return userInfo().username;
+  } catch {
+    return String(process.getuid?.() ?? "user");
+  }
+}
+
+/**
+ * A writable cgroup v2 directory for this agent's machines, or null.
+ * Requires root and a cgroup2 mount where we may create directories.
+ */
+function findCgroupBase(stateDir: string): string | null {
+  if (process.getuid?.() !== 0) return null;
+  let mounts: string;
+  try {
+    mounts = readFileSync("/proc/self/mounts", "utf8");
+  } catch {
+    return null;
+  }
+  for (const line of mounts.split("\n")) {
+    const [, mnt, type] = line.split(" ");
+    if (type !== "cgroup2" || !mnt) continue;
+    const base = join(mnt, `berth-${createHash("sha256").update(stateDir).digest("hex").slice(0, 12)}`);
+    try {
+      mkdirSync(base, { recursive: true });
+      // Probe: a child cgroup must be creatable and removable.
+      const probe = join(base, `probe-${randomBytes(4).toString("hex")}`);
+      mkdirSync(probe);
+      rmdirSync(probe);
+      return base;
+    } catch {
+      return null;
+    }
+  }
+  return null;
+}
+
+function readCgroupProcs(cg: string): number[] {
+  try {
+    return readFileSync(join(cg, "cgroup.procs"), "utf8")
+      .split("\n")
+      .filter((s) => s.length > 0)
+      .map(Number);
+  } catch {
+    return [];
+  }
+}
+
