@@ -7,7 +7,7 @@
  *   busy -> revoking -> fencing -> scrubbing -> ready       (return: key removed, sessions fenced, scrubbed)
  *   busy -> scrubbing -> ready                              (keeper return with a provider scrub step)
  *   reserved | installing | busy | revoking | fencing | scrubbing -> quarantined
- *   ready | quarantined -> draining -> destroying -> destroyed
+ *   ready | busy | quarantined | provisioning -> draining -> destroying -> destroyed
  *   destroyed -> (retention) -> pruned (row deleted)
  *
  * Every call is `(machine, event, now) -> Transition`: either the new record
@@ -134,7 +134,8 @@ export function machineTransition<M extends MachineCore>(m: M, e: MachineEvent, 
       // Quarantine never returns a machine to ready: it is destroyed.
       return to(m, "quarantined", now, [{ kind: "destroy" }], { reason: e.reason });
     case "drain":
-      if (m.state !== "ready" && m.state !== "quarantined" && m.state !== "provisioning") return refuse(m, e);
+      // Draining a lent machine destroys it: destruction is the proof that the borrower's sessions are gone.
+      if (m.state !== "ready" && m.state !== "quarantined" && m.state !== "provisioning" && m.state !== "busy") return refuse(m, e);
       return to(m, "draining", now, [{ kind: "destroy" }], { reason: e.reason });
     case "destroy_started":
       return m.state === "draining" || m.state === "quarantined" ? to(m, "destroying", now, [], { reason: m.reason }) : refuse(m, e);

@@ -1,0 +1,164 @@
+/**
+ * Keeper borrows: borrow, heartbeat, return. Each is one transaction that
+ * re-reads the authoritative rows. Borrow takes the compatible ready machine
+ * that has waited longest (excluding machines near their hard TTL), advances
+ * its generation and records a borrow whose token is returned once and
+ * stored only as a hash.
+ */
+import { BerthError } from "../../core/errors.js";
+import { newId } from "../../core/ids.js";
+import { hashToken, newToken, sameHash } from "../../core/tokens.js";
+import { liveDecision, nextHeartbeatDeadline } from "../../core/borrow.js";
+import { rotationMarginMs } from "../../core/pool.js";
+import { clearDue, poolRef, setDue, setDueNoLater, type BorrowRow, type MachineRow } from "../../store/rows.js";
+import type { Ctx } from "../context.js";
+import type { Principal } from "../auth.js";
+import { readPool } from "./pool-read.js";
+import { applyTransition } from "./transition.js";
+
+export interface KeeperBorrowResult {
+  borrowId: string;
+  borrowToken: string;
+  pool: string;
+  machine: { id: string; generation: number; ssh: { host: string | null; port: number | null; user: string | null; hostKey: string | null } };
+  heartbeatMs: number;
+  heartbeatDeadline: number;
+  expiresAt: number;
+}
+
+export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string): Promise<KeeperBorrowResult> {
+  const started = process.hrtime.bigint();
+  const now = ctx.now();
+  const borrowId = newId("b", ctx.randomBytes);
+  const token = newToken("borrow", ctx.randomBytes);
+  const tokenHash = hashToken("borrow", token);
+  const out = await ctx.store.transaction(async (tx) => {
+    const pool = await readPool(tx, p.org, poolName);
+    if (!pool) throw new BerthError("not_found", `not_found: no pool named ${poolName} in this organisation`);
+    if (pool.access !== "keeper") {
+      throw new BerthError("namespace_conflict", `namespace_conflict: pool ${poolName} is a ${pool.access} pool; borrow it with --access ${pool.access}`);
+    }
+    const margin = rotationMarginMs(pool.hardTtlMs);
+    const m = await tx.get<MachineRow>(
+      `SELECT * FROM machines WHERE org = ? AND pool = ? AND state = 'ready' AND access = 'keeper' AND hard_expires_at > ? ORDER BY ready_since, id LIMIT 1${tx.skipLocked}`,
+      [p.org, poolName, now + margin],
+    );
+    if (!m) {
+      await setDueNoLater(tx, "fill", poolRef(p.org, poolName), now);
+      return { miss: true as const, pool: pool.name };
+    }
+    const applied = await applyTransition(tx, ctx, m, { kind: "reserve", mode: "keeper" }, now, { subject: borrowId, lentTo: borrowId, nonce: borrowId });
+    const expiresAt = m.hard_expires_at;
+    const heartbeatDeadline = nextHeartbeatDeadline(now, pool.heartbeatMs, expiresAt);
+    await tx.run(
+      "INSERT INTO borrows (id, org, pool, machine_id, principal, token_hash, state, generation, created_at, heartbeat_deadline, expires_at, ended_at, reason) VALUES (?, ?, ?, ?, ?, ?, 'active', ?, ?, ?, ?, NULL, NULL)",
+      [borrowId, p.org, poolName, m.id, p.tokenId, tokenHash, applied.machine.generation, now, heartbeatDeadline, expiresAt],
+    );
+    await setDue(tx, "heartbeat", borrowId, heartbeatDeadline);
+    // The pool may now be short of minReady: let the reconciler look soon.
+    await setDueNoLater(tx, "fill", poolRef(p.org, poolName), now);
+    return { miss: false as const, pool: pool.name, machine: applied.machine, readySince: m.ready_since, heartbeatMs: pool.heartbeatMs, heartbeatDeadline, expiresAt };
+  });
+  if (out.miss) {
+    ctx.metrics.warm.inc({ pool: out.pool, result: "miss" });
+    ctx.metrics.borrowRequests.inc({ pool: out.pool, access: "keeper", outcome: "exhausted" });
+    ctx.kick();
+    throw new BerthError("pool_exhausted", `pool_exhausted: pool ${poolName} has no ready machine right now; try again shortly (the pool is being refilled)`);
+  }
+  ctx.kick();
+  ctx.metrics.warm.inc({ pool: out.pool, result: "hit" });
+  ctx.metrics.borrowRequests.inc({ pool: out.pool, access: "keeper", outcome: "ok" });
+  if (out.readySince !== null) ctx.metrics.readyAge.observe(Math.max(0, now - out.readySince) / 1000);
+  ctx.metrics.borrowLatency.observe({ access: "keeper" }, Number(process.hrtime.bigint() - started) / 1e9);
+  const m = out.machine;
+  return {
+    borrowId,
+    borrowToken: token,
+    pool: out.pool,
+    machine: { id: m.id, generation: m.generation, ssh: { host: m.ssh_host, port: m.ssh_port, user: m.ssh_user, hostKey: m.host_key } },
+    heartbeatMs: out.heartbeatMs,
+    heartbeatDeadline: out.heartbeatDeadline,
+    expiresAt: out.expiresAt,
+  };
+}
+
+async function loadBorrow(tx: import("../../store/store.js").Tx, p: Principal, borrowId: string, token: string): Promise<BorrowRow> {
+  const b = await tx.get<BorrowRow>(`SELECT * FROM borrows WHERE id = ?${tx.forUpdate}`, [borrowId]);
+  if (!b || b.org !== p.org) throw new BerthError("not_found", `not_found: no borrow ${borrowId} in this organisation`);
+  if (!sameHash(b.token_hash, hashToken("borrow", token))) throw new BerthError("token_mismatch", `token_mismatch: the borrow token does not match borrow ${borrowId}`);
+  return b;
+}
+
+function refuseNotLive(b: BorrowRow, now: number): void {
+  const d = liveDecision({ state: b.state, heartbeatDeadline: b.heartbeat_deadline, expiresAt: b.expires_at }, now);
+  switch (d.kind) {
+    case "live":
+      return;
+    case "ended":
+      throw new BerthError("borrow_not_active", `borrow_not_active: borrow ${b.id} is ${d.state}${b.reason ? ` (${b.reason})` : ""}; borrow again`);
+    case "expired":
+      throw new BerthError("borrow_expired", `borrow_expired: borrow ${b.id} expired at ${new Date(d.at).toISOString()}; borrow again`);
+    case "heartbeat_missed":
+      throw new BerthError("borrow_expired", `borrow_expired: borrow ${b.id} missed its heartbeat deadline ${new Date(d.at).toISOString()} and is being quarantined; borrow again`);
+  }
+}
+
+export async function heartbeatKeeper(ctx: Ctx, p: Principal, borrowId: string, token: string): Promise<{ heartbeatDeadline: number; expiresAt: number }> {
+  const now = ctx.now();
+  try {
+    const r = await ctx.store.transaction(async (tx) => {
+      const b = await loadBorrow(tx, p, borrowId, token);
+      refuseNotLive(b, now);
+      const pool = await readPool(tx, b.org, b.pool);
+      const deadline = nextHeartbeatDeadline(now, pool?.heartbeatMs ?? 60_000, b.expires_at);
+      await tx.run("UPDATE borrows SET heartbeat_deadline = ? WHERE id = ? AND state = 'active'", [deadline, b.id]);
+      await setDue(tx, "heartbeat", b.id, deadline);
+      return { heartbeatDeadline: deadline, expiresAt: b.expires_at };
+    });
+    ctx.metrics.heartbeats.inc({ outcome: "ok" });
+    return r;
+  } catch (e) {
+    ctx.metrics.heartbeats.inc({ outcome: "refused" });
+    throw e;
+  }
+}
+
+export type Disposition = "ready" | "drain";
+
+export async function returnKeeper(ctx: Ctx, p: Principal, borrowId: string, token: string, disposition: Disposition): Promise<{ machineId: string; state: string }> {
+  const now = ctx.now();
+  const r = await ctx.store.transaction(async (tx) => {
+    const b = await loadBorrow(tx, p, borrowId, token);
+    refuseNotLive(b, now);
+    const m = await tx.get<MachineRow>(`SELECT * FROM machines WHERE id = ?${tx.forUpdate}`, [b.machine_id]);
+    if (!m || m.generation !== b.generation || m.state !== "busy") {
+      throw new BerthError("generation_mismatch", `generation_mismatch: machine of borrow ${b.id} moved on (generation ${m?.generation ?? "gone"}); nothing was changed`);
+    }
+    await tx.run("UPDATE borrows SET state = 'returned', ended_at = ?, reason = ? WHERE id = ?", [now, disposition === "drain" ? "returned for drain" : "returned", b.id]);
+    await clearDue(tx, "heartbeat", b.id);
+    await setDue(tx, "retention", `b:${b.id}`, now + ctx.config.retentionMs);
+    const provider = ctx.providers.get(m.provider);
+    if (disposition === "drain") {
+      // Destruction proves the borrower's sessions gone; a provider that cannot
+      // destroy (an outside keeper's) leaves the machine draining until the
+      // keeper confirms destruction, and nothing is pruned before that.
+      const drained = await applyTransition(tx, ctx, m, { kind: "drain", reason: "returned for drain" }, now, { subject: b.id, nonce: b.id });
+      return { machineId: m.id, state: drained.machine.state, work: drained.opIds.length > 0 };
+    }
+    const back = await applyTransition(tx, ctx, m, { kind: "return", mode: "keeper", scrub: Boolean(provider?.capabilities.fence) }, now, { subject: b.id, nonce: b.id });
+    return { machineId: m.id, state: back.machine.state, work: back.opIds.length > 0 };
+  });
+  if (r.work) ctx.kick();
+  return { machineId: r.machineId, state: r.state };
+}
+
+export async function getBorrow(ctx: Ctx, p: Principal, borrowId: string): Promise<BorrowRow & { machine_state: string | null }> {
+  return ctx.store.transaction(async (tx) => {
+    const b = await tx.get<BorrowRow & { machine_state: string | null }>(
+      "SELECT b.*, m.state AS machine_state FROM borrows b LEFT JOIN machines m ON m.id = b.machine_id WHERE b.id = ?",
+      [borrowId],
+    );
+    if (!b || b.org !== p.org) throw new BerthError("not_found", `not_found: no borrow ${borrowId} in this organisation`);
+    return b;
+  });
+}

@@ -1,0 +1,63 @@
+/**
+ * Applying a machine transition inside a transaction: run the pure
+ * `machineTransition`, write the new row only if the state and generation
+ * are still the ones observed, turn its effects into durable operation rows
+ * (executed after commit, outside any transaction), and append the audit
+ * trail. One call = one compound write; callers never write machines by hand.
+ */
+import { BerthError } from "../../core/errors.js";
+import { machineTransition, type Effect, type MachineEvent } from "../../core/machine.js";
+import type { Tx } from "../../store/store.js";
+import { audit, setDue, type MachineRow } from "../../store/rows.js";
+import type { Ctx } from "../context.js";
+import { createHash } from "node:crypto";
+
+export interface Applied {
+  machine: MachineRow;
+  effects: Effect[];
+  opIds: string[];
+}
+
+/** Operation ids are derived from machine, generation, kind and a per-step nonce, so a retried transaction writes the same ids. */
+export function opIdFor(machineId: string, generation: number, kind: string, nonce: string): string {
+  return "op_" + createHash("sha256").update(`${machineId}:${generation}:${kind}:${nonce}`).digest("hex").slice(0, 24);
+}
+
+export async function applyTransition(
+  tx: Tx,
+  ctx: Ctx,
+  m: MachineRow,
+  event: MachineEvent,
+  now: number,
+  opts: { subject?: string | null; lentTo?: string | null; nonce: string; opArgs?: Record<string, unknown> },
+): Promise<Applied> {
+  const t = machineTransition(
+    { state: m.state, generation: m.generation, stateSince: m.state_since, readySince: m.ready_since, reason: m.reason },
+    event,
+    now,
+  );
+  if (!t.ok) throw new BerthError("conflict", `conflict: machine ${m.id}: ${t.why}`);
+  const lentTo = opts.lentTo !== undefined ? opts.lentTo : t.machine.state === "ready" || t.machine.state === "destroyed" ? null : m.lent_to;
+  const n = await tx.run(
+    "UPDATE machines SET state = ?, generation = ?, state_since = ?, ready_since = ?, reason = ?, lent_to = ? WHERE id = ? AND state = ? AND generation = ?",
+    [t.machine.state, t.machine.generation, t.machine.stateSince, t.machine.readySince, t.machine.reason, lentTo, m.id, m.state, m.generation],
+  );
+  if (n !== 1) throw new BerthError("conflict", `conflict: machine ${m.id} changed while it was being updated; try again`);
+  const next: MachineRow = { ...m, state: t.machine.state, generation: t.machine.generation, state_since: t.machine.stateSince, ready_since: t.machine.readySince, reason: t.machine.reason, lent_to: lentTo };
+  await audit(tx, { at: now, machineId: m.id, subject: opts.subject ?? null, event: event.kind, from: m.state, to: next.state, generation: next.generation, actor: ctx.actor });
+  const opIds: string[] = [];
+  const provider = ctx.providers.get(m.provider);
+  for (const e of t.effects) {
+    const capable =
+      e.kind === "destroy" ? provider?.capabilities.destroy : e.kind === "fence" ? provider?.capabilities.fence : e.kind === "scrub" ? provider?.capabilities.scrub : e.kind === "remove_key" ? provider?.capabilities.revokeKey : provider?.capabilities.installKey;
+    if (!capable) continue;
+    const opId = opIdFor(m.id, next.generation, e.kind, opts.nonce);
+    await tx.run(
+      "INSERT INTO operations (id, kind, machine_id, host_id, generation, state, attempts, args, result, error, created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'pending', 0, ?, NULL, NULL, ?, ?) ON CONFLICT (id) DO NOTHING",
+      [opId, e.kind, m.id, m.host_id, next.generation, JSON.stringify(opts.opArgs ?? {}), now, now],
+    );
+    await setDue(tx, "op", opId, now);
+    opIds.push(opId);
+  }
+  return { machine: next, effects: t.effects, opIds };
+}

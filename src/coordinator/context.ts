@@ -1,0 +1,45 @@
+/**
+ * What every coordinator action receives: the store, the clock, the source
+ * of randomness, metrics, the log, and the provider registry. Time and
+ * randomness come from here (never Date.now() deep in the code) so tests set
+ * them exactly.
+ */
+import type { Store } from "../store/store.js";
+import type { Metrics } from "./metrics.js";
+import type { Logger } from "pino";
+import type { Providers } from "../providers/provider.js";
+
+export interface CoordinatorConfig {
+  /** Grace added to every heartbeat interval before a borrow counts as abandoned. */
+  claimTtlMs: number;
+  /** How long destroyed machines and ended borrows are kept before pruning. */
+  retentionMs: number;
+  /** Portable access is enabled on this coordinator (opt-in, off by default). */
+  portable: boolean;
+  /** Acknowledgement deadline for a pending portable grant. */
+  ackTimeoutMs: number;
+  /** Maximum (and default) portable borrow duration. */
+  maxBorrowMs: number;
+}
+
+export const DEFAULT_CONFIG: CoordinatorConfig = {
+  claimTtlMs: 5 * 60_000,
+  retentionMs: 24 * 3_600_000,
+  portable: false,
+  ackTimeoutMs: 60_000,
+  maxBorrowMs: 30 * 60_000,
+};
+
+export interface Ctx {
+  store: Store;
+  now: () => number;
+  randomBytes: (n: number) => Uint8Array;
+  metrics: Metrics;
+  log: Logger;
+  /** This coordinator instance, for the audit trail. */
+  actor: string;
+  config: CoordinatorConfig;
+  providers: Providers;
+  /** Wake the operation executor and reconciler now (after a commit that created work). */
+  kick: () => void;
+}

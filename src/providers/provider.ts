@@ -1,0 +1,76 @@
+/**
+ * The provider boundary. The coordinator's core owns authorization, borrow
+ * and grant state, deadlines, capacity and durable cleanup intent; a provider
+ * only carries out one durable operation at a time, outside any store
+ * transaction, idempotently by operation id, and reports what it proved.
+ *
+ * A provider declares its capabilities. Portable pools need every portable
+ * capability; a provider lacking one is refused for them (fail closed).
+ */
+import type { MachineRow } from "../store/rows.js";
+
+export interface ProviderCapabilities {
+  /** Creates machines itself to fill claims. */
+  provision: boolean;
+  /** Installs an exact key for an exact generation. */
+  installKey: boolean;
+  /** Removes an exact key and reports proof. */
+  revokeKey: boolean;
+  /** Kills every session of a machine and proves it (new incarnation or every group reaped). */
+  fence: boolean;
+  /** Wipes what a borrower left. */
+  scrub: boolean;
+  /** Destroys a machine and confirms it is gone. */
+  destroy: boolean;
+  /** Reads back a machine's immutable resource identity and incarnation. */
+  observeIdentity: boolean;
+}
+
+export const PORTABLE_CAPABILITIES: readonly (keyof ProviderCapabilities)[] = ["installKey", "revokeKey", "fence", "destroy", "observeIdentity"];
+
+export function missingPortableCapabilities(c: ProviderCapabilities): string[] {
+  return PORTABLE_CAPABILITIES.filter((k) => !c[k]);
+}
+
+export type OperationKind = "provision" | "install_key" | "remove_key" | "fence" | "scrub" | "destroy";
+
+export interface OperationRequest {
+  opId: string;
+  kind: OperationKind;
+  machine: MachineRow;
+  generation: number;
+  args: Record<string, unknown>;
+}
+
+export type OperationOutcome =
+  /** The provider proved the operation done; `result` is its evidence. */
+  | { kind: "done"; result: Record<string, unknown> }
+  /** The provider refused or failed, and nothing was changed. */
+  | { kind: "failed"; error: string; retryable: boolean }
+  /** The outcome is unknown (timeout, lost reply): retry with the same op id to learn it. */
+  | { kind: "ambiguous"; error: string };
+
+export interface Provider {
+  readonly name: string;
+  readonly capabilities: ProviderCapabilities;
+  run(op: OperationRequest): Promise<OperationOutcome>;
+}
+
+export interface Providers {
+  get(name: string): Provider | undefined;
+}
+
+/** Machines registered by an outside keeper: berth runs no operation on them. */
+export const externalProvider: Provider = {
+  name: "external",
+  capabilities: { provision: false, installKey: false, revokeKey: false, fence: false, scrub: false, destroy: false, observeIdentity: false },
+  async run(op) {
+    return { kind: "failed", error: `the external provider runs no operations (asked for ${op.kind})`, retryable: false };
+  },
+};
+
+export function providerRegistry(list: Provider[]): Providers {
+  const map = new Map(list.map((p) => [p.name, p]));
+  if (!map.has("external")) map.set("external", externalProvider);
+  return { get: (name) => map.get(name) };
+}

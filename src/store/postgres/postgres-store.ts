@@ -1,0 +1,139 @@
+/**
+ * PostgreSQL engine (the scale-out path): several coordinators share one
+ * database. Transactions run at READ COMMITTED with explicit row locks
+ * (`SELECT … FOR UPDATE`, `FOR UPDATE SKIP LOCKED` on queues and the due
+ * index) and generation-checked updates; serialization failures and
+ * deadlocks are retried with bounded backoff.
+ */
+import pg from "pg";
+import { MIGRATIONS } from "../migrations.js";
+import { backoffMs, MAX_TX_ATTEMPTS, type Param, type Store, type TransactionOptions, type Tx } from "../store.js";
+import { BerthError } from "../../core/errors.js";
+
+// BIGINT columns hold epoch milliseconds, well inside a double's exact range.
+pg.types.setTypeParser(20, (v: string) => Number(v));
+
+const RETRYABLE = new Set(["40001", "40P01", "55P03"]);
+
+/** Rewrites `?` placeholders to `$1..$n` (berth's SQL never has a literal `?`). */
+function toPg(sql: string, cache: Map<string, string>): string {
+  let out = cache.get(sql);
+  if (out === undefined) {
+    let n = 0;
+    out = sql.replace(/\?/g, () => `$${++n}`);
+    cache.set(sql, out);
+  }
+  return out;
+}
+
+export interface PostgresStoreOptions {
+  connectionString: string;
+  poolSize?: number;
+  /** Schema to use (created if missing): lets tests run in isolation on one server. */
+  schema?: string;
+}
+
+export class PostgresStore implements Store {
+  readonly dialect = "postgres" as const;
+  readonly stats = { retries: 0, transactions: 0 };
+  readonly pool: pg.Pool;
+  readonly #sqlCache = new Map<string, string>();
+  readonly #schema: string | undefined;
+
+  private constructor(opts: PostgresStoreOptions) {
+    this.#schema = opts.schema;
+    this.pool = new pg.Pool({ connectionString: opts.connectionString, max: opts.poolSize ?? 16 });
+    if (opts.schema) {
+      const schema = opts.schema;
+      this.pool.on("connect", (client) => {
+        client.query(`SET search_path TO "${schema}"`).catch(() => undefined);
+      });
+    }
+  }
+
+  static async open(opts: PostgresStoreOptions): Promise<PostgresStore> {
+    if (opts.schema !== undefined && !/^[a-z_][a-z0-9_]{0,62}$/.test(opts.schema)) {
+      throw new BerthError("invalid_request", `invalid_request: PostgreSQL schema name ${JSON.stringify(opts.schema)} is not a plain identifier`);
+    }
+    const s = new PostgresStore(opts);
+    await s.migrate();
+    return s;
+  }
+
+  private async migrate(): Promise<void> {
+    const c = await this.pool.connect();
+    try {
+      if (this.#schema) {
+        await c.query(`CREATE SCHEMA IF NOT EXISTS "${this.#schema}"`);
+        await c.query(`SET search_path TO "${this.#schema}"`);
+      }
+      // One migrator at a time across coordinators.
+      await c.query("SELECT pg_advisory_lock(7261337)");
+      try {
+        await c.query("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)");
+        const applied = new Set((await c.query<{ version: number }>("SELECT version FROM schema_version")).rows.map((r) => r.version));
+        for (const m of MIGRATIONS) {
+          if (applied.has(m.version)) continue;
+          await c.query("BEGIN");
+          try {
+            await c.query(m.sql.replaceAll("{{SERIAL_PK}}", "BIGSERIAL PRIMARY KEY"));
+            await c.query("INSERT INTO schema_version (version, name, applied_at) VALUES ($1, $2, $3)", [m.version, m.name, Date.now()]);
+            await c.query("COMMIT");
+          } catch (e) {
+            await c.query("ROLLBACK");
+            throw e;
+          }
+        }
+      } finally {
+        await c.query("SELECT pg_advisory_unlock(7261337)");
+      }
+    } finally {
+      c.release();
+    }
+  }
+
+  async transaction<T>(fn: (tx: Tx) => Promise<T>, _opts?: TransactionOptions): Promise<T> {
+    for (let attempt = 0; ; attempt++) {
+      this.stats.transactions++;
+      const c = await this.pool.connect();
+      const tx: Tx = {
+        dialect: "postgres",
+        forUpdate: " FOR UPDATE",
+        skipLocked: " FOR UPDATE SKIP LOCKED",
+        all: async <R>(sql: string, params: readonly Param[] = []) => (await c.query(toPg(sql, this.#sqlCache), params as Param[])).rows as R[],
+        get: async <R>(sql: string, params: readonly Param[] = []) => (await c.query(toPg(sql, this.#sqlCache), params as Param[])).rows[0] as R | undefined,
+        run: async (sql: string, params: readonly Param[] = []) => (await c.query(toPg(sql, this.#sqlCache), params as Param[])).rowCount ?? 0,
+      };
+      let result: T;
+      try {
+        await c.query("BEGIN");
+        result = await fn(tx);
+        await c.query("COMMIT");
+      } catch (e) {
+        let broken = false;
+        try {
+          await c.query("ROLLBACK");
+        } catch {
+          broken = true;
+        }
+        c.release(broken);
+        const code = (e as { code?: string }).code;
+        if (code && RETRYABLE.has(code)) {
+          if (attempt < MAX_TX_ATTEMPTS) {
+            this.stats.retries++;
+            await new Promise((r) => setTimeout(r, backoffMs(attempt)));
+            continue;
+          }
+          throw new BerthError("store_busy", "store_busy: the database kept reporting conflicts; try again");
+        }
+        throw e;
+      }
+      c.release();
+      return result;
+    }
+  }
+
+  async close(): Promise<void> {
+    await this.pool.end();
+  }
+}
