@@ -1,0 +1,603 @@
+/**
+ * One session = one runtime exec behind one SSH channel.
+ *
+ * Start (what is durable before what):
+ *   1. record `intent` (no identities) — before the runtime creates anything;
+ *   2. runtime.exec (with a PTY when the client asked for one: exactly one
+ *      host PTY, owned by the runtime's ExecHandle);
+ *   3. one store transaction `intent -> running` with the exec client's and the
+ *      group leader's exact identities;
+ *   4. only then are terminal events (input, resize, signal) admitted.
+ *   A crash between 1 and 3 leaves an `intent` without identities; recovery
+ *   (sessions-recovery.ts) cleans it only after runtime absence is verified.
+ *
+ * Event loop: every session has one serialized loop over bounded queues —
+ * close, completion, signal (<= 16 pending), resize (latest wins), input
+ * (bounded bytes; the SSH channel is paused, so the client's SSH window closes)
+ * and output (bounded bytes; the exec output is paused while the channel's
+ * write() reports backpressure, resumed on 'drain'). Control events are taken
+ * before data, and the loop yields to the Node event loop regularly, so one
+ * session's flood never delays another session's control events.
+ *
+ * Normal completion (the exec client exited): stop admitting events, forward
+ * the remaining output in order until EOF or the drain deadline, wait until the
+ * last byte has been handed to the SSH transport, send exactly one exit-status
+ * (or exit-signal), then EOF/close, then release.
+ *
+ * Release (channel closed, client lost, key revoked or expired, PTY lost,
+ * exec client lost, gateway closing, or after completion):
+ *   1. record `release_intent`, keeping every identity;
+ *   2. while the recorded group still has members and the runtime confirms the
+ *      leader identity still matches: SIGHUP, grace, SIGTERM, grace, SIGKILL.
+ *      A refused signalGroup (leader gone or mismatched) ends signalling: a
+ *      numeric group is never signalled on a mismatch;
+ *   3. wait (bounded) for the exec client to be reaped, destroy the PTY/pipe
+ *      streams;
+ *   4. record `clean` only when group, client and PTY are all gone; otherwise
+ *      the record stays `release_intent` with a note (the machine's fence, or
+ *      recovery after a fence, finishes it). A child that left the group
+ *      (setsid) is not a member and does not block release.
+ */
+import type { ServerChannel } from "ssh2";
+import type { ExecHandle, ExecRequest, PtyRequest, Runtime } from "./runtime/types.js";
+import type { SessionRecord, SessionStore } from "./sessions-store.js";
+import { groupSignalFor, sshSignalName, validWindow } from "./sessions-events.js";
+import { probeGroup, type GroupPresence } from "./sessions-probe.js";
+
+export interface Log {
+  info(obj: object, msg: string): void;
+  warn(obj: object, msg: string): void;
+  error(obj: object, msg: string): void;
+}
+
+/** Grace periods and bounds; all short and configurable (tests use the defaults). */
+export interface SessionTiming {
+  /** Wait after SIGHUP before SIGTERM. */
+  hupGraceMs: number;
+  /** Wait after SIGTERM before SIGKILL. */
+  termGraceMs: number;
+  /** Wait after SIGKILL for the group to vanish. */
+  killWaitMs: number;
+  /** Wait for the exec client to be reaped once the group is gone. */
+  reapWaitMs: number;
+  /** Completion: give up when no output progress (read or sent) for this long. */
+  drainIdleMs: number;
+  /** Completion: stop reading output this long after exit even if bytes still flow. */
+  drainMaxMs: number;
+}
+
+export const DEFAULT_TIMING: SessionTiming = {
+  hupGraceMs: 200,
+  termGraceMs: 500,
+  killWaitMs: 2000,
+  reapWaitMs: 5000,
+  drainIdleMs: 2000,
+  drainMaxMs: 30_000,
+};
+
+export interface SessionDeps {
+  /** Run the command and signal its exact group. */
+  runtime: Runtime;
+  /** Durable session records (intent/running/release_intent/clean). */
+  store: SessionStore;
+  /** The agent's clock (epoch ms), for record timestamps. */
+  now: () => number;
+  log: Log;
+  timing: SessionTiming;
+}
+
+export interface SessionSpec {
+  sessionId: string;
+  machineId: string;
+  grantId: string;
+  fingerprint: string;
+  /** null: the machine's login shell (SSH `shell`). */
+  argv: string[] | null;
+  env: Record<string, string>;
+  pty: PtyRequest | null;
+}
+
+/** How a session ended, for the registry and tests. */
+export interface SessionOutcome {
+  sessionId: string;
+  state: "clean" | "release_intent";
+  reason: string;
+  note: string | null;
+}
+
+const OUTPUT_BOUND = 256 * 1024;
+const INPUT_BOUND = 64 * 1024;
+const SIGNAL_BOUND = 16;
+const YIELD_EVERY = 32;
+
+type Chunk = { err: boolean; buf: Buffer };
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+export class Session {
+  readonly spec: SessionSpec;
+  /** Resolves once the session is released (clean or retained). Never rejects. */
+  readonly done: Promise<SessionOutcome>;
+
+  private readonly deps: SessionDeps;
+  private readonly channel: ServerChannel;
+  private handle: ExecHandle | null = null;
+  private resolveDone!: (o: SessionOutcome) => void;
+
+  /** Terminal events are admitted only between `running` and completion/close. */
+  private admitting = false;
+  private closeReason: string | null = null;
+  private exitInfo: { code: number | null; signal: string | null } | null = null;
+  private execLost: string | null = null;
+
+  private readonly signals: NodeJS.Signals[] = [];
+  private resizeTo: { cols: number; rows: number } | null = null;
+  private readonly input: Buffer[] = [];
+  private inputBytes = 0;
+  private inputEof = false;
+  private stdinBlocked = false;
+  private channelPaused = false;
+
+  private readonly output: Chunk[] = [];
+  private outputBytes = 0;
+  private execPaused = false;
+  private outEnded = false;
+  private errEnded = false;
+  private channelBlocked = false;
+  private pendingWrites = 0;
+  private lastProgress = 0;
+
+  private waiter: (() => void) | null = null;
+  private releasing: Promise<SessionOutcome> | null = null;
+  private channelClosed = false;
+
+  constructor(deps: SessionDeps, spec: SessionSpec, channel: ServerChannel) {
+    this.deps = deps;
+    this.spec = spec;
+    this.channel = channel;
+    this.done = new Promise((r) => (this.resolveDone = r));
+    channel.on("error", () => this.cut("channel error"));
+    channel.on("close", () => {
+      this.channelClosed = true;
+      this.cut("client closed the channel");
+    });
+  }
+
+  /** Steps 1–4 of the start ordering, then the event loop. Never rejects. */
+  async start(): Promise<void> {
+    const { store, runtime, now, log } = this.deps;
+    const s = this.spec;
+    let incarnation: string | null = null;
+    try {
+      incarnation = (await runtime.inspect(s.machineId)).incarnation;
+    } catch {
+      /* the record says "unknown"; recovery is then more conservative */
+    }
+    const t = now();
+    store.create({
+      sessionId: s.sessionId,
+      machineId: s.machineId,
+      grantId: s.grantId,
+      fingerprint: s.fingerprint,
+      pty: s.pty !== null,
+      incarnation,
+      state: "intent",
+      client: null,
+      leader: null,
+      note: null,
+      createdAt: t,
+      updatedAt: t,
+    });
+    if (this.closeReason !== null) {
+      // Cut before anything was started: nothing exists, nothing to release.
+      this.finish(store.transition(s.sessionId, ["intent"], { state: "clean", note: this.closeReason, updatedAt: now() }), this.closeReason);
+      return;
+    }
+    const req: ExecRequest = { argv: s.argv, env: s.env, ...(s.pty ? { pty: s.pty } : {}) };
+    let handle: ExecHandle;
+    try {
+      handle = await runtime.exec(s.machineId, req);
+    } catch (e) {
+      const msg = e instanceof Error ? e.message : String(e);
+      log.warn({ session: s.sessionId, machine: s.machineId, err: msg }, "session exec failed");
+      // The runtime cleans up a failed exec before rejecting; nothing was started for this record.
+      const rec = store.transition(s.sessionId, ["intent"], { state: "clean", note: `exec failed: ${msg}`, updatedAt: now() });
+      if (!this.channelClosed) {
+        this.channel.stderr.write(`berth: could not start the command on machine ${s.machineId}: ${msg}\r\n`);
+        this.channel.exit(255);
+        this.channel.end();
+      }
+      this.finish(rec, "exec failed", `exec failed: ${msg}`);
+      return;
+    }
+    this.handle = handle;
+    this.wireExec(handle);
+    let running: SessionRecord | null = null;
+    try {
+      running = store.transition(s.sessionId, ["intent"], {
+        state: "running",
+        client: handle.client,
+        leader: handle.leader,
+        incarnation: handle.incarnation,
+        updatedAt: now(),
+      });
+    } catch (e) {
+      log.error({ session: s.sessionId, err: String(e) }, "could not record the running session; releasing it");
+    }
+    if (!running) {
+      await this.release("could not record running identities");
+      return;
+    }
+    log.info({ session: s.sessionId, machine: s.machineId, grant: s.grantId, leader: handle.leader, client: handle.client, pty: !!s.pty }, "session running");
+    if (this.closeReason === null) {
+      this.admitting = true;
+      this.wireChannel();
+    }
+    void this.loop();
+  }
+
+  /** SSH window-change. False (refused) when invalid or not admitted. */
+  resize(cols: unknown, rows: unknown): boolean {
+    const w = validWindow(cols, rows);
+    if (!w || !this.admitting || !this.spec.pty) return false;
+    this.resizeTo = w;
+    this.poke();
+    return true;
+  }
+
+  /** SSH `signal`: INT/QUIT/TSTP only. False when refused. */
+  signal(sshName: string): boolean {
+    const sig = groupSignalFor(sshName);
+    if (!sig || !this.admitting || this.signals.length >= SIGNAL_BOUND) return false;
+    this.signals.push(sig);
+    this.poke();
+    return true;
+  }
+
+  /** Cut the session at once (channel closed now) and release its processes. */
+  cut(why: string): Promise<SessionOutcome> {
+    if (this.closeReason === null) this.closeReason = why;
+    this.admitting = false;
+    this.closeChannel();
+    this.poke();
+    return this.done;
+  }
+
+  get live(): boolean {
+    return this.releasing === null;
+  }
+
+  // ---- wiring ---------------------------------------------------------------
+
+  private wireExec(h: ExecHandle): void {
+    h.stdin.on("error", () => {
+      /* EPIPE after exit: the completion path reports the outcome */
+    });
+    const onData = (err: boolean) => (buf: Buffer) => {
+      this.lastProgress = Date.now();
+      if (this.closeReason !== null || this.releasing !== null) return; // being released: discard
+      this.output.push({ err, buf });
+      this.outputBytes += buf.length;
+      if (this.outputBytes >= OUTPUT_BOUND && !this.execPaused) {
+        this.execPaused = true;
+        h.pause();
+      }
+      this.poke();
+    };
+    h.stdout.on("data", onData(false));
+    h.stderr.on("data", onData(true));
+    h.stdout.on("end", () => ((this.outEnded = true), this.poke()));
+    h.stderr.on("end", () => ((this.errEnded = true), this.poke()));
+    h.stdout.on("close", () => ((this.outEnded = true), this.poke()));
+    h.stderr.on("close", () => ((this.errEnded = true), this.poke()));
+    const lost = (what: string) => (e: Error) => {
+      // EIO on a PTY master is how Linux reports "all slave ends closed": that is EOF, not loss.
+      if ((e as NodeJS.ErrnoException).code === "EIO") return;
+      this.execLost ??= `${what}: ${e.message}`;
+      this.poke();
+    };
+    h.stdout.on("error", lost("output stream lost"));
+    h.stderr.on("error", lost("error stream lost"));
+    h.exited.then(
+      (x) => {
+        this.exitInfo = x;
+        this.poke();
+      },
+      (e: unknown) => {
+        this.execLost ??= `exec client lost: ${e instanceof Error ? e.message : String(e)}`;
+        this.poke();
+      },
+    );
+  }
+
+  private wireChannel(): void {
+    const ch = this.channel;
+    ch.on("data", (buf: Buffer) => {
+      if (!this.admitting) return;
+      this.input.push(buf);
+      this.inputBytes += buf.length;
+      if (this.inputBytes >= INPUT_BOUND && !this.channelPaused) {
+        this.channelPaused = true;
+        ch.pause();
+      }
+      this.poke();
+    });
+    ch.on("end", () => {
+      // Client EOF: a pipe session's stdin ends after the queued input; a PTY ignores it (as sshd does).
+      this.inputEof = true;
+      this.poke();
+    });
+  }
+
+  // ---- the serialized loop ----------------------------------------------------
+
+  private poke(): void {
+    const w = this.waiter;
+    this.waiter = null;
+    w?.();
+  }
+
+  private wait(ms?: number): Promise<void> {
+    return new Promise((resolve) => {
+      let timer: NodeJS.Timeout | null = null;
+      this.waiter = () => {
+        if (timer) clearTimeout(timer);
+        resolve();
+      };
+      if (ms !== undefined) timer = setTimeout(() => this.poke(), Math.max(0, ms));
+    });
+  }
+
+  private async loop(): Promise<void> {
+    const h = this.handle!;
+    let n = 0;
+    for (;;) {
+      if (++n % YIELD_EVERY === 0) await new Promise((r) => setImmediate(r));
+      if (this.closeReason !== null) {
+        await this.release(this.closeReason);
+        return;
+      }
+      if (this.execLost !== null && this.exitInfo === null) {
+        await this.release(this.execLost);
+        return;
+      }
+      if (this.exitInfo !== null) {
+        await this.complete();
+        return;
+      }
+      const sig = this.signals.shift();
+      if (sig) {
+        const ok = await h.signalGroup(sig);
+        if (!ok) this.deps.log.warn({ session: this.spec.sessionId, signal: sig }, "signal refused: group leader no longer matches");
+        continue;
+      }
+      if (this.resizeTo) {
+        const { cols, rows } = this.resizeTo;
+        this.resizeTo = null;
+        try {
+          h.resize(cols, rows);
+        } catch (e) {
+          this.deps.log.warn({ session: this.spec.sessionId, err: String(e) }, "resize failed");
+        }
+        continue;
+      }
+      if (this.forwardInput()) continue;
+      if (this.forwardOutput()) continue;
+      await this.wait();
+    }
+  }
+
+  /** One input chunk to the exec's stdin; false when nothing could be done. */
+  private forwardInput(): boolean {
+    const h = this.handle!;
+    if (this.stdinBlocked) return false;
+    const buf = this.input.shift();
+    if (!buf) {
+      if (this.inputEof && !this.spec.pty && h.stdin.writable) {
+        h.stdin.end();
+        return true;
+      }
+      return false;
+    }
+    this.inputBytes -= buf.length;
+    if (this.channelPaused && this.inputBytes < INPUT_BOUND / 2) {
+      this.channelPaused = false;
+      this.channel.resume();
+    }
+    if (!h.stdin.writable) return true;
+    if (!h.stdin.write(buf)) {
+      this.stdinBlocked = true;
+      h.stdin.once("drain", () => ((this.stdinBlocked = false), this.poke()));
+    }
+    return true;
+  }
+
+  /** One output chunk to the channel; false when nothing could be done. */
+  private forwardOutput(): boolean {
+    if (this.channelBlocked || this.channelClosed) return false;
+    const c = this.output.shift();
+    if (!c) return false;
+    this.outputBytes -= c.buf.length;
+    if (this.execPaused && this.outputBytes < OUTPUT_BOUND / 2) {
+      this.execPaused = false;
+      this.handle!.resume();
+    }
+    const stream = c.err ? this.channel.stderr : this.channel;
+    this.pendingWrites++;
+    const ok = stream.write(c.buf, () => {
+      this.pendingWrites--;
+      this.lastProgress = Date.now();
+      this.poke();
+    });
+    if (!ok) {
+      this.channelBlocked = true;
+      stream.once("drain", () => {
+        this.channelBlocked = false;
+        this.lastProgress = Date.now();
+        this.poke();
+      });
+    }
+    return true;
+  }
+
+  /** Normal completion: drain in order, one exit status after the last byte, close, release. */
+  private async complete(): Promise<void> {
+    this.admitting = false;
+    this.input.length = 0;
+    this.signals.length = 0;
+    this.resizeTo = null;
+    const exitedAt = Date.now();
+    this.lastProgress = Math.max(this.lastProgress, exitedAt);
+    const { drainIdleMs, drainMaxMs } = this.deps.timing;
+    let reason = "completed";
+    for (;;) {
+      if (this.closeReason !== null) {
+        reason = this.closeReason;
+        break;
+      }
+      const readDone = (this.outEnded && this.errEnded) || Date.now() - exitedAt >= drainMaxMs;
+      if (readDone && this.output.length === 0 && this.pendingWrites === 0) {
+        if (!this.outEnded || !this.errEnded) reason = "completed (output drain deadline)";
+        this.sendExit();
+        break;
+      }
+      if (Date.now() - this.lastProgress >= drainIdleMs) {
+        // Nothing read and nothing sent for a while: a writer holds the output open
+        // or the client stopped reading. Send what is already handed over, no more.
+        if (this.output.length === 0 && this.pendingWrites === 0) this.sendExit();
+        reason = "completed (output drain deadline)";
+        break;
+      }
+      if (this.forwardOutput()) continue;
+      await this.wait(Math.min(drainIdleMs, 100));
+    }
+    await this.release(reason);
+  }
+
+  private sendExit(): void {
+    if (this.channelClosed || !this.exitInfo) return;
+    const x = this.exitInfo;
+    try {
+      if (x.signal) this.channel.exit(sshSignalName(x.signal), false, "");
+      else this.channel.exit(x.code ?? 255);
+      this.channel.end();
+    } catch {
+      /* the client went away meanwhile */
+    }
+  }
+
+  private closeChannel(): void {
+    if (this.channelClosed) return;
+    this.channelClosed = true;
+    try {
+      this.channel.close();
+    } catch {
+      /* already closed */
+    }
+  }
+
+  // ---- release ----------------------------------------------------------------
+
+  private release(reason: string): Promise<SessionOutcome> {
+    this.releasing ??= this.doRelease(reason);
+    return this.releasing;
+  }
+
+  private async doRelease(reason: string): Promise<SessionOutcome> {
+    const { store, now, log, timing } = this.deps;
+    const s = this.spec;
+    const h = this.handle!;
+    this.admitting = false;
+    this.output.length = 0;
+    this.input.length = 0;
+    // 1. Durable intent first, identities kept: a crash from here on resumes from it.
+    try {
+      store.transition(s.sessionId, ["intent", "running"], { state: "release_intent", note: reason, updatedAt: now() });
+    } catch (e) {
+      log.error({ session: s.sessionId, err: String(e) }, "could not record release intent; releasing anyway");
+    }
+    if (reason !== "completed") this.closeChannel();
+    h.resume(); // let a blocked writer finish or see SIGHUP instead of hanging on a full PTY
+
+    // 2. Stop the exact group: HUP, TERM, KILL, each only while the leader still matches.
+    let group: GroupPresence = await this.groupPresence();
+    const steps: [NodeJS.Signals, number][] = [
+      ["SIGHUP", timing.hupGraceMs],
+      ["SIGTERM", timing.termGraceMs],
+      ["SIGKILL", timing.killWaitMs],
+    ];
+    let refused = false;
+    for (const [sig, grace] of steps) {
+      if (group === "absent") break;
+      const ok = await h.signalGroup(sig).catch(() => false);
+      if (!ok) {
+        refused = true;
+        break;
+      }
+      group = await this.waitGroupGone(grace);
+    }
+    if (refused) group = await this.groupPresence();
+
+    // 3. Reap the exec client (bounded; killed only while it is still the exact recorded process),
+    //    then close the PTY / pipes.
+    const reapedWithin = (ms: number) =>
+      Promise.race([
+        h.exited.then(
+          () => true,
+          () => true,
+        ),
+        sleep(ms).then(() => false),
+      ]);
+    let reaped = await reapedWithin(timing.reapWaitMs / 2);
+    if (!reaped) {
+      const killed = h.killClient("SIGKILL");
+      log.warn({ session: s.sessionId, killed }, "exec client outlived its group; killed it");
+      reaped = await reapedWithin(timing.reapWaitMs / 2);
+    }
+    for (const st of [h.stdin, h.stdout, h.stderr]) st.destroy();
+    this.closeChannel();
+
+    // 4. Clean only when everything is verifiably gone.
+    const missing: string[] = [];
+    if (group !== "absent") missing.push(group === "present" ? "process group still has members (left for the machine's fence)" : "process group absence could not be verified");
+    if (!reaped) missing.push("exec client not reaped");
+    const note = missing.length ? `${reason}; ${missing.join("; ")}` : reason;
+    let rec: SessionRecord | null = null;
+    try {
+      rec = missing.length
+        ? store.transition(s.sessionId, ["release_intent"], { state: "release_intent", note, updatedAt: now() })
+        : store.transition(s.sessionId, ["release_intent"], { state: "clean", note, updatedAt: now() });
+    } catch (e) {
+      log.error({ session: s.sessionId, err: String(e) }, "could not record the release outcome");
+    }
+    if (missing.length) log.warn({ session: s.sessionId, machine: s.machineId, note, refused }, "session released with retained record");
+    else log.info({ session: s.sessionId, machine: s.machineId, reason }, "session clean");
+    return this.finish(rec, reason, note);
+  }
+
+  private finish(rec: SessionRecord | null, reason: string, note: string = reason): SessionOutcome {
+    const out: SessionOutcome = {
+      sessionId: this.spec.sessionId,
+      state: rec?.state === "clean" ? "clean" : "release_intent",
+      reason,
+      note: rec?.note ?? note,
+    };
+    this.releasing ??= Promise.resolve(out);
+    this.resolveDone(out);
+    return out;
+  }
+
+  private groupPresence(): Promise<GroupPresence> {
+    const h = this.handle!;
+    return probeGroup(this.deps.runtime, this.spec.machineId, h.leader.pgid, this.exitInfo !== null);
+  }
+
+  private async waitGroupGone(ms: number): Promise<GroupPresence> {
+    const until = Date.now() + ms;
+    for (;;) {
+      const g = await this.groupPresence();
+      if (g === "absent" || Date.now() >= until) return g;
+      await sleep(Math.min(25, Math.max(1, until - Date.now())));
+    }
+  }
+}
