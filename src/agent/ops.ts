@@ -90,6 +90,8 @@ export interface FenceResult {
   evidence: string;
 }
 export interface ScrubResult {
+  incarnationBefore: string | null;
+  /** The incarnation after the scrub (gVisor restarts the sandbox; process keeps it). */
   incarnation: string | null;
   scrubbed: true;
 }
@@ -443,8 +445,12 @@ export class AgentOps {
     const m = this.#machine(ctx.machineId);
     if (ctx.generation > m.generation) keys.advance(ctx.machineId, ctx.generation);
     await runtime.scrub(ctx.machineId);
-    const result: ScrubResult = { incarnation: m.incarnation, scrubbed: true };
-    store.transaction(this.#commit(ctx, this.#machine(ctx.machineId), result));
+    // gVisor's scrub restarts the sandbox (a new incarnation): record what the
+    // runtime reports now, so the next start recognises the machine.
+    const seen = await runtime.inspect(ctx.machineId);
+    if (!seen.exists) throw new Error(`the runtime no longer has machine ${ctx.machineId} after the scrub`);
+    const result: ScrubResult = { incarnationBefore: m.incarnation, incarnation: seen.incarnation, scrubbed: true };
+    store.transaction(this.#commit(ctx, { ...this.#machine(ctx.machineId), incarnation: seen.incarnation }, result));
     return result;
   }
 

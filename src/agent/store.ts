@@ -18,7 +18,7 @@
  * parts of the agent (the gateway's session records) add theirs by passing
  * `migrations` to `AgentStore.open` or appending to `AGENT_MIGRATIONS`.
  */
-import { mkdirSync } from "node:fs";
+import { chmodSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import Database from "better-sqlite3";
 import type { InstalledKey } from "./contracts.js";
@@ -250,6 +250,7 @@ export class AgentStore {
       if (isBusy(e)) throw new AgentLockedError(stateDir);
       throw e;
     }
+    chmodSync(path, 0o600); // hashes only, but nobody else's business
     const store = new AgentStore(stateDir, db, path);
     store.#migrate([...AGENT_MIGRATIONS, ...(opts.migrations ?? [])]);
     return store;

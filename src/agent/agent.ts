@@ -1,0 +1,291 @@
+/**
+ * `berth agent`: the host daemon, wired together.
+ *
+ * Start-up order, and why:
+ *   1. the local store, which takes the state directory's lock: a second
+ *      agent on the same directory refuses here, before touching anything;
+ *   2. the runtime (sandboxes under the state directory);
+ *   3. the key authority, empty;
+ *   4. the recovery sweep: re-attaches machines whose record matches, loads
+ *      their keys (expired ones dropped), reports the rest, signals nothing;
+ *   5. the SSH gateway (its own session recovery first), so keys authenticate
+ *      only once recovery decided which machines are this agent's;
+ *   6. operations and the HTTP API;
+ *   7. enrollment with the coordinator, which needs the API's URL and the
+ *      gateway's address and host key. A coordinator that cannot be reached
+ *      is retried in the background: the agent keeps enforcing key expiry and
+ *      serving SSH without it. A coordinator that refuses (4xx) stops the start.
+ *
+ * Stopping closes the API, the gateway, the key timers and the store (its
+ * lock). Machines keep running; the next start re-attaches them.
+ */
+import { readFileSync } from "node:fs";
+import { hostname } from "node:os";
+import { join } from "node:path";
+import { hashToken } from "../core/tokens.js";
+import type { SessionRegistry } from "./contracts.js";
+import { enroll, EnrollRefusedError, type EnrollRequest } from "./enroll.js";
+import { startGateway, type Gateway } from "./gateway.js";
+import { startHttp, type AgentHttp } from "./http.js";
+import { AgentKeys } from "./keys.js";
+import { errorMessage, silentLog, type AgentLog } from "./log.js";
+import { AgentOps } from "./ops.js";
+import { recover, type RecoveryReport } from "./recovery.js";
+import { createRuntime, type RuntimeChoice } from "./runtime/index.js";
+import type { Runtime } from "./runtime/types.js";
+import { sqliteSessionStore } from "./sessions-store.js";
+import { AgentStore } from "./store.js";
+
+export interface AgentOptions {
+  /** The agent's own directory: store, machines, host key. One agent per directory. */
+  stateDir: string;
+  /** Where to enroll; omitted for an agent driven in-process (berth up, tests). */
+  coordinatorUrl?: string;
+  /** The raw enroll token (from a file or BERTH_ENROLL_TOKEN; never argv). */
+  enrollToken?: string;
+  /** host:port of the HTTP API; default 127.0.0.1:0. */
+  listen?: string;
+  /** host:port of the SSH gateway; default 127.0.0.1:0. */
+  sshListen?: string;
+  /** Host name the coordinator and clients should use, when the listen address is a wildcard. */
+  advertiseHost?: string;
+  runtime?: RuntimeChoice;
+  slots?: number;
+  vcpu?: number;
+  memoryMb?: number;
+  name?: string;
+  log?: AgentLog;
+  /** The clock (epoch ms) that decides key expiry. */
+  now?: () => number;
+  /**
+   * A host-call token accepted without enrollment (an embedded coordinator in
+   * the same process, or a test). Only its hash is kept.
+   */
+  hostCallToken?: string;
+}
+
+export interface RunningAgent {
+  url: string;
+  /** Null until the agent has enrolled once. */
+  hostId: string | null;
+  name: string;
+  runtime: Runtime;
+  ssh: { host: string; port: number; hostKey: string; fingerprint: string };
+  recovery: RecoveryReport;
+  store: AgentStore;
+  keys: AgentKeys;
+  ops: AgentOps;
+  sessions: SessionRegistry;
+  /** Settles once enrolled (or at once without a coordinator); never rejects. */
+  enrolled: Promise<void>;
+  stop(): Promise<void>;
+}
+
+export const AGENT_VERSION = readVersion();
+
+const META_HOST_ID = "hostId";
+const META_TOKEN_HASH = "hostCallTokenHash";
+
+export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
+  const log = opts.log ?? silentLog;
+  const now = opts.now ?? Date.now;
+  const listen = parseHostPort(opts.listen ?? "127.0.0.1:0", "listen");
+  const sshListen = parseHostPort(opts.sshListen ?? "127.0.0.1:0", "ssh listen");
+  const name = opts.name ?? hostname();
+  const slots = opts.slots ?? 4;
+  const vcpu = opts.vcpu ?? 2;
+  const memoryMb = opts.memoryMb ?? 2048;
+
+  const store = AgentStore.open(opts.stateDir);
+  const cleanups: Array<() => Promise<void> | void> = [() => store.close()];
+  const teardown = async (): Promise<void> => {
+    for (const c of cleanups.reverse()) {
+      try {
+        await c();
+      } catch (e) {
+        log.warn({ error: errorMessage(e) }, "agent shutdown step failed");
+      }
+    }
+    cleanups.length = 0;
+  };
+
+  try {
+    if (opts.hostCallToken !== undefined) store.setMeta(META_TOKEN_HASH, hashToken("host-call", opts.hostCallToken));
+    const runtime = createRuntime(opts.runtime ?? "auto", opts.stateDir);
+    if (runtime.kind === "process") {
+      log.warn({ runtime: runtime.kind }, "runtime: process (plain child processes in a directory, NO isolation)");
+    }
+    const keys = new AgentKeys({ store, now, log });
+    cleanups.push(() => keys.close());
+    const recovery = await recover({ store, runtime, keys, now, log });
+
+    const gateway: Gateway = await startGateway({
+      hostKeyPath: join(opts.stateDir, "ssh_host_ed25519_key"),
+      listen: sshListen,
+      keys,
+      runtime,
+      now,
+      log,
+      sessionStore: sqliteSessionStore(store.db),
+    });
+    cleanups.push(() => gateway.close());
+    const sessions = gateway.sessions;
+
+    const ops = new AgentOps({ store, keys, runtime, sessions, now, log });
+    let hostId = store.getMeta(META_HOST_ID);
+    const http: AgentHttp = await startHttp(
+      {
+        ops,
+        store,
+        keys,
+        sessions,
+        identity: () => ({ hostId, name, runtime: runtime.kind, slots, version: AGENT_VERSION }),
+        tokenHash: () => store.getMeta(META_TOKEN_HASH),
+        unrecorded: () => recovery.unrecorded,
+        log,
+      },
+      listen,
+    );
+    cleanups.push(() => http.close());
+
+    const advertised = opts.advertiseHost ?? (isWildcard(listen.host) ? hostname() : listen.host);
+    const sshHost = opts.advertiseHost ?? (isWildcard(sshListen.host) ? hostname() : sshListen.host);
+    const url = `http://${bracket(advertised)}:${http.port}`;
+    const ssh = { host: sshHost, port: gateway.port, hostKey: gateway.hostKey, fingerprint: gateway.fingerprint };
+
+    // ---- enrollment --------------------------------------------------------
+    let stopped = false;
+    let wake: (() => void) | null = null;
+    cleanups.push(() => {
+      stopped = true;
+      wake?.();
+    });
+    const body = (): EnrollRequest => ({
+      name,
+      url,
+      runtime: runtime.kind,
+      capacity: { vcpu, memoryMb, slots },
+      ssh,
+      ...(hostId !== null ? { hostId } : {}),
+    });
+    const enrollOnce = async (token: string, coordinator: string): Promise<void> => {
+      const got = await enroll(coordinator, token, body());
+      if (hostId !== null && got.hostId !== hostId) {
+        throw new EnrollRefusedError(
+          409,
+          "conflict",
+          `the coordinator enrolled this agent as host ${got.hostId}, but its state directory ${opts.stateDir} belongs to host ${hostId}; ` +
+            "use a fresh --state-dir for a new host, or ask the coordinator's operator to restore the host",
+        );
+      }
+      store.transaction(() => {
+        store.setMeta(META_HOST_ID, got.hostId);
+        store.setMeta(META_TOKEN_HASH, hashToken("host-call", got.hostCallToken));
+      });
+      hostId = got.hostId;
+      log.info({ hostId, coordinator: new URL(coordinator).origin }, "enrolled with the coordinator");
+    };
+
+    let enrolled: Promise<void> = Promise.resolve();
+    if (opts.coordinatorUrl !== undefined) {
+      const coordinator = opts.coordinatorUrl;
+      const token = opts.enrollToken;
+      if (token === undefined) {
+        if (store.getMeta(META_TOKEN_HASH) === null) {
+          throw new Error(
+            "no enroll token: give --enroll-token-file FILE or set BERTH_ENROLL_TOKEN (the agent never enrolled from this state directory)",
+          );
+        }
+        log.info({ hostId }, "no enroll token given: keeping the enrollment this state directory already has");
+      } else {
+        try {
+          await enrollOnce(token, coordinator);
+        } catch (e) {
+          if (e instanceof EnrollRefusedError) throw e;
+          log.warn({ error: errorMessage(e) }, "enrollment failed; retrying in the background");
+          enrolled = (async () => {
+            let delay = 1000;
+            while (!stopped) {
+              await new Promise<void>((resolve) => {
+                const t = setTimeout(resolve, delay);
+                wake = () => {
+                  clearTimeout(t);
+                  resolve();
+                };
+              });
+              if (stopped) return;
+              try {
+                await enrollOnce(token, coordinator);
+                return;
+              } catch (e2) {
+                log.warn({ error: errorMessage(e2) }, "enrollment failed; retrying");
+                if (e2 instanceof EnrollRefusedError) return;
+                delay = Math.min(delay * 2, 30_000);
+              }
+            }
+          })();
+        }
+      }
+    }
+
+    log.info(
+      {
+        url,
+        ssh: `${ssh.host}:${ssh.port}`,
+        hostId,
+        runtime: runtime.kind,
+        machines: store.listMachines().length,
+        hostKeyFingerprint: ssh.fingerprint,
+      },
+      "berth agent ready",
+    );
+
+    let stopping: Promise<void> | null = null;
+    return {
+      url,
+      get hostId() {
+        return hostId;
+      },
+      name,
+      runtime,
+      ssh,
+      recovery,
+      store,
+      keys,
+      ops,
+      sessions,
+      enrolled,
+      stop: () => (stopping ??= teardown()),
+    };
+  } catch (e) {
+    await teardown();
+    throw e;
+  }
+}
+
+export function parseHostPort(s: string, what: string): { host: string; port: number } {
+  const m = /^(?:\[([^\]]+)\]|([^:]*)):(\d{1,5})$/.exec(s.trim());
+  const host = m?.[1] ?? m?.[2];
+  const port = Number(m?.[3]);
+  if (m === null || host === undefined || host === "" || !Number.isInteger(port) || port > 65535) {
+    throw new Error(`invalid ${what} address ${JSON.stringify(s)}; use HOST:PORT, e.g. 127.0.0.1:7400 (port 0 picks a free one)`);
+  }
+  return { host, port };
+}
+
+function isWildcard(host: string): boolean {
+  return host === "0.0.0.0" || host === "::" || host === "";
+}
+
+function bracket(host: string): string {
+  return host.includes(":") ? `[${host}]` : host;
+}
+
+function readVersion(): string {
+  try {
+    const pkg = JSON.parse(readFileSync(new URL("../../../package.json", import.meta.url), "utf8")) as { version?: unknown };
+    return typeof pkg.version === "string" ? pkg.version : "unknown";
+  } catch {
+    return "unknown";
+  }
+}

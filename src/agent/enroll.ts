@@ -1,0 +1,113 @@
+/**
+ * Enrollment: the agent introduces itself to the coordinator.
+ *
+ *   POST {coordinator}/v1/hosts/enroll
+ *   Authorization: Bearer <enroll token>
+ *   {name, url, runtime, capacity: {vcpu, memoryMb, slots}, ssh: {host, port, hostKey, fingerprint}, hostId?}
+ *   -> {hostId, hostCallToken}
+ *
+ * The enroll token comes from a file or BERTH_ENROLL_TOKEN, never argv, and
+ * is never logged. The agent keeps `hostId` and only the hash of the
+ * host-call token (hashToken("host-call", …)) in its store. On restart it
+ * enrolls again with its stored `hostId` (so the coordinator keeps the same
+ * host and learns the new URL and SSH port); a coordinator answering with a
+ * different host id is refused, since this state directory's machines belong
+ * to the stored one.
+ */
+import { readFileSync, statSync } from "node:fs";
+import { z } from "zod";
+import { BerthError } from "../core/errors.js";
+import { parseId, type Id } from "../core/ids.js";
+
+export interface EnrollRequest {
+  name: string;
+  url: string;
+  runtime: string;
+  capacity: { vcpu: number; memoryMb: number; slots: number };
+  ssh: { host: string; port: number; hostKey: string; fingerprint: string } | null;
+  /** Set when this state directory enrolled before: the coordinator keeps that host. */
+  hostId?: string;
+}
+
+export interface Enrollment {
+  hostId: Id;
+  hostCallToken: string;
+}
+
+/** A refusal by the coordinator (4xx): retrying with the same token will not help. */
+export class EnrollRefusedError extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+  ) {
+    super(message);
+    this.name = "EnrollRefusedError";
+  }
+}
+
+const responseSchema = z.object({
+  hostId: z.string(),
+  hostCallToken: z.string().min(16).max(512),
+});
+
+export async function enroll(coordinatorUrl: string, enrollToken: string, body: EnrollRequest, timeoutMs = 15_000): Promise<Enrollment> {
+  const url = new URL("/v1/hosts/enroll", coordinatorUrl);
+  let res: Response;
+  try {
+    res = await fetch(url, {
+      method: "POST",
+      headers: { authorization: `Bearer ${enrollToken}`, "content-type": "application/json" },
+      body: JSON.stringify(body),
+      signal: AbortSignal.timeout(timeoutMs),
+    });
+  } catch (e) {
+    // fetch's errors never carry the request headers; say only where it failed.
+    throw new Error(`the coordinator at ${url.origin} did not answer the enrollment (${(e as Error).cause ? String((e as { cause: unknown }).cause) : (e as Error).message})`);
+  }
+  const text = await res.text();
+  if (!res.ok) {
+    let code = "http_" + res.status;
+    let message = text.slice(0, 300);
+    try {
+      const j = JSON.parse(text) as { error?: { code?: unknown; message?: unknown } };
+      if (typeof j.error?.code === "string") code = j.error.code;
+      if (typeof j.error?.message === "string") message = j.error.message;
+    } catch {
+      // not JSON: keep the text
+    }
+    const what = `the coordinator refused the enrollment (${res.status} ${code}): ${message}`;
+    if (res.status >= 400 && res.status < 500) throw new EnrollRefusedError(res.status, code, what);
+    throw new Error(what);
+  }
+  let parsed: z.infer<typeof responseSchema>;
+  try {
+    parsed = responseSchema.parse(JSON.parse(text));
+  } catch {
+    throw new Error("the coordinator's enrollment answer is not {hostId, hostCallToken}");
+  }
+  return { hostId: parseId(parsed.hostId, "hostId"), hostCallToken: parsed.hostCallToken };
+}
+
+/**
+ * The enroll token: from `file` (owner-only permissions recommended) or the
+ * BERTH_ENROLL_TOKEN environment variable. Never from argv.
+ */
+export function readEnrollToken(file: string | undefined, env: NodeJS.ProcessEnv): string | null {
+  if (file !== undefined) {
+    let text: string;
+    try {
+      statSync(file);
+      text = readFileSync(file, "utf8");
+    } catch (e) {
+      throw new BerthError("invalid_request", `invalid_request: cannot read the enroll token file ${file} (${(e as NodeJS.ErrnoException).code ?? "error"})`);
+    }
+    const token = text.trim();
+    if (token === "" || /\s/.test(token)) {
+      throw new BerthError("invalid_request", `invalid_request: the enroll token file ${file} must hold exactly one token`);
+    }
+    return token;
+  }
+  const fromEnv = env.BERTH_ENROLL_TOKEN?.trim();
+  return fromEnv === undefined || fromEnv === "" ? null : fromEnv;
+}

@@ -1,0 +1,132 @@
+/**
+ * Start-up sweep: what did the previous agent process leave behind?
+ *
+ * Runs once, after the store's lock is held and before the SSH gateway or the
+ * API admits anything. For each machine record (not destroyed):
+ *
+ *   - `creating` / `destroying`: the previous process died mid-operation. The
+ *     machine is left as it is (pending) for the coordinator's retried
+ *     operation (same opId) to finish; no key of it authenticates meanwhile.
+ *   - `running` and the runtime reports the recorded incarnation: re-attached.
+ *     Its keys are reloaded; expired ones and ones of an older generation are
+ *     dropped durably. Their expiry timers are armed again.
+ *   - `running` and the runtime reports another incarnation: when an
+ *     unfinished fence, scrub or create of this machine explains it (the process died
+ *     between the runtime's change and the record of it), pending, for the
+ *     retried operation to record the new incarnation. Otherwise `mismatch`:
+ *     recorded durably, reported in the log, health and `machines`; its keys
+ *     never authenticate and every operation on it is refused. The agent
+ *     never signals it.
+ *   - `running` and the runtime has no such machine: `mismatch` (missing);
+ *     only `destroy` is accepted for it (nothing is left to signal).
+ *   - the runtime cannot be asked (an unreadable runtime record): `mismatch`
+ *     (unreadable), the conservative reading, never "nothing there".
+ *   - `mismatch` from an earlier start: stays so.
+ *
+ * Runtime machines with no record (`runtime.list()`) are reported, never
+ * touched. They cannot be this agent's own: `create` writes the machine's
+ * record (state `creating`) durably BEFORE it asks the runtime, so every
+ * machine this state directory's agents ever created has a record.
+ */
+import type { AgentKeys } from "./keys.js";
+import { errorMessage, type AgentLog } from "./log.js";
+import type { Runtime } from "./runtime/types.js";
+import type { AgentStore, MachineRecord } from "./store.js";
+
+export interface RecoveryDeps {
+  /** The machine and operation records the previous process left. */
+  store: AgentStore;
+  /** Asked what it sees of each machine (never told to act here). */
+  runtime: Runtime;
+  /** Re-attached machines' keys are reloaded into it. */
+  keys: AgentKeys;
+  now: () => number;
+  log: AgentLog;
+}
+
+export interface RecoveryReport {
+  reattached: string[];
+  /** Mid-operation: left for the coordinator's retried operation. */
+  pending: Array<{ machineId: string; ops: string[] }>;
+  mismatched: Array<{ machineId: string; why: string }>;
+  /** Runtime machines with no record: reported, never touched. */
+  unrecorded: string[];
+  /** Keys dropped because they had expired (or were of an older generation) while no agent ran. */
+  droppedKeys: number;
+}
+
+export async function recover(deps: RecoveryDeps): Promise<RecoveryReport> {
+  const { store, runtime, keys, log } = deps;
+  const report: RecoveryReport = { reattached: [], pending: [], mismatched: [], unrecorded: [], droppedKeys: 0 };
+  const records = store.listMachines(true);
+
+  for (const m of records) {
+    if (m.state === "destroyed") continue;
+    const unfinished = store.unfinishedOps(m.id);
+    const pending = (): void => {
+      report.pending.push({ machineId: m.id, ops: unfinished.map((o) => o.opId) });
+    };
+    const mismatch = (why: string): void => {
+      store.putMachine({ ...m, state: "mismatch", mismatch: why, updatedAt: deps.now() });
+      report.mismatched.push({ machineId: m.id, why });
+      log.warn({ machineId: m.id, why }, "machine does not match its record: it is left untouched and reported");
+    };
+
+    switch (m.state) {
+      case "creating":
+      case "destroying":
+        pending();
+        continue;
+      case "mismatch":
+        report.mismatched.push({ machineId: m.id, why: m.mismatch ?? "unknown" });
+        log.warn({ machineId: m.id, why: m.mismatch }, "machine still does not match its record; left untouched");
+        continue;
+      case "running":
+        break;
+    }
+
+    let seen: { exists: boolean; incarnation: string | null; liveProcesses: number };
+    try {
+      seen = await runtime.inspect(m.id);
+    } catch (e) {
+      mismatch(`unreadable: the runtime could not say what machine ${m.id} is (${errorMessage(e)})`);
+      continue;
+    }
+    const explained = unfinished.some((o) => o.kind === "fence" || o.kind === "scrub" || o.kind === "create");
+    if (!seen.exists) {
+      if (unfinished.some((o) => o.kind === "destroy")) pending();
+      else mismatch(`missing: the runtime has no machine ${m.id} (recorded incarnation ${m.incarnation ?? "none"})`);
+      continue;
+    }
+    if (seen.incarnation !== m.incarnation) {
+      if (explained) pending();
+      else mismatch(`incarnation: recorded ${m.incarnation ?? "none"}, the runtime reports ${seen.incarnation ?? "none"}`);
+      continue;
+    }
+    const dropped = keys.attach(m.id, m.generation);
+    report.droppedKeys += dropped.length;
+    report.reattached.push(m.id);
+    if (unfinished.length > 0) pending();
+  }
+
+  try {
+    const known = new Set(records.filter((m) => m.state !== "destroyed").map((m: MachineRecord) => m.id));
+    report.unrecorded = (await runtime.list()).filter((id) => !known.has(id)).sort();
+  } catch (e) {
+    log.warn({ error: errorMessage(e) }, "could not list the runtime's machines");
+  }
+  for (const id of report.unrecorded) {
+    log.warn({ machineId: id }, "the runtime has a machine this agent has no record of: reported, never touched");
+  }
+  log.info(
+    {
+      reattached: report.reattached.length,
+      pending: report.pending.length,
+      mismatched: report.mismatched.length,
+      unrecorded: report.unrecorded.length,
+      droppedKeys: report.droppedKeys,
+    },
+    "recovery sweep done",
+  );
+  return report;
+}

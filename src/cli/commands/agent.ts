@@ -1,0 +1,117 @@
+/**
+ * `berth agent`: the long-running host daemon (see src/agent/agent.ts).
+ *
+ * Exit codes: 0 stopped by SIGTERM/SIGINT; 1 could not start (the message
+ * says why); 2 usage; 3 another agent holds the state directory.
+ * Secrets never come from argv: the enroll token is read from
+ * --enroll-token-file or BERTH_ENROLL_TOKEN.
+ */
+import { homedir } from "node:os";
+import { join } from "node:path";
+import { Command, InvalidArgumentError, Option } from "commander";
+import pino from "pino";
+import { startAgent } from "../../agent/agent.js";
+import { readEnrollToken } from "../../agent/enroll.js";
+import { AgentLockedError } from "../../agent/store.js";
+
+function positiveInt(what: string) {
+  return (v: string): number => {
+    const n = Number(v);
+    if (!Number.isSafeInteger(n) || n <= 0) throw new InvalidArgumentError(`${what} must be a positive integer`);
+    return n;
+  };
+}
+
+function defaultStateDir(): string {
+  const base = process.env.XDG_STATE_HOME ?? join(homedir(), ".local", "state");
+  return join(base, "berth", "agent");
+}
+
+export function register(program: Command): void {
+  program
+    .command("agent")
+    .summary("run the host agent: sandboxes, the SSH gateway, and the API the coordinator calls")
+    .description(
+      [
+        "Run the host agent. It owns the machines (sandboxes) of this host, serves SSH to them with",
+        "per-borrow keys, enforces every key's expiry itself (also while the coordinator is down), and",
+        "answers the coordinator's operations (create, install_key, remove_key, fence, scrub, destroy).",
+        "",
+        "Runtimes:",
+        "  gvisor   one runsc sandbox per machine (needs runsc and root).",
+        "  process  plain child processes in a directory. NO ISOLATION: commands run as the agent's",
+        "           user and can read what it reads. For a laptop, tests or trusted CI only.",
+        "  auto     gvisor where runsc is installed and the agent is root, else process.",
+        "",
+        "One agent per state directory: a second one on the same directory refuses to start.",
+        "The enroll token is read from --enroll-token-file or BERTH_ENROLL_TOKEN, never from the command line.",
+      ].join("\n"),
+    )
+    .option("--state-dir <dir>", "the agent's state directory (store, machines, SSH host key)", defaultStateDir())
+    .option("--coordinator <url>", "coordinator URL to enroll with (omit to run without one)")
+    .option("--enroll-token-file <file>", "file holding the enroll token (or set BERTH_ENROLL_TOKEN)")
+    .option("--listen <host:port>", "address of the agent's HTTP API", "127.0.0.1:0")
+    .option("--ssh-listen <host:port>", "address of the SSH gateway", "127.0.0.1:0")
+    .option("--advertise-host <host>", "host name the coordinator and clients use to reach this agent (default: the listen host)")
+    .addOption(new Option("--runtime <kind>", "sandbox runtime").choices(["auto", "process", "gvisor"]).default("auto"))
+    .option("--slots <n>", "machines this host offers", positiveInt("--slots"), 4)
+    .option("--vcpu <n>", "vCPUs this host offers", positiveInt("--vcpu"), 2)
+    .option("--memory-mb <n>", "memory this host offers, in MiB", positiveInt("--memory-mb"), 2048)
+    .option("--name <name>", "this host's name at the coordinator (default: the system host name)")
+    .addOption(new Option("--log-level <level>", "log level (logs go to stderr)").choices(["debug", "info", "warn", "error"]).default("info"))
+    .addHelpText(
+      "after",
+      "\nExit codes: 0 stopped by SIGTERM/SIGINT, 1 could not start, 2 usage, 3 another agent holds the state directory.\n" +
+        "Once ready it prints one line to stdout: `berth agent ready api=URL ssh=HOST:PORT host=ID runtime=KIND`.",
+    )
+    .action(async (o: {
+      stateDir: string;
+      coordinator?: string;
+      enrollTokenFile?: string;
+      listen: string;
+      sshListen: string;
+      advertiseHost?: string;
+      runtime: "auto" | "process" | "gvisor";
+      slots: number;
+      vcpu: number;
+      memoryMb: number;
+      name?: string;
+      logLevel: string;
+    }) => {
+      const log = pino({ level: o.logLevel, base: { component: "agent" } }, pino.destination({ dest: 2, sync: true }));
+      let agent: Awaited<ReturnType<typeof startAgent>>;
+      try {
+        const enrollToken = o.coordinator !== undefined ? readEnrollToken(o.enrollTokenFile, process.env) : null;
+        agent = await startAgent({
+          stateDir: o.stateDir,
+          coordinatorUrl: o.coordinator,
+          enrollToken: enrollToken ?? undefined,
+          listen: o.listen,
+          sshListen: o.sshListen,
+          advertiseHost: o.advertiseHost,
+          runtime: o.runtime,
+          slots: o.slots,
+          vcpu: o.vcpu,
+          memoryMb: o.memoryMb,
+          name: o.name,
+          log,
+        });
+      } catch (e) {
+        const msg = e instanceof Error ? e.message : String(e);
+        process.stderr.write(`berth agent: ${msg}\n`);
+        process.exit(e instanceof AgentLockedError ? 3 : 1);
+      }
+      process.stdout.write(
+        `berth agent ready api=${agent.url} ssh=${agent.ssh.host}:${agent.ssh.port} host=${agent.hostId ?? "-"} runtime=${agent.runtime.kind}\n`,
+      );
+      await new Promise<void>((resolve) => {
+        const stop = (signal: string): void => {
+          log.info({ signal }, "stopping");
+          void agent.stop().then(resolve, resolve);
+        };
+        process.once("SIGTERM", () => stop("SIGTERM"));
+        process.once("SIGINT", () => stop("SIGINT"));
+      });
+      process.exit(0);
+    });
+}
