@@ -25,6 +25,7 @@ import type { OperationKind, OperationOutcome } from "../providers/provider.js";
 import { applyTransition } from "./actions/transition.js";
 import { registerProvisioned } from "./actions/register.js";
 import { backoffMs } from "../store/store.js";
+import { closeGrantsOfMachine, onCleanupStep, onInstallConfirmed, onInstallFailed } from "./actions/grants.js";
 
 export const OP_LEASE_MS = 30_000;
 export const OP_MAX_ATTEMPTS = 6;
@@ -124,6 +125,7 @@ async function onDone(tx: Tx, ctx: Ctx, op: OpRow, m: MachineRow, result: Record
   if (op.kind === "destroy") {
     if (m.state === "destroying") {
       await applyTransition(tx, ctx, m, { kind: "destroyed" }, now, { nonce });
+      await closeGrantsOfMachine(tx, m.id, now);
       await releaseHostSlot(tx, m);
       await setDue(tx, "retention", `m:${m.id}`, now + ctx.config.retentionMs);
       await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
@@ -153,16 +155,26 @@ async function onDone(tx: Tx, ctx: Ctx, op: OpRow, m: MachineRow, result: Record
   if (typeof result.incarnation === "string") await tx.run("UPDATE machines SET incarnation = ? WHERE id = ?", [result.incarnation, m.id]);
   switch (op.kind) {
     case "remove_key":
-      if (m.state === "revoking") await applyTransition(tx, ctx, m, { kind: "revoked" }, now, { nonce });
+      if (m.state === "revoking") {
+        await applyTransition(tx, ctx, m, { kind: "revoked" }, now, { nonce });
+        await onCleanupStep(tx, m.id, m.generation, "revoked", now);
+      }
       return;
     case "fence":
-      if (m.state === "fencing") await applyTransition(tx, ctx, m, { kind: "fenced" }, now, { nonce });
+      if (m.state === "fencing") {
+        await applyTransition(tx, ctx, m, { kind: "fenced" }, now, { nonce });
+        await onCleanupStep(tx, m.id, m.generation, "fenced", now);
+      }
       return;
     case "scrub":
-      if (m.state === "scrubbing") await applyTransition(tx, ctx, m, { kind: "scrubbed" }, now, { nonce });
+      if (m.state === "scrubbing") {
+        await applyTransition(tx, ctx, m, { kind: "scrubbed" }, now, { nonce });
+        await onCleanupStep(tx, m.id, m.generation, "closed", now);
+      }
       return;
     case "install_key":
-      // Portable activation is completed by the grant code, which owns the revalidation.
+      // Activation is the grant code's: it revalidates the grant for exactly this generation.
+      await onInstallConfirmed(tx, ctx, op, m, now, nonce);
       return;
   }
 }
@@ -173,6 +185,7 @@ async function onGiveUp(tx: Tx, ctx: Ctx, op: OpRow, m: MachineRow, error: strin
     return;
   }
   if (m.generation !== op.generation && op.kind !== "destroy") return;
+  if (op.kind === "install_key") return onInstallFailed(tx, ctx, op, m, now, nonce);
   if (m.state === "quarantined" || m.state === "draining" || m.state === "destroying" || m.state === "destroyed") return;
   ctx.metrics.quarantined.inc({ pool: m.pool, reason: `${op.kind}_failed` });
   await applyTransition(tx, ctx, m, { kind: "quarantine", reason: `${op.kind} could not be proven: ${error}` }, now, { nonce });

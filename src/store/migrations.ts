@@ -148,4 +148,33 @@ CREATE TABLE audit (
 CREATE INDEX audit_machine ON audit (machine_id, seq);
 `,
   },
+  {
+    version: 2,
+    name: "portable grants",
+    sql: `
+CREATE TABLE grants (
+  id TEXT PRIMARY KEY,
+  org TEXT NOT NULL,
+  pool TEXT NOT NULL,
+  machine_id TEXT NOT NULL,
+  resource_id TEXT NOT NULL,
+  borrower TEXT NOT NULL,
+  token_hash TEXT NOT NULL UNIQUE,
+  grant_token_hash TEXT NOT NULL UNIQUE,
+  generation INTEGER NOT NULL,
+  fingerprint TEXT NOT NULL,
+  public_key TEXT NOT NULL,
+  state TEXT NOT NULL,
+  reason TEXT,
+  created_at BIGINT NOT NULL,
+  ack_deadline BIGINT NOT NULL,
+  heartbeat_deadline BIGINT NOT NULL,
+  expires_at BIGINT NOT NULL,
+  activated_at BIGINT,
+  ended_at BIGINT
+);
+CREATE INDEX grants_machine ON grants (machine_id, state);
+CREATE INDEX grants_borrower ON grants (borrower, state);
+`,
+  },
 ];

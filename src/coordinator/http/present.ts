@@ -1,0 +1,49 @@
+/** API shapes of stored records: camelCase, no hashes, no internal columns. */
+import type { PoolRecord } from "../../core/pool.js";
+import type { BorrowRow } from "../../store/rows.js";
+import type { HostRow } from "../actions/hosts.js";
+
+export function presentPool(p: PoolRecord) {
+  return {
+    name: p.name,
+    access: p.access,
+    provider: p.provider,
+    compatibilityKey: p.compatibilityKey,
+    identity: p.identity,
+    minReady: p.minReady,
+    maxReady: p.maxReady,
+    hardTtlMs: p.hardTtlMs,
+    heartbeatMs: p.heartbeatMs,
+    keeperKey: p.keeperKey !== null,
+  };
+}
+
+export function presentBorrow(b: BorrowRow & { machine_state: string | null }) {
+  return {
+    id: b.id,
+    access: "keeper",
+    pool: b.pool,
+    machineId: b.machine_id,
+    machineState: b.machine_state,
+    state: b.state,
+    generation: b.generation,
+    createdAt: b.created_at,
+    heartbeatDeadline: b.heartbeat_deadline,
+    expiresAt: b.expires_at,
+    endedAt: b.ended_at,
+    reason: b.reason,
+  };
+}
+
+export function presentHost(h: HostRow) {
+  return {
+    id: h.id,
+    name: h.name,
+    url: h.url,
+    runtime: h.runtime,
+    capacity: { vcpu: h.vcpu, memoryMb: h.memory_mb, slots: h.slots },
+    usedSlots: h.used_slots,
+    ssh: { host: h.ssh_host, port: h.ssh_port, fingerprint: h.fingerprint },
+    enrolledAt: h.enrolled_at,
+  };
+}

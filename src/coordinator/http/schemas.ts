@@ -1,0 +1,60 @@
+/** Schemas for every request body the coordinator accepts. Unknown fields are refused. */
+import { z } from "zod";
+import { isId } from "../../core/ids.js";
+
+const id = z.string().refine(isId, { message: "must be 1-128 characters of A-Z, a-z, 0-9, '_' or '-'" });
+const int = (min: number, max: number) => z.number().int().min(min).max(max);
+const text = (max: number) => z.string().min(1).max(max);
+
+export const ensureSchema = z.strictObject({
+  minReady: int(0, 1000),
+  maxReady: int(0, 1000),
+  compatibilityKey: text(200),
+  access: z.enum(["keeper", "portable"]).default("keeper"),
+  provider: z.enum(["hosts", "external"]).default("external"),
+  identity: z.strictObject({ imageId: text(200), repository: text(500).optional(), cacheKey: text(200).optional() }).nullable().default(null),
+  hardTtlMs: int(60_000, 30 * 86_400_000).default(86_400_000),
+  heartbeatMs: int(1_000, 3_600_000).default(60_000),
+  keeperKey: text(2000).nullable().default(null),
+});
+
+export const registerSchema = z.strictObject({
+  claimToken: text(200),
+  resourceId: text(200),
+  ssh: z.strictObject({ host: text(255), port: int(1, 65535), user: text(128).nullable().default(null), hostKey: text(2000).nullable().default(null) }),
+  hardTtlMs: int(60_000, 30 * 86_400_000).nullable().default(null),
+});
+
+export const borrowSchema = z.strictObject({
+  access: z.enum(["keeper", "portable"]).default("keeper"),
+  publicKey: text(2000).optional(),
+  durationMs: int(1_000, 24 * 3_600_000).optional(),
+});
+
+export const tokenSchema = z.strictObject({ token: text(200) });
+
+export const returnSchema = z.strictObject({
+  token: text(200),
+  disposition: z.enum(["ready", "drain"]).default("ready"),
+  grantToken: text(200).optional(),
+});
+
+export const ackSchema = z.strictObject({ token: text(200), grantToken: text(200), publicKey: text(2000) });
+
+export const heartbeatSchema = z.strictObject({ token: text(200), grantToken: text(200).optional() });
+
+export const reportSchema = z.strictObject({
+  token: text(200),
+  firstCommandMs: z.number().min(0).max(3_600_000).optional(),
+  scrubMs: z.number().min(0).max(3_600_000).optional(),
+});
+
+export const enrollSchema = z.strictObject({
+  name: id,
+  url: z.string().url().max(500),
+  runtime: z.enum(["process", "gvisor"]),
+  capacity: z.strictObject({ vcpu: int(1, 4096), memoryMb: int(64, 64 * 1024 * 1024), slots: int(0, 10_000) }),
+  ssh: z.strictObject({ host: text(255), port: int(1, 65535), hostKey: text(2000), fingerprint: text(200) }),
+});
+
+export { id as idSchema };

@@ -1,0 +1,248 @@
+/**
+ * The reconciler visits only due rows. Every deadline (heartbeat, claim
+ * expiry, fill re-check, hard TTL, retention, operation retry) is one row of
+ * the `due` index ordered by time; a tick takes due rows one at a time, each
+ * in its own transaction that locks the row (SKIP LOCKED on PostgreSQL, so
+ * several coordinators never process the same row) and either deletes it or
+ * moves it to its next time. A tick costs O(due rows), never O(machines).
+ *
+ * Provider operations found due are started in their row's transaction and
+ * executed after its commit (see executor.ts).
+ */
+import type { Ctx } from "./context.js";
+import type { Tx } from "../store/store.js";
+import { audit, clearDue, setDue, setDueNoLater, poolRef, type BorrowRow, type ClaimRow, type MachineRow } from "../store/rows.js";
+import { liveDecision } from "../core/borrow.js";
+import { applyTransition } from "./actions/transition.js";
+import { fillPool, lockPool } from "./actions/fill.js";
+import { executeOp, startOp, type StartedOp } from "./executor.js";
+import { rotationMarginMs, fillDecision } from "../core/pool.js";
+import { countCapacity } from "./actions/capacity.js";
+import { handleGrantDue } from "./actions/grant-due.js";
+
+interface DueRow {
+  kind: string;
+  ref: string;
+  due_at: number;
+}
+
+export interface TickResult {
+  visited: number;
+  started: StartedOp[];
+}
+
+/** One pass over what is due now; starts due operations without waiting for them. */
+export async function tick(ctx: Ctx, limit = 256): Promise<TickResult> {
+  const now = ctx.now();
+  const result: TickResult = { visited: 0, started: [] };
+  const skipped = new Set<string>();
+  while (result.visited < limit) {
+    const seed = ctx.randomBytes(32);
+    const r = await ctx.store.transaction(async (tx) => {
+      const row = await tx.get<DueRow>(`SELECT kind, ref, due_at FROM due WHERE due_at <= ? ORDER BY due_at, kind, ref LIMIT 1${tx.skipLocked}`, [now]);
+      if (!row) return null;
+      const started = await handle(tx, ctx, row, now, seed);
+      return { row, started };
+    }, { name: "reconcile" });
+    if (!r) break;
+    result.visited++;
+    ctx.metrics.reconcileVisits.inc();
+    const key = `${r.row.kind}:${r.row.ref}`;
+    if (skipped.has(key)) break;
+    skipped.add(key);
+    if (r.started) result.started.push(r.started);
+  }
+  return result;
+}
+
+async function handle(tx: Tx, ctx: Ctx, row: DueRow, now: number, seed: Uint8Array): Promise<StartedOp | null> {
+  switch (row.kind) {
+    case "op":
+      return startOp(tx, ctx, row.ref, now);
+    case "heartbeat":
+      await onHeartbeatDue(tx, ctx, row.ref, now, seed);
+      return null;
+    case "claim":
+      await onClaimDue(tx, ctx, row.ref, now);
+      return null;
+    case "fill":
+      await onFillDue(tx, ctx, row.ref, now, seed);
+      return null;
+    case "ttl":
+      await onTtlDue(tx, ctx, row.ref, now, seed);
+      return null;
+    case "retention":
+      await onRetentionDue(tx, ctx, row.ref, now);
+      return null;
+    case "ack":
+    case "grant":
+      await handleGrantDue(tx, ctx, row.kind, row.ref, now, seed);
+      return null;
+    default:
+      // An unknown kind (a newer coordinator's) is left for it, pushed back so it does not block the index.
+      await setDue(tx, row.kind as "op", row.ref, now + 60_000);
+      return null;
+  }
+}
+
+function nonceOf(seed: Uint8Array): string {
+  return Buffer.from(seed.subarray(0, 8)).toString("hex");
+}
+
+async function onHeartbeatDue(tx: Tx, ctx: Ctx, borrowId: string, now: number, seed: Uint8Array): Promise<void> {
+  const b = await tx.get<BorrowRow>(`SELECT * FROM borrows WHERE id = ?${tx.forUpdate}`, [borrowId]);
+  if (!b) return clearDue(tx, "heartbeat", borrowId);
+  const d = liveDecision({ state: b.state, heartbeatDeadline: b.heartbeat_deadline, expiresAt: b.expires_at }, now);
+  if (d.kind === "ended") return clearDue(tx, "heartbeat", borrowId);
+  if (d.kind === "live") return setDue(tx, "heartbeat", borrowId, Math.min(b.heartbeat_deadline, b.expires_at));
+  // Missed or expired: the borrow ends and its machine is quarantined, never made ready by time passing.
+  const state = d.kind === "expired" ? "expired" : "abandoned";
+  const reason = d.kind === "expired" ? "hard deadline reached" : "heartbeat deadline missed";
+  await tx.run("UPDATE borrows SET state = ?, ended_at = ?, reason = ? WHERE id = ?", [state, now, reason, b.id]);
+  await clearDue(tx, "heartbeat", borrowId);
+  await setDue(tx, "retention", `b:${b.id}`, now + ctx.config.retentionMs);
+  ctx.metrics.heartbeats.inc({ outcome: "missed" });
+  const m = await tx.get<MachineRow>(`SELECT * FROM machines WHERE id = ?${tx.forUpdate}`, [b.machine_id]);
+  if (m && m.generation === b.generation && m.state === "busy") {
+    ctx.metrics.quarantined.inc({ pool: m.pool, reason: d.kind === "expired" ? "expired" : "abandoned" });
+    await applyTransition(tx, ctx, m, { kind: "quarantine", reason: `borrow ${b.id}: ${reason}` }, now, { subject: b.id, nonce: nonceOf(seed) });
+    await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
+  }
+}
+
+async function onClaimDue(tx: Tx, ctx: Ctx, claimId: string, now: number): Promise<void> {
+  const c = await tx.get<ClaimRow>(`SELECT * FROM claims WHERE id = ?${tx.forUpdate}`, [claimId]);
+  await clearDue(tx, "claim", claimId);
+  if (!c || c.state !== "open") return;
+  if (now < c.expires_at) return setDue(tx, "claim", claimId, c.expires_at);
+  await tx.run("UPDATE claims SET state = 'expired' WHERE id = ?", [claimId]);
+  await setDue(tx, "retention", `c:${claimId}`, now + ctx.config.retentionMs);
+  ctx.metrics.claims.inc({ pool: c.pool, event: "expired" });
+  await setDueNoLater(tx, "fill", poolRef(c.org, c.pool), now);
+}
+
+async function onFillDue(tx: Tx, ctx: Ctx, ref: string, now: number, seed: Uint8Array): Promise<void> {
+  const i = ref.indexOf(":");
+  const org = ref.slice(0, i);
+  const name = ref.slice(i + 1);
+  const pool = await lockPool(tx, org, name);
+  if (!pool) return clearDue(tx, "fill", ref);
+  const provider = ctx.providers.get(pool.provider);
+  if (!provider?.capabilities.provision) {
+    // An outside keeper fills its pool through ensure; nothing to issue here.
+    return clearDue(tx, "fill", ref);
+  }
+  const r = await fillPool(tx, ctx, pool, now, seed);
+  const after = await countCapacity(tx, org, name, now);
+  if (fillDecision(pool, after).kind === "issue" || (r.why !== null && r.why.startsWith("no enrolled host"))) {
+    // Still short (hosts full): look again later rather than spinning.
+    await setDue(tx, "fill", ref, now + 5_000);
+  } else {
+    await clearDue(tx, "fill", ref);
+  }
+}
+
+async function onTtlDue(tx: Tx, ctx: Ctx, machineId: string, now: number, seed: Uint8Array): Promise<void> {
+  const m = await tx.get<MachineRow>(`SELECT * FROM machines WHERE id = ?${tx.forUpdate}`, [machineId]);
+  if (!m) return clearDue(tx, "ttl", machineId);
+  const pool = await lockPool(tx, m.org, m.pool);
+  const margin = rotationMarginMs(pool?.hardTtlMs ?? 0);
+  if (now < m.hard_expires_at - margin) return setDue(tx, "ttl", machineId, m.hard_expires_at - margin);
+  if (m.state === "ready") {
+    ctx.metrics.ttlRotations.inc({ pool: m.pool });
+    await applyTransition(tx, ctx, m, { kind: "drain", reason: "hard TTL rotation" }, now, { nonce: nonceOf(seed) });
+    // Replacement capacity: the drained machine no longer counts, so the pool can fill within maxReady.
+    await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
+    return clearDue(tx, "ttl", machineId);
+  }
+  if (m.state === "destroyed" || m.state === "destroying" || m.state === "draining" || m.state === "quarantined") return clearDue(tx, "ttl", machineId);
+  // Lent or in cleanup: the borrow's own deadline (capped at the hard TTL) ends it; look again soon.
+  await setDue(tx, "ttl", machineId, now + 10_000);
+}
+
+async function onRetentionDue(tx: Tx, ctx: Ctx, ref: string, now: number): Promise<void> {
+  await clearDue(tx, "retention", ref);
+  const kind = ref.slice(0, 2);
+  const id = ref.slice(2);
+  if (kind === "b:") {
+    const n = await tx.run("DELETE FROM borrows WHERE id = ? AND state <> 'active' AND ended_at <= ?", [id, now - ctx.config.retentionMs]);
+    if (n) ctx.metrics.pruned.inc({ kind: "borrow" });
+  } else if (kind === "c:") {
+    const n = await tx.run("DELETE FROM claims WHERE id = ? AND state = 'expired'", [id]);
+    if (n) ctx.metrics.pruned.inc({ kind: "claim" });
+  } else if (kind === "m:") {
+    // Only a destroyed machine with no unfinished operation is pruned: never the only record of a resource that may still exist.
+    const m = await tx.get<MachineRow>(`SELECT * FROM machines WHERE id = ?${tx.forUpdate}`, [id]);
+    if (!m || m.state !== "destroyed") return;
+    const open = await tx.get<{ n: number }>("SELECT COUNT(*) AS n FROM operations WHERE machine_id = ? AND state IN ('pending','running')", [id]);
+    if (Number(open?.n ?? 0) > 0) return setDue(tx, "retention", ref, now + ctx.config.retentionMs);
+    await tx.run("DELETE FROM operations WHERE machine_id = ?", [id]);
+    await tx.run("DELETE FROM machines WHERE id = ?", [id]);
+    await audit(tx, { at: now, machineId: id, subject: null, event: "pruned", from: "destroyed", to: "pruned", generation: m.generation, actor: ctx.actor });
+    ctx.metrics.pruned.inc({ kind: "machine" });
+  }
+}
+
+/**
+ * Runs the reconciler in the background: a tick whenever kicked, and at
+ * least every `intervalMs`. Started operations run concurrently; an operation
+ * already running in this process is not started twice.
+ */
+export class ReconcilerLoop {
+  #timer: NodeJS.Timeout | null = null;
+  #running = false;
+  #again = false;
+  #stopped = false;
+  readonly #inflight = new Set<Promise<void>>();
+
+  constructor(private readonly ctx: Ctx, private readonly intervalMs = 250) {}
+
+  start(): void {
+    this.#stopped = false;
+    this.#schedule(0);
+  }
+
+  kick(): void {
+    if (this.#stopped) return;
+    if (this.#running) {
+      this.#again = true;
+      return;
+    }
+    this.#schedule(0);
+  }
+
+  #schedule(ms: number): void {
+    if (this.#timer) clearTimeout(this.#timer);
+    this.#timer = setTimeout(() => void this.#run(), ms);
+    this.#timer.unref?.();
+  }
+
+  async #run(): Promise<void> {
+    if (this.#stopped || this.#running) return;
+    this.#running = true;
+    this.#again = false;
+    try {
+      const r = await tick(this.ctx);
+      for (const s of r.started) {
+        const p = executeOp(this.ctx, s)
+          .catch((e: unknown) => this.ctx.log.error({ err: String(e), op: s.op.id }, "operation completion failed; it will be retried from its due row"))
+          .finally(() => this.#inflight.delete(p));
+        this.#inflight.add(p);
+      }
+      if (r.visited >= 256) this.#again = true;
+    } catch (e) {
+      this.ctx.log.error({ err: String(e) }, "reconciler tick failed; retrying");
+    } finally {
+      this.#running = false;
+      if (!this.#stopped) this.#schedule(this.#again ? 0 : this.intervalMs);
+    }
+  }
+
+  /** Stops ticking and waits for operations under way. */
+  async stop(): Promise<void> {
+    this.#stopped = true;
+    if (this.#timer) clearTimeout(this.#timer);
+    while (this.#running) await new Promise((r) => setTimeout(r, 5));
+    await Promise.allSettled([...this.#inflight]);
+  }
+}
