@@ -1,0 +1,242 @@
+/**
+ * The agent's HTTP API over a real loopback socket (startAgent in this
+ * process, real store, process runtime), and enrollment against a small real
+ * HTTP server that plays the coordinator's enroll route (the outermost
+ * boundary).
+ */
+import { strict as assert } from "node:assert";
+import { randomBytes } from "node:crypto";
+import { mkdtempSync, rmSync } from "node:fs";
+import { createServer, type IncomingMessage, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { after, before, describe, it } from "node:test";
+import { startAgent, type RunningAgent } from "../../src/agent/agent.js";
+import { newToken } from "../../src/core/tokens.js";
+
+const dirs: string[] = [];
+const agents: RunningAgent[] = [];
+after(async () => {
+  for (const a of agents) await a.stop();
+  for (const d of dirs) rmSync(d, { recursive: true, force: true });
+});
+
+function tempDir(): string {
+  const d = mkdtempSync(join(tmpdir(), "berth-http-"));
+  dirs.push(d);
+  return d;
+}
+
+async function call(
+  url: string,
+  path: string,
+  opts: { method?: string; token?: string | null; body?: unknown; raw?: string } = {},
+): Promise<{ status: number; json: any; text: string }> {
+  const headers: Record<string, string> = { "content-type": "application/json" };
+  if (opts.token) headers.authorization = `Bearer ${opts.token}`;
+  const res = await fetch(url + path, {
+    method: opts.method ?? (opts.body !== undefined || opts.raw !== undefined ? "POST" : "GET"),
+    headers,
+    body: opts.raw ?? (opts.body !== undefined ? JSON.stringify(opts.body) : undefined),
+  });
+  const text = await res.text();
+  let json: any = null;
+  try {
+    json = JSON.parse(text);
+  } catch {
+    /* not JSON */
+  }
+  return { status: res.status, json, text };
+}
+
+describe("agent HTTP API", () => {
+  const token = newToken("host-call", randomBytes);
+  let agent: RunningAgent;
+  before(async () => {
+    agent = await startAgent({ stateDir: tempDir(), runtime: "process", hostCallToken: token, name: "http-test", slots: 3 });
+    agents.push(agent);
+  });
+
+  it("refuses every route without a token, with a wrong token, and with a token of another kind", async () => {
+    for (const path of ["/v1/agent/health", "/v1/agent/machines", "/v1/agent/ops/op_1"]) {
+      for (const t of [null, newToken("host-call", randomBytes), newToken("api", randomBytes), "garbage"]) {
+        const r = await call(agent.url, path, { token: t });
+        assert.equal(r.status, 401, `${path} with ${t === null ? "no" : "a wrong"} token`);
+        assert.equal(r.json.error.code, "unauthorized");
+        if (t !== null) assert.equal(r.text.includes(t), false, "the presented token is never echoed");
+      }
+    }
+    const post = await call(agent.url, "/v1/agent/ops", { body: { opId: "op_x", kind: "create", machineId: "m_x", generation: 0 } });
+    assert.equal(post.status, 401);
+    assert.deepEqual(agent.store.listMachines(), [], "an unauthenticated operation changed nothing");
+  });
+
+  it("refuses every call before enrollment, even one carrying a token", async () => {
+    const a = await startAgent({ stateDir: tempDir(), runtime: "process" });
+    agents.push(a);
+    const r = await call(a.url, "/v1/agent/health", { token });
+    assert.equal(r.status, 401);
+    assert.equal(r.json.error.code, "unauthorized");
+  });
+
+  it("answers health with the agent's identity", async () => {
+    const r = await call(agent.url, "/v1/agent/health", { token });
+    assert.equal(r.status, 200);
+    assert.deepEqual(
+      { ...r.json, version: typeof r.json.version },
+      { hostId: null, name: "http-test", runtime: "process", machines: 0, slots: 3, version: "string", mismatched: 0, unrecorded: 0 },
+    );
+  });
+
+  it("refuses a bad id in a path or a body with 400 invalid_id", async () => {
+    for (const path of ["/v1/agent/machines/bad.id", "/v1/agent/machines/" + "x".repeat(129), "/v1/agent/ops/a%20b"]) {
+      const r = await call(agent.url, path, { token });
+      assert.equal(r.status, 400, path);
+      assert.equal(r.json.error.code, "invalid_id");
+    }
+    for (const body of [
+      { opId: "../etc", kind: "create", machineId: "m_1", generation: 0 },
+      { opId: "op_1", kind: "create", machineId: "m 1", generation: 0 },
+      { opId: "op_2", kind: "remove_key", machineId: "m_1", generation: 0, args: { grantId: "g/1" } },
+    ]) {
+      const r = await call(agent.url, "/v1/agent/ops", { token, body });
+      assert.equal(r.status, 400, JSON.stringify(body));
+      assert.equal(r.json.error.code, "invalid_id");
+    }
+    assert.deepEqual(agent.store.listMachines(), []);
+  });
+
+  it("refuses a body over the limit with 413 body_too_large", async () => {
+    const big = JSON.stringify({ opId: "op_big", kind: "create", machineId: "m_big", generation: 0, args: { pad: "x".repeat(200_000) } });
+    const r = await call(agent.url, "/v1/agent/ops", { token, raw: big });
+    assert.equal(r.status, 413);
+    assert.equal(r.json.error.code, "body_too_large");
+    assert.equal(agent.store.getOp("op_big"), null);
+  });
+
+  it("refuses malformed requests with 400 invalid_request, unknown routes 404, wrong methods 405", async () => {
+    const bad = await call(agent.url, "/v1/agent/ops", { token, raw: "{not json" });
+    assert.equal(bad.status, 400);
+    assert.equal(bad.json.error.code, "invalid_request");
+    const kind = await call(agent.url, "/v1/agent/ops", { token, body: { opId: "op_k", kind: "reboot", machineId: "m_1", generation: 0 } });
+    assert.equal(kind.status, 400);
+    assert.equal(kind.json.error.code, "invalid_request");
+    const gen = await call(agent.url, "/v1/agent/ops", { token, body: { opId: "op_g", kind: "create", machineId: "m_1", generation: -1 } });
+    assert.equal(gen.json.error.code, "invalid_request");
+    const key = await call(agent.url, "/v1/agent/ops", {
+      token,
+      body: { opId: "op_pk", kind: "install_key", machineId: "m_1", generation: 0, args: { publicKey: "ssh-ed25519 AAAA", mode: "grant", grantId: "g_1", expiresAt: Date.now() + 1000 } },
+    });
+    assert.equal(key.json.error.code, "invalid_request");
+    assert.equal((await call(agent.url, "/v1/agent/nothing", { token })).status, 404);
+    assert.equal((await call(agent.url, "/v1/agent/health", { token, method: "DELETE" })).status, 405);
+  });
+
+  it("runs an operation, answers its retry with the first result, and shows the machine", async () => {
+    const body = { opId: "op_create_h", kind: "create", machineId: "m_h", generation: 0 };
+    const first = await call(agent.url, "/v1/agent/ops", { token, body });
+    assert.equal(first.status, 200, first.text);
+    assert.equal(first.json.status, "done");
+    assert.deepEqual((await call(agent.url, "/v1/agent/ops", { token, body })).json, first.json);
+    const stale = await call(agent.url, "/v1/agent/ops", { token, body: { opId: "op_conf", kind: "create", machineId: "m_h", generation: 0, args: { x: 1 } } });
+    assert.equal(stale.status, 400);
+    const op = await call(agent.url, "/v1/agent/ops/op_create_h", { token });
+    assert.deepEqual(op.json, { ...first.json, error: null });
+    const machines = await call(agent.url, "/v1/agent/machines", { token });
+    assert.deepEqual(machines.json, {
+      machines: [{ machineId: "m_h", state: "running", generation: 0, incarnation: first.json.result.incarnation, mismatch: null, keys: [], sessions: 0 }],
+      unrecorded: [],
+    });
+    const one = await call(agent.url, "/v1/agent/machines/m_h", { token });
+    assert.deepEqual(one.json, machines.json.machines[0]);
+    assert.equal((await call(agent.url, "/v1/agent/machines/m_none", { token })).status, 404);
+    const gm = await call(agent.url, "/v1/agent/ops", { token, body: { opId: "op_fence_old", kind: "fence", machineId: "m_h", generation: 0 } });
+    assert.equal(gm.status, 200);
+  });
+});
+
+describe("enrollment", () => {
+  interface Seen {
+    auth: string | undefined;
+    body: any;
+  }
+  let server: Server;
+  let coordinator: string;
+  const seen: Seen[] = [];
+  const enrollToken = newToken("enroll", randomBytes);
+  let answer: () => { hostId: string; hostCallToken: string } = () => ({ hostId: "h_first", hostCallToken: newToken("host-call", randomBytes) });
+  const issued: string[] = [];
+
+  before(async () => {
+    server = createServer((req: IncomingMessage, res) => {
+      let text = "";
+      req.on("data", (c: Buffer) => (text += c.toString()));
+      req.on("end", () => {
+        seen.push({ auth: req.headers.authorization, body: JSON.parse(text) });
+        if (req.url !== "/v1/hosts/enroll" || req.headers.authorization !== `Bearer ${enrollToken}`) {
+          res.writeHead(401, { "content-type": "application/json" });
+          res.end(JSON.stringify({ error: { code: "unauthorized", message: "unauthorized: bad enroll token" } }));
+          return;
+        }
+        const a = answer();
+        issued.push(a.hostCallToken);
+        res.writeHead(200, { "content-type": "application/json" });
+        res.end(JSON.stringify(a));
+      });
+    });
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+    coordinator = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  });
+  after(() => new Promise<void>((r) => server.close(() => r())));
+
+  it("enrolls with the exact shape, keeps the host id across a restart, and accepts only the newest host-call token", async () => {
+    const dir = tempDir();
+    let a = await startAgent({ stateDir: dir, runtime: "process", coordinatorUrl: coordinator, enrollToken, name: "enr", slots: 2, vcpu: 4, memoryMb: 4096 });
+    agents.push(a);
+    assert.equal(a.hostId, "h_first");
+    const first = seen.at(-1)!;
+    assert.equal(first.auth, `Bearer ${enrollToken}`);
+    assert.deepEqual(first.body, {
+      name: "enr",
+      url: a.url,
+      runtime: "process",
+      capacity: { vcpu: 4, memoryMb: 4096, slots: 2 },
+      ssh: { host: "127.0.0.1", port: a.ssh.port, hostKey: a.ssh.hostKey, fingerprint: a.ssh.fingerprint },
+    });
+    assert.match(a.ssh.hostKey, /^ssh-ed25519 /);
+    const t1 = issued.at(-1)!;
+    assert.equal((await call(a.url, "/v1/agent/health", { token: t1 })).json.hostId, "h_first");
+    assert.notEqual(a.store.getMeta("hostCallTokenHash"), null);
+    assert.equal(JSON.stringify(a.store.db.prepare("SELECT * FROM meta").all()).includes(t1), false, "only the hash is stored");
+    await a.stop();
+
+    a = await startAgent({ stateDir: dir, runtime: "process", coordinatorUrl: coordinator, enrollToken, name: "enr" });
+    agents.push(a);
+    assert.equal(seen.at(-1)!.body.hostId, "h_first", "re-enrollment names the stored host");
+    assert.equal(a.hostId, "h_first");
+    const t2 = issued.at(-1)!;
+    assert.equal((await call(a.url, "/v1/agent/health", { token: t2 })).status, 200);
+    assert.equal((await call(a.url, "/v1/agent/health", { token: t1 })).status, 401, "the previous token no longer works");
+    await a.stop();
+
+    // A coordinator that answers with another host id for this state directory is refused.
+    answer = () => ({ hostId: "h_other", hostCallToken: newToken("host-call", randomBytes) });
+    await assert.rejects(
+      startAgent({ stateDir: dir, runtime: "process", coordinatorUrl: coordinator, enrollToken, name: "enr" }),
+      /belongs to host h_first/,
+    );
+  });
+
+  it("stops the start when the coordinator refuses the enroll token, without echoing it", async () => {
+    const bad = newToken("enroll", randomBytes);
+    await assert.rejects(
+      startAgent({ stateDir: tempDir(), runtime: "process", coordinatorUrl: coordinator, enrollToken: bad }),
+      (e: Error) => {
+        assert.match(e.message, /refused the enrollment \(401 unauthorized\)/);
+        assert.equal(e.message.includes(bad), false);
+        return true;
+      },
+    );
+  });
+});
