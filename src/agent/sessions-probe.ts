@@ -4,14 +4,14 @@
  * a recorded host process (pid + start time) still that same process.
  *
  * - process runtime: sandboxes are plain host processes, so the group is
- *   probed with kill(-pgid, 0) from the agent (no signal is delivered).
+ *   probed by a scan of /proc on the host (zombies do not count).
  * - gvisor: the group lives in the sandbox's pid namespace. While the exec
  *   client is alive its leader is alive; afterwards a one-shot
  *   `kill -0 -- -PGID` inside the machine answers (exit 0 = present).
  * Anything that cannot be answered is "unknown", which keeps a record
  * retained rather than guessing "gone".
  */
-import { readFileSync } from "node:fs";
+import { readFileSync, readdirSync } from "node:fs";
 import type { ProcessIdentity, Runtime } from "./runtime/types.js";
 
 export type GroupPresence = "present" | "absent" | "unknown";
@@ -25,15 +25,21 @@ export async function probeGroup(runtime: Runtime, machineId: string, pgid: numb
 }
 
 export function hostGroupPresence(pgid: number): GroupPresence {
+  // A scan, not kill(-pgid, 0): a zombie member answers kill() but is gone for
+  // our purposes (it runs nothing, and an unreaped orphan may never be reaped
+  // in a container whose init does not reap).
+  let names: string[];
   try {
-    process.kill(-pgid, 0);
-    return "present";
-  } catch (e) {
-    const code = (e as NodeJS.ErrnoException).code;
-    if (code === "ESRCH") return "absent";
-    if (code === "EPERM") return "present";
+    names = readdirSync("/proc");
+  } catch {
     return "unknown";
   }
+  for (const n of names) {
+    if (!/^\d+$/.test(n)) continue;
+    const st = readHostProcess(Number(n));
+    if (st && st.pgid === pgid) return "present";
+  }
+  return "absent";
 }
 
 async function sandboxGroupPresence(runtime: Runtime, machineId: string, pgid: number): Promise<GroupPresence> {
