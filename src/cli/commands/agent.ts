@@ -79,6 +79,14 @@ export function register(program: Command): void {
       logLevel: string;
     }) => {
       const log = pino({ level: o.logLevel, base: { component: "agent" } }, pino.destination({ dest: 2, sync: true }));
+      // Handlers first: a signal that arrives while starting (or right after the
+      // ready line) stops the agent cleanly instead of killing it mid-write.
+      let signalled: string | null = null;
+      let onSignal: (signal: string) => void = (signal) => {
+        signalled = signal;
+      };
+      process.once("SIGTERM", () => onSignal("SIGTERM"));
+      process.once("SIGINT", () => onSignal("SIGINT"));
       let agent: Awaited<ReturnType<typeof startAgent>>;
       try {
         const enrollToken = o.coordinator !== undefined ? readEnrollToken(o.enrollTokenFile, process.env) : null;
@@ -101,16 +109,17 @@ export function register(program: Command): void {
         process.stderr.write(`berth agent: ${msg}\n`);
         process.exit(e instanceof AgentLockedError ? 3 : 1);
       }
-      process.stdout.write(
-        `berth agent ready api=${agent.url} ssh=${agent.ssh.host}:${agent.ssh.port} host=${agent.hostId ?? "-"} runtime=${agent.runtime.kind}\n`,
-      );
       await new Promise<void>((resolve) => {
-        const stop = (signal: string): void => {
+        onSignal = (signal) => {
           log.info({ signal }, "stopping");
           void agent.stop().then(resolve, resolve);
         };
-        process.once("SIGTERM", () => stop("SIGTERM"));
-        process.once("SIGINT", () => stop("SIGINT"));
+        if (signalled !== null) onSignal(signalled);
+        else {
+          process.stdout.write(
+            `berth agent ready api=${agent.url} ssh=${agent.ssh.host}:${agent.ssh.port} host=${agent.hostId ?? "-"} runtime=${agent.runtime.kind}\n`,
+          );
+        }
       });
       process.exit(0);
     });

@@ -1,0 +1,98 @@
+/**
+ * The agent store's lock, with real `bin/berth agent` processes: one agent per
+ * state directory; the lock goes with its holder, even one SIGKILLed.
+ */
+import { strict as assert } from "node:assert";
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { after, describe, it } from "node:test";
+import { AgentLockedError, AgentStore } from "../../src/agent/store.js";
+
+const BERTH = fileURLToPath(new URL("../../../bin/berth", import.meta.url));
+const dirs: string[] = [];
+const children = new Set<ChildProcess>();
+after(() => {
+  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL");
+  for (const d of dirs) rmSync(d, { recursive: true, force: true });
+});
+
+function tempDir(): string {
+  const d = mkdtempSync(join(tmpdir(), "berth-store-"));
+  dirs.push(d);
+  return d;
+}
+
+interface Spawned {
+  child: ChildProcess;
+  /** Resolves with the ready line, or rejects with the exit and stderr. */
+  ready: Promise<string>;
+  exit: Promise<{ code: number | null; signal: NodeJS.Signals | null; stderr: string }>;
+}
+
+function spawnAgent(stateDir: string): Spawned {
+  const child = spawn(process.execPath, [BERTH, "agent", "--state-dir", stateDir, "--runtime", "process", "--log-level", "warn"], {
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  children.add(child);
+  let stdout = "";
+  let stderr = "";
+  child.stderr!.on("data", (b: Buffer) => (stderr += b.toString()));
+  const exit = new Promise<{ code: number | null; signal: NodeJS.Signals | null; stderr: string }>((resolve) =>
+    child.once("exit", (code, signal) => resolve({ code, signal, stderr })),
+  );
+  const ready = new Promise<string>((resolve, reject) => {
+    child.stdout!.on("data", (b: Buffer) => {
+      stdout += b.toString();
+      const line = stdout.split("\n").find((l) => l.startsWith("berth agent ready "));
+      if (line) resolve(line);
+    });
+    void exit.then((e) => reject(new Error(`agent exited (${e.code ?? e.signal}) before ready: ${e.stderr}`)));
+  });
+  ready.catch(() => undefined);
+  return { child, ready, exit };
+}
+
+describe("agent store lock", () => {
+  it("a second agent process on the same state directory refuses to start; the lock is free once the holder is gone", async () => {
+    const dir = join(tempDir(), "state");
+    const first = spawnAgent(dir);
+    await first.ready;
+
+    const second = spawnAgent(dir);
+    const refused = await second.exit;
+    assert.equal(refused.code, 3, refused.stderr);
+    assert.ok(
+      refused.stderr.includes(`agent_locked: another berth agent holds ${dir}`),
+      `stderr says why: ${refused.stderr}`,
+    );
+    assert.equal(first.child.exitCode, null, "the holder keeps running");
+
+    // A SIGKILLed holder leaves no stale lock (the kernel drops its locks).
+    first.child.kill("SIGKILL");
+    await first.exit;
+    const third = spawnAgent(dir);
+    await third.ready;
+    third.child.kill("SIGTERM");
+    const stopped = await third.exit;
+    assert.equal(stopped.code, 0, stopped.stderr);
+  });
+
+  it("refuses a second open in the same process, and applies a named migration once", () => {
+    const dir = tempDir();
+    let applied = 0;
+    const extra = [{ name: "test_extra_table", up: (db: AgentStore["db"]) => (applied++, db.exec("CREATE TABLE extra (x INTEGER)")) }];
+    const store = AgentStore.open(dir, { migrations: extra });
+    assert.throws(() => AgentStore.open(dir), (e: unknown) => e instanceof AgentLockedError && e.code === "agent_locked");
+    store.db.prepare("INSERT INTO extra (x) VALUES (1)").run();
+    store.close();
+    const again = AgentStore.open(dir, { migrations: extra });
+    assert.equal(applied, 1);
+    assert.equal((again.db.prepare("SELECT count(*) AS n FROM extra").get() as { n: number }).n, 1);
+    assert.equal(again.db.pragma("journal_mode", { simple: true }), "wal");
+    assert.equal(again.db.pragma("synchronous", { simple: true }), 2, "synchronous=FULL");
+    again.close();
+  });
+});
