@@ -1,0 +1,208 @@
+/**
+ * Crash recovery with real processes: a real `bin/berth agent` (process
+ * runtime) enrolled with a small real HTTP server that plays the
+ * coordinator's enroll route, SIGKILLed with machines, keys and machine
+ * processes live, then started again on the same state directory.
+ */
+import { strict as assert } from "node:assert";
+import { generateKeyPairSync, randomBytes } from "node:crypto";
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { createServer, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { after, before, describe, it } from "node:test";
+import Database from "better-sqlite3";
+import { fingerprintOf } from "../../src/agent/pubkey.js";
+import { ProcessRuntime } from "../../src/agent/runtime/process.js";
+import type { ExecHandle } from "../../src/agent/runtime/types.js";
+import { newToken } from "../../src/core/tokens.js";
+
+const BERTH = fileURLToPath(new URL("../../../bin/berth", import.meta.url));
+const dirs: string[] = [];
+const children = new Set<ChildProcess>();
+const strays: ExecHandle[] = [];
+after(async () => {
+  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL");
+  for (const h of strays) {
+    await h.signalGroup("SIGKILL").catch(() => false);
+    h.killClient("SIGKILL");
+  }
+  for (const d of dirs) rmSync(d, { recursive: true, force: true });
+});
+
+function sshKey(): { line: string; fingerprint: string } {
+  const { publicKey } = generateKeyPairSync("ed25519");
+  const raw = Buffer.from(publicKey.export({ format: "jwk" }).x as string, "base64url");
+  const len = (b: Buffer): Buffer => {
+    const l = Buffer.alloc(4);
+    l.writeUInt32BE(b.length);
+    return Buffer.concat([l, b]);
+  };
+  const blob = Buffer.concat([len(Buffer.from("ssh-ed25519")), len(raw)]);
+  return { line: `ssh-ed25519 ${blob.toString("base64")}`, fingerprint: fingerprintOf(blob) };
+}
+
+function alive(pid: number): boolean {
+  try {
+    return !/^\d+ \(.*\) [ZX]/.test(readFileSync(`/proc/${pid}/stat`, "utf8"));
+  } catch {
+    return false;
+  }
+}
+
+interface Agent {
+  child: ChildProcess;
+  url: string;
+  exit: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+}
+
+function startAgentProcess(stateDir: string, coordinator: string, tokenFile: string): Promise<Agent> {
+  const child = spawn(
+    process.execPath,
+    [BERTH, "agent", "--state-dir", stateDir, "--runtime", "process", "--coordinator", coordinator, "--enroll-token-file", tokenFile, "--name", "rec-host"],
+    { stdio: ["ignore", "pipe", "pipe"] },
+  );
+  children.add(child);
+  let stdout = "";
+  let stderr = "";
+  child.stderr!.on("data", (b: Buffer) => (stderr += b.toString()));
+  const exit = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    child.once("exit", (code, signal) => resolve({ code, signal })),
+  );
+  return new Promise((resolve, reject) => {
+    child.stdout!.on("data", (b: Buffer) => {
+      stdout += b.toString();
+      const m = /berth agent ready api=(\S+)/.exec(stdout);
+      if (m) resolve({ child, url: m[1]!, exit });
+    });
+    void exit.then((e) => reject(new Error(`agent exited (${e.code ?? e.signal}) before ready: ${stderr}`)));
+  });
+}
+
+describe("agent crash recovery", () => {
+  let server: Server;
+  let coordinator: string;
+  const enrollToken = newToken("enroll", randomBytes);
+  const enrollments: Array<{ body: any; token: string }> = [];
+
+  before(async () => {
+    server = createServer((req, res) => {
+      let text = "";
+      req.on("data", (c: Buffer) => (text += c.toString()));
+      req.on("end", () => {
+        if (req.url !== "/v1/hosts/enroll" || req.headers.authorization !== `Bearer ${enrollToken}`) {
+          res.writeHead(401, { "content-type": "application/json" });
+          res.end(JSON.stringify({ error: { code: "unauthorized", message: "unauthorized" } }));
+          return;
+        }
+        const body = JSON.parse(text);
+        const token = newToken("host-call", randomBytes);
+        enrollments.push({ body, token });
+        res.writeHead(200, { "content-type": "application/json" });
+        res.end(JSON.stringify({ hostId: body.hostId ?? "h_rec", hostCallToken: token }));
+      });
+    });
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+    coordinator = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  });
+  after(() => new Promise<void>((r) => server.close(() => r())));
+
+  async function call(agent: Agent, path: string, body?: unknown): Promise<{ status: number; json: any }> {
+    const token = enrollments.at(-1)!.token;
+    const res = await fetch(agent.url + path, {
+      method: body === undefined ? "GET" : "POST",
+      headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    return { status: res.status, json: await res.json() };
+  }
+
+  it("after SIGKILL: a retried op returns its first result, a matching machine is re-attached, a mismatched one is never signalled", async () => {
+    const root = mkdtempSync(join(tmpdir(), "berth-recovery-"));
+    dirs.push(root);
+    const stateDir = join(root, "state");
+    const tokenFile = join(root, "enroll-token");
+    writeFileSync(tokenFile, enrollToken + "\n", { mode: 0o600 });
+
+    // --- first life -------------------------------------------------------
+    let agent = await startAgentProcess(stateDir, coordinator, tokenFile);
+    assert.equal(enrollments.length, 1);
+    const live = sshKey();
+    const short = sshKey();
+    const createM1 = { opId: "op_c1", kind: "create", machineId: "m_kept", generation: 1 };
+    const installLive = {
+      opId: "op_i1", kind: "install_key", machineId: "m_kept", generation: 1,
+      args: { publicKey: live.line, mode: "grant", grantId: "grant_live", expiresAt: Date.now() + 600_000 },
+    };
+    const shortExpiry = Date.now() + 1500;
+    const installShort = {
+      opId: "op_i2", kind: "install_key", machineId: "m_kept", generation: 1,
+      args: { publicKey: short.line, mode: "keeper", grantId: "keeper_short", expiresAt: shortExpiry },
+    };
+    const createM2 = { opId: "op_c2", kind: "create", machineId: "m_forged", generation: 1 };
+    const c1 = await call(agent, "/v1/agent/ops", createM1);
+    assert.equal(c1.status, 200, JSON.stringify(c1.json));
+    const i1 = await call(agent, "/v1/agent/ops", installLive);
+    assert.equal(i1.status, 200, JSON.stringify(i1.json));
+    assert.equal((await call(agent, "/v1/agent/ops", installShort)).status, 200);
+    assert.equal((await call(agent, "/v1/agent/ops", createM2)).status, 200);
+
+    agent.child.kill("SIGKILL");
+    assert.equal((await agent.exit).signal, "SIGKILL");
+
+    // --- while no agent runs ----------------------------------------------
+    // A process in each machine (started through the same runtime code).
+    const runtime = new ProcessRuntime({ stateDir });
+    const inKept = await runtime.exec("m_kept", { argv: ["sleep", "1000"], env: {} });
+    const inForged = await runtime.exec("m_forged", { argv: ["sleep", "1000"], env: {} });
+    strays.push(inKept, inForged);
+    // The agent's record of m_forged no longer matches what the runtime has
+    // there (something else now occupies that machine id).
+    const db = new Database(join(stateDir, "agent.db"));
+    db.prepare("UPDATE machines SET incarnation = 'inc_not_this_one' WHERE id = 'm_forged'").run();
+    db.close();
+    // The short key's expiry passes while no agent runs.
+    while (Date.now() <= shortExpiry) await new Promise((r) => setTimeout(r, 100));
+
+    // --- second life ------------------------------------------------------
+    agent = await startAgentProcess(stateDir, coordinator, tokenFile);
+    assert.equal(enrollments.length, 2);
+    assert.equal(enrollments[1]!.body.hostId, "h_rec", "re-enrollment keeps the stored host id");
+
+    // The retried operations answer with their first results, acting on nothing.
+    assert.deepEqual(await call(agent, "/v1/agent/ops", createM1), c1);
+    assert.deepEqual(await call(agent, "/v1/agent/ops", installLive), i1);
+
+    const machines = (await call(agent, "/v1/agent/machines")).json;
+    const kept = machines.machines.find((m: any) => m.machineId === "m_kept");
+    const forged = machines.machines.find((m: any) => m.machineId === "m_forged");
+    assert.equal(kept.state, "running");
+    assert.equal(kept.incarnation, c1.json.result.incarnation, "re-attached with its recorded incarnation");
+    assert.deepEqual(kept.keys.map((k: any) => k.fingerprint), [live.fingerprint], "the key that expired meanwhile was dropped");
+    assert.equal(forged.state, "mismatch");
+    assert.match(forged.mismatch, /^incarnation: recorded inc_not_this_one/);
+    assert.equal((await call(agent, "/v1/agent/health")).json.mismatched, 1);
+
+    assert.ok(alive(inKept.leader.pid), "a re-attached machine's process is left alone");
+    assert.ok(alive(inForged.leader.pid), "a mismatched machine's process is never signalled");
+    for (const kind of ["fence", "destroy", "scrub"]) {
+      const r = await call(agent, "/v1/agent/ops", { opId: `op_${kind}_forged`, kind, machineId: "m_forged", generation: 1 });
+      assert.equal(r.status, 409, `${kind} of a mismatched machine is refused`);
+      assert.equal(r.json.error.code, "conflict");
+    }
+    assert.ok(alive(inForged.leader.pid), "still never signalled after the refused operations");
+
+    // The re-attached machine is fully usable: a fence finds the process a
+    // previous agent life never knew about.
+    const fence = await call(agent, "/v1/agent/ops", { opId: "op_f1", kind: "fence", machineId: "m_kept", generation: 1 });
+    assert.equal(fence.status, 200, JSON.stringify(fence.json));
+    assert.equal(fence.json.result.processesRemaining, 0);
+    assert.equal(alive(inKept.leader.pid), false);
+
+    agent.child.kill("SIGTERM");
+    assert.equal((await agent.exit).code, 0);
+  });
+});
