@@ -557,6 +557,11 @@ export function normalizeArgs(kind: OpKind, raw: unknown): Normalized {
   }
 }
 
+/** The hash an operation's record keeps of its (validated, canonical) arguments. */
+export function argsHashOf(kind: OpKind, rawArgs: unknown): string {
+  return hashArgs(normalizeArgs(kind, rawArgs));
+}
+
 function hashArgs(args: Normalized): string {
   return createHash("sha256").update(canonicalJson(args)).digest("hex");
 }

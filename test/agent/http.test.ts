@@ -1,3 +1,4 @@
+/* eslint-disable @typescript-eslint/no-explicit-any -- the tests read JSON answers loosely and assert their exact shape */
 /**
  * The agent's HTTP API over a real loopback socket (startAgent in this
  * process, real store, process runtime), and enrollment against a small real

@@ -1,3 +1,4 @@
+/* eslint-disable @typescript-eslint/no-explicit-any -- the tests read JSON answers loosely and assert their exact shape */
 /**
  * Crash recovery with real processes: a real `bin/berth agent` (process
  * runtime) enrolled with a small real HTTP server that plays the
@@ -15,7 +16,10 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { after, before, describe, it } from "node:test";
 import Database from "better-sqlite3";
+import { startAgent } from "../../src/agent/agent.js";
 import { fingerprintOf } from "../../src/agent/pubkey.js";
+import { argsHashOf } from "../../src/agent/ops.js";
+import { AgentStore } from "../../src/agent/store.js";
 import { ProcessRuntime } from "../../src/agent/runtime/process.js";
 import type { ExecHandle } from "../../src/agent/runtime/types.js";
 import { newToken } from "../../src/core/tokens.js";
@@ -204,5 +208,38 @@ describe("agent crash recovery", () => {
 
     agent.child.kill("SIGTERM");
     assert.equal((await agent.exit).code, 0);
+  });
+});
+
+describe("agent recovery of an operation cut short", () => {
+  it("a create whose process died after its intent record is left pending, and its retry (same opId) finishes it once", async () => {
+    const stateDir = mkdtempSync(join(tmpdir(), "berth-midop-"));
+    dirs.push(stateDir);
+    // What an agent leaves when it dies right after writing the create's
+    // intent and the runtime created the machine, before recording the result.
+    const store = AgentStore.open(stateDir);
+    store.transaction(() => {
+      store.insertOp({ opId: "op_mid", kind: "create", machineId: "m_mid", generation: 4, argsHash: argsHashOf("create", undefined), now: Date.now() });
+      store.putMachine({
+        id: "m_mid", generation: 4, state: "creating", incarnation: null, workspace: null, identity: null,
+        mismatch: null, createdAt: Date.now(), updatedAt: Date.now(),
+      });
+    });
+    store.close();
+    const made = await new ProcessRuntime({ stateDir }).create("m_mid");
+
+    const agent = await startAgent({ stateDir, runtime: "process" });
+    try {
+      assert.deepEqual(agent.recovery.pending, [{ machineId: "m_mid", ops: ["op_mid"] }]);
+      assert.deepEqual(agent.recovery.mismatched, []);
+      assert.deepEqual(agent.recovery.unrecorded, []);
+      const done = await agent.ops.run({ opId: "op_mid", kind: "create", machineId: "m_mid", generation: 4 });
+      assert.equal((done.result as { incarnation: string }).incarnation, made.incarnation, "the runtime's machine, not a second one");
+      assert.equal(agent.store.getMachine("m_mid")?.state, "running");
+      assert.deepEqual(await agent.runtime.list(), ["m_mid"]);
+      assert.deepEqual(await agent.ops.run({ opId: "op_mid", kind: "create", machineId: "m_mid", generation: 4 }), done);
+    } finally {
+      await agent.stop();
+    }
   });
 });
