@@ -37,7 +37,7 @@
 import { spawn } from "node:child_process";
 import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, rmdirSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { createHash, randomBytes } from "node:crypto";
+import { createHash } from "node:crypto";
 import { userInfo } from "node:os";
 import pty from "node-pty";
 import { BerthError } from "../../core/errors.js";
@@ -300,6 +300,7 @@ export class ProcessRuntime implements Runtime {
       if (signalGroupExact(t.leader, "SIGKILL")) killed++;
     }
     if (rec.cgroup) {
+      killed += readCgroupProcs(rec.cgroup).length;
       try {
         writeFileSync(join(rec.cgroup, "cgroup.kill"), "1");
       } catch {
@@ -321,7 +322,7 @@ export class ProcessRuntime implements Runtime {
       await sleep(Math.min(2 * rounds, 20));
     }
     const cg = rec.cgroup ? `, cgroup ${rec.cgroup} empty` : ", no cgroup (marker scan only)";
-    return `${killed} processes killed in ${rounds} rounds; 0 processes remain with BERTH_MACHINE=${rec.machineId} and a known incarnation${cg}`;
+    return `${killed} processes killed (${rounds} rescan rounds); 0 processes remain with BERTH_MACHINE=${rec.machineId} and a known incarnation${cg}`;
   }
 
   private async fenceLocked(machineId: string): Promise<FenceProof> {
@@ -373,6 +374,13 @@ export class ProcessRuntime implements Runtime {
             throw new BerthError("operation_failed", `operation_failed: cgroup ${rec.cgroup} of machine ${machineId} could not be removed (${(e as Error).message})`);
           }
         }
+        if (this.cgroupBase) {
+          try {
+            rmdirSync(this.cgroupBase); // only succeeds once no machine cgroup is left
+          } catch {
+            /* other machines still live here */
+          }
+        }
       }
       rmSync(dir, { recursive: true, force: true, maxRetries: 3 });
       if (existsSync(dir)) throw new BerthError("operation_failed", `operation_failed: ${dir} still exists after destroy`);
@@ -400,8 +408,9 @@ function safeUser(): string {
 }
 
 /**
- * A writable cgroup v2 directory for this agent's machines, or null.
- * Requires root and a cgroup2 mount where we may create directories.
+ * Where this agent's machine cgroups go (cgroup v2, root only), or null.
+ * Nothing is created here: create() makes `<base>/<machine>` and falls back to
+ * marker-only fencing if that fails; destroy() removes it and the base when empty.
  */
 function findCgroupBase(stateDir: string): string | null {
   if (process.getuid?.() !== 0) return null;
@@ -414,17 +423,7 @@ function findCgroupBase(stateDir: string): string | null {
   for (const line of mounts.split("\n")) {
     const [, mnt, type] = line.split(" ");
     if (type !== "cgroup2" || !mnt) continue;
-    const base = join(mnt, `berth-${createHash("sha256").update(stateDir).digest("hex").slice(0, 12)}`);
-    try {
-      mkdirSync(base, { recursive: true });
-      // Probe: a child cgroup must be creatable and removable.
-      const probe = join(base, `probe-${randomBytes(4).toString("hex")}`);
-      mkdirSync(probe);
-      rmdirSync(probe);
-      return base;
-    } catch {
-      return null;
-    }
+    return join(mnt, `berth-${createHash("sha256").update(stateDir).digest("hex").slice(0, 12)}`);
   }
   return null;
 }
