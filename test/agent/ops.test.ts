@@ -13,6 +13,7 @@ import { after, describe, it } from "node:test";
 import { isBerthError } from "../../src/core/errors.js";
 import { startAgent, type RunningAgent } from "../../src/agent/agent.js";
 import { fingerprintOf } from "../../src/agent/pubkey.js";
+import { gvisorAvailability } from "../../src/agent/runtime/index.js";
 
 const dirs: string[] = [];
 const agents: RunningAgent[] = [];
@@ -286,6 +287,38 @@ describe("agent operations", () => {
     assert.equal((await refusal(a.ops.run({ opId: id("op"), kind: "create", machineId: never, generation: 0 }))).code, "conflict");
     assert.deepEqual(await a.runtime.list(), []);
   });
+});
+
+const gvisor = gvisorAvailability();
+describe("agent operations on the gvisor runtime", () => {
+  it(
+    "create, fence (new incarnation, 0 processes), scrub, restart re-attaches the scrubbed sandbox, destroy leaves nothing",
+    { skip: gvisor.ok ? false : `gvisor unavailable here: ${gvisor.why}` },
+    async () => {
+      const dir = tempDir();
+      const m = id("m");
+      let a = await startAgent({ stateDir: dir, runtime: "gvisor" });
+      agents.push(a);
+      const created = await a.ops.run({ opId: id("op"), kind: "create", machineId: m, generation: 1 });
+      const fence = await a.ops.run({ opId: id("op"), kind: "fence", machineId: m, generation: 1 });
+      const f = fence.result as { incarnationBefore: string; incarnationAfter: string; processesRemaining: number };
+      assert.equal(f.incarnationBefore, (created.result as { incarnation: string }).incarnation);
+      assert.notEqual(f.incarnationAfter, f.incarnationBefore);
+      assert.equal(f.processesRemaining, 0);
+      await a.ops.run({ opId: id("op"), kind: "scrub", machineId: m, generation: 1 });
+      // gVisor's scrub restarts the sandbox; the agent records the new incarnation...
+      assert.equal(a.store.getMachine(m)?.incarnation, (await a.runtime.inspect(m)).incarnation);
+      await a.stop();
+      // ...so that the next start recognises the machine as its own.
+      a = await startAgent({ stateDir: dir, runtime: "gvisor" });
+      agents.push(a);
+      assert.deepEqual(a.recovery.reattached, [m]);
+      assert.deepEqual(a.recovery.mismatched, []);
+      const d = await a.ops.run({ opId: id("op"), kind: "destroy", machineId: m, generation: 1 });
+      assert.equal((d.result as { processesRemaining: number }).processesRemaining, 0);
+      assert.deepEqual(await a.runtime.list(), []);
+    },
+  );
 });
 
 function alive(pid: number): boolean {
