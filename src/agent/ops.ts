@@ -231,11 +231,12 @@ export class AgentOps {
 
     try {
       const ctx: OpContext = { opId, machineId, generation };
-      const result = await this.#act(ctx, args);
+      await this.#act(ctx, args);
+      // The reply is read back from the record, so a first answer and a
+      // retried one are the same bytes.
       const done = store.getOp(opId);
       if (done === null || done.status !== "done") throw new Error(`operation ${opId} finished without its result recorded`);
       this.#deps.log.info({ opId, kind, machineId, generation }, "operation done");
-      void result;
       return respond(done);
     } catch (e) {
       const msg = errorMessage(e);

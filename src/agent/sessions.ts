@@ -38,6 +38,7 @@
  *      recovery after a fence, finishes it). A child that left the group
  *      (setsid) is not a member and does not block release.
  */
+import { constants as osConstants } from "node:os";
 import type { ServerChannel } from "ssh2";
 import type { ExecHandle, ExecRequest, PtyRequest, Runtime } from "./runtime/types.js";
 import type { SessionRecord, SessionStore } from "./sessions-store.js";
@@ -478,8 +479,15 @@ export class Session {
     if (this.channelClosed || !this.exitInfo) return;
     const x = this.exitInfo;
     try {
-      if (x.signal) this.channel.exit(sshSignalName(x.signal), false, "");
-      else this.channel.exit(x.code ?? 255);
+      if (x.signal) {
+        try {
+          this.channel.exit(sshSignalName(x.signal), false, "");
+        } catch {
+          // Not one of RFC 4254's signal names (e.g. SIGBUS): report it as a shell would, 128 + number.
+          const num = (osConstants.signals as Record<string, number>)[x.signal];
+          this.channel.exit(num ? 128 + num : 255);
+        }
+      } else this.channel.exit(x.code ?? 255);
       this.channel.end();
     } catch {
       /* the client went away meanwhile */

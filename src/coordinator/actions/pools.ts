@@ -51,8 +51,13 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
   const now = ctx.now();
   const seed = ctx.randomBytes(32);
   const result = await ctx.store.transaction(async (tx) => {
+    // Insert-if-absent first, so concurrent first ensures of one pool serialize on its row.
+    const created = await tx.run(
+      "INSERT INTO pools (org, name, access, provider, compatibility_key, identity, min_ready, max_ready, hard_ttl_ms, heartbeat_ms, keeper_key, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (org, name) DO NOTHING",
+      [p.org, input.name, input.access, input.provider, input.compatibilityKey, input.identity ? JSON.stringify(input.identity) : null, input.minReady, input.maxReady, input.hardTtlMs, input.heartbeatMs, input.keeperKey, now, now],
+    );
     const existing = await lockPool(tx, p.org, input.name);
-    if (existing) {
+    if (created === 0 && existing) {
       if (existing.access !== input.access || existing.provider !== input.provider || existing.compatibilityKey !== input.compatibilityKey) {
         const live = await tx.get<{ n: number }>("SELECT COUNT(*) AS n FROM machines WHERE org = ? AND pool = ? AND state <> 'destroyed'", [p.org, input.name]);
         if (Number(live?.n ?? 0) > 0) {
@@ -65,11 +70,6 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
       await tx.run(
         "UPDATE pools SET access = ?, provider = ?, compatibility_key = ?, identity = ?, min_ready = ?, max_ready = ?, hard_ttl_ms = ?, heartbeat_ms = ?, keeper_key = ?, updated_at = ? WHERE org = ? AND name = ?",
         [input.access, input.provider, input.compatibilityKey, input.identity ? JSON.stringify(input.identity) : null, input.minReady, input.maxReady, input.hardTtlMs, input.heartbeatMs, input.keeperKey, now, p.org, input.name],
-      );
-    } else {
-      await tx.run(
-        "INSERT INTO pools (org, name, access, provider, compatibility_key, identity, min_ready, max_ready, hard_ttl_ms, heartbeat_ms, keeper_key, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [p.org, input.name, input.access, input.provider, input.compatibilityKey, input.identity ? JSON.stringify(input.identity) : null, input.minReady, input.maxReady, input.hardTtlMs, input.heartbeatMs, input.keeperKey, now, now],
       );
     }
     const pool = (await lockPool(tx, p.org, input.name))!;

@@ -42,17 +42,25 @@ export class Router {
 
   match(method: string, path: string): { handler: Handler; params: Record<string, Id> } | { error: BerthError } {
     const parts = path.split("/").slice(1);
-    let pathMatched = false;
-    for (const r of this.#routes) {
-      const params = bindParams(r.segments, parts);
-      if (!params) continue;
-      pathMatched = true;
-      const checked: Record<string, Id> = {};
-      for (const [k, v] of Object.entries(params)) checked[k] = parseId(v, k);
-      if (r.method !== method) continue;
-      return { handler: r.handler, params: checked };
+    // Exact segment counts first; only then may a param absorb several
+    // segments, so "a/b" is refused as an invalid id, not an unknown route.
+    for (const absorb of [false, true]) {
+      let pathMatched = false;
+      for (const r of this.#routes) {
+        const params = bindParams(r.segments, parts, absorb);
+        if (!params) continue;
+        pathMatched = true;
+        const checked: Record<string, Id> = {};
+        try {
+          for (const [k, v] of Object.entries(params)) checked[k] = parseId(v, k);
+        } catch (e) {
+          return { error: e as BerthError };
+        }
+        if (r.method !== method) continue;
+        return { handler: r.handler, params: checked };
+      }
+      if (pathMatched) return { error: new BerthError("method_not_allowed", `method_not_allowed: ${method} is not supported on ${path}`) };
     }
-    if (pathMatched) return { error: new BerthError("method_not_allowed", `method_not_allowed: ${method} is not supported on ${path}`) };
     return { error: new BerthError("not_found", `not_found: no route ${method} ${path}`) };
   }
 }
@@ -62,9 +70,9 @@ export class Router {
  * segments ("a/b"), so that such a path reaches `parseId` and is refused as
  * an invalid id rather than as an unknown route.
  */
-function bindParams(segments: string[], parts: string[]): Record<string, string> | null {
+function bindParams(segments: string[], parts: string[], absorb: boolean): Record<string, string> | null {
   const extra = parts.length - segments.length;
-  if (extra < 0) return null;
+  if (extra < 0 || (extra > 0 && !absorb)) return null;
   const paramIdx = segments.findIndex((s) => s.startsWith("{"));
   if (extra > 0 && paramIdx < 0) return null;
   const params: Record<string, string> = {};
