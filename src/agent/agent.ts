@@ -22,6 +22,7 @@
 import { readFileSync } from "node:fs";
 import { hostname } from "node:os";
 import { join } from "node:path";
+import { parseId } from "../core/ids.js";
 import { hashToken } from "../core/tokens.js";
 import type { SessionRegistry } from "./contracts.js";
 import { enroll, EnrollRefusedError, type EnrollRequest } from "./enroll.js";
@@ -91,7 +92,8 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
   const now = opts.now ?? Date.now;
   const listen = parseHostPort(opts.listen ?? "127.0.0.1:0", "listen");
   const sshListen = parseHostPort(opts.sshListen ?? "127.0.0.1:0", "ssh listen");
-  const name = opts.name ?? hostname();
+  // The coordinator knows a host by this name (an id: re-enrolling under it keeps the host).
+  const name = parseId(opts.name ?? (hostname().replace(/[^A-Za-z0-9_-]/g, "-").slice(0, 128) || "host"), "host name");
   const slots = opts.slots ?? 4;
   const vcpu = opts.vcpu ?? 2;
   const memoryMb = opts.memoryMb ?? 2048;
@@ -166,7 +168,6 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       runtime: runtime.kind,
       capacity: { vcpu, memoryMb, slots },
       ssh,
-      ...(hostId !== null ? { hostId } : {}),
     });
     const enrollOnce = async (token: string, coordinator: string): Promise<void> => {
       const got = await enroll(coordinator, token, body());

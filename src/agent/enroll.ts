@@ -3,14 +3,14 @@
  *
  *   POST {coordinator}/v1/hosts/enroll
  *   Authorization: Bearer <enroll token>
- *   {name, url, runtime, capacity: {vcpu, memoryMb, slots}, ssh: {host, port, hostKey, fingerprint}, hostId?}
+ *   {name, url, runtime, capacity: {vcpu, memoryMb, slots}, ssh: {host, port, hostKey, fingerprint}}
  *   -> {hostId, hostCallToken}
  *
  * The enroll token comes from a file or BERTH_ENROLL_TOKEN, never argv, and
  * is never logged. The agent keeps `hostId` and only the hash of the
  * host-call token (hashToken("host-call", …)) in its store. On restart it
- * enrolls again with its stored `hostId` (so the coordinator keeps the same
- * host and learns the new URL and SSH port); a coordinator answering with a
+ * enrolls again under the same name (the coordinator keeps the host of that
+ * name and learns the new URL and SSH port); a coordinator answering with a
  * different host id is refused, since this state directory's machines belong
  * to the stored one.
  */
@@ -24,9 +24,7 @@ export interface EnrollRequest {
   url: string;
   runtime: string;
   capacity: { vcpu: number; memoryMb: number; slots: number };
-  ssh: { host: string; port: number; hostKey: string; fingerprint: string } | null;
-  /** Set when this state directory enrolled before: the coordinator keeps that host. */
-  hostId?: string;
+  ssh: { host: string; port: number; hostKey: string; fingerprint: string };
 }
 
 export interface Enrollment {

@@ -29,7 +29,15 @@ const MAX_TIMER_MS = 2_147_483_647;
 
 export type RevokeReason = "removed" | "superseded" | "expired" | "destroyed";
 
-export type KeySelector = { grantId: string } | { fingerprint: string };
+/** Which key(s) to remove: by grant, by fingerprint, or both (a key matching either goes). */
+export interface KeySelector {
+  grantId?: string;
+  fingerprint?: string;
+}
+
+function selects(which: KeySelector, k: StoredKey): boolean {
+  return (which.grantId !== undefined && k.grantId === which.grantId) || (which.fingerprint !== undefined && k.fingerprint === which.fingerprint);
+}
 
 export interface AgentKeysDeps {
   /** The durable record of installed keys. */
@@ -164,22 +172,20 @@ export class AgentKeys implements KeyAuthority {
   }
 
   /**
-   * Removes the exact key(s) named by grant id or fingerprint at `generation`,
+   * Removes the key(s) named by grant id and/or fingerprint (a key matching
+   * either: removing more access is the safe side) at `generation`,
    * and remembers the removal so a delayed install of the same grant or key
    * at that generation is refused. `within` runs in the same transaction.
    */
   remove(machineId: string, which: KeySelector, generation: number, within?: () => void): StoredKey[] {
     const now = this.#deps.now();
-    const matches = this.list(machineId).filter((k) =>
-      "grantId" in which ? k.grantId === which.grantId : k.fingerprint === which.fingerprint,
-    );
+    const matches = this.list(machineId).filter((k) => selects(which, k));
     this.#deps.store.transaction(() => {
       for (const k of matches) {
         this.#deps.store.deleteKey(machineId, k.fingerprint);
         this.#deps.store.recordRemoved(machineId, k.generation, k.grantId, k.fingerprint, now);
       }
-      if ("grantId" in which) this.#deps.store.recordRemoved(machineId, generation, which.grantId, null, now);
-      else this.#deps.store.recordRemoved(machineId, generation, null, which.fingerprint, now);
+      this.#deps.store.recordRemoved(machineId, generation, which.grantId ?? null, which.fingerprint ?? null, now);
       within?.();
     });
     this.#forget(matches, "removed");

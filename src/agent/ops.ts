@@ -112,11 +112,14 @@ const installKeyArgs = z
     expiresAt: z.number().int().nonnegative().nullable(),
   })
   .strict();
-const removeKeyArgs = z.union([
-  z.object({ grantId: z.string() }).strict(),
-  z.object({ fingerprint: z.string().regex(/^SHA256:[A-Za-z0-9+/]{43}$/) }).strict(),
-]);
-const noArgs = z.union([z.object({}).strict(), z.undefined(), z.null()]);
+const removeKeyArgs = z
+  .object({
+    grantId: z.string().optional(),
+    fingerprint: z.string().regex(/^SHA256:[A-Za-z0-9+/]{43}$/).optional(),
+  })
+  .strict();
+/** create, fence, scrub and destroy take no arguments; an object sent anyway is ignored. */
+const noArgs = z.union([z.record(z.string(), z.unknown()), z.undefined(), z.null()]);
 
 type Normalized =
   | { kind: "create" }
@@ -540,10 +543,13 @@ export function normalizeArgs(kind: OpKind, raw: unknown): Normalized {
     }
     case "remove_key": {
       const p = removeKeyArgs.safeParse(raw);
-      if (!p.success) {
-        throw new BerthError("invalid_request", "invalid_request: args of remove_key must be {grantId} or {fingerprint: \"SHA256:…\"}");
+      if (!p.success || (p.data.grantId === undefined && p.data.fingerprint === undefined)) {
+        throw new BerthError("invalid_request", "invalid_request: args of remove_key must name {grantId} and/or {fingerprint: \"SHA256:…\"}");
       }
-      return { kind, which: "grantId" in p.data ? { grantId: parseId(p.data.grantId, "args.grantId") } : { fingerprint: p.data.fingerprint } };
+      const which: KeySelector = {};
+      if (p.data.grantId !== undefined) which.grantId = parseId(p.data.grantId, "args.grantId");
+      if (p.data.fingerprint !== undefined) which.fingerprint = p.data.fingerprint;
+      return { kind, which };
     }
     case "create":
     case "fence":

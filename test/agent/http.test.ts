@@ -140,8 +140,9 @@ describe("agent HTTP API", () => {
     assert.equal(first.status, 200, first.text);
     assert.equal(first.json.status, "done");
     assert.deepEqual((await call(agent.url, "/v1/agent/ops", { token, body })).json, first.json);
-    const stale = await call(agent.url, "/v1/agent/ops", { token, body: { opId: "op_conf", kind: "create", machineId: "m_h", generation: 0, args: { x: 1 } } });
-    assert.equal(stale.status, 400);
+    const badArgs = await call(agent.url, "/v1/agent/ops", { token, body: { opId: "op_conf", kind: "create", machineId: "m_h", generation: 0, args: "x" } });
+    assert.equal(badArgs.status, 400);
+    assert.equal(badArgs.json.error.code, "invalid_request");
     const op = await call(agent.url, "/v1/agent/ops/op_create_h", { token });
     assert.deepEqual(op.json, { ...first.json, error: null });
     const machines = await call(agent.url, "/v1/agent/machines", { token });
@@ -214,7 +215,8 @@ describe("enrollment", () => {
 
     a = await startAgent({ stateDir: dir, runtime: "process", coordinatorUrl: coordinator, enrollToken, name: "enr" });
     agents.push(a);
-    assert.equal(seen.at(-1)!.body.hostId, "h_first", "re-enrollment names the stored host");
+    assert.equal(seen.at(-1)!.body.name, "enr", "re-enrollment under the same name (the coordinator keeps that host)");
+    assert.equal("hostId" in seen.at(-1)!.body, false, "the body keeps the coordinator's exact shape");
     assert.equal(a.hostId, "h_first");
     const t2 = issued.at(-1)!;
     assert.equal((await call(a.url, "/v1/agent/health", { token: t2 })).status, 200);

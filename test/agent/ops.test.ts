@@ -236,7 +236,7 @@ describe("agent operations", () => {
     const installGone = { publicKey: gone.line, mode: "grant", grantId: "grant_gone", expiresAt: Date.now() + 600_000 };
     await a.ops.run({ opId: id("op"), kind: "install_key", machineId: m, generation: 1, args: { publicKey: keep.line, mode: "keeper", grantId: "keeper_1", expiresAt: null } });
     await a.ops.run({ opId: id("op"), kind: "install_key", machineId: m, generation: 1, args: installGone });
-    const r = await a.ops.run({ opId: id("op"), kind: "remove_key", machineId: m, generation: 1, args: { grantId: "grant_gone" } });
+    const r = await a.ops.run({ opId: id("op"), kind: "remove_key", machineId: m, generation: 1, args: { grantId: "grant_gone", fingerprint: gone.fingerprint } });
     assert.deepEqual((r.result as { removed: unknown[] }).removed, [{ fingerprint: gone.fingerprint, grantId: "grant_gone" }]);
     assert.equal(a.keys.authorize(m, gone.fingerprint, Date.now()), null);
     assert.ok(a.keys.authorize(m, keep.fingerprint, Date.now()), "the other key stays");

@@ -106,7 +106,8 @@ describe("agent crash recovery", () => {
         const token = newToken("host-call", randomBytes);
         enrollments.push({ body, token });
         res.writeHead(200, { "content-type": "application/json" });
-        res.end(JSON.stringify({ hostId: body.hostId ?? "h_rec", hostCallToken: token }));
+        // Like the coordinator: one host per name.
+        res.end(JSON.stringify({ hostId: body.name === "rec-host" ? "h_rec" : "h_unexpected", hostCallToken: token }));
       });
     });
     await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
@@ -174,7 +175,8 @@ describe("agent crash recovery", () => {
     // --- second life ------------------------------------------------------
     agent = await startAgentProcess(stateDir, coordinator, tokenFile);
     assert.equal(enrollments.length, 2);
-    assert.equal(enrollments[1]!.body.hostId, "h_rec", "re-enrollment keeps the stored host id");
+    assert.deepEqual(Object.keys(enrollments[1]!.body).sort(), ["capacity", "name", "runtime", "ssh", "url"]);
+    assert.equal((await call(agent, "/v1/agent/health")).json.hostId, "h_rec", "the same host after the restart");
 
     // The retried operations answer with their first results, acting on nothing.
     assert.deepEqual(await call(agent, "/v1/agent/ops", createM1), c1);
