@@ -5,13 +5,15 @@
  *
  * Guarantees:
  *   - A key authenticates only for a machine the agent has attached (its
- *     record matched the runtime), only at that machine's current generation,
- *     and only while `now < expiresAt` (at equality it is already expired).
+ *     record matched the runtime), only while `now < expiresAt` (at equality
+ *     it is already expired), and a grant key only at the machine's current
+ *     generation (a keeper key is the keeper pool's long-lived key: it is not
+ *     tied to a generation; see `supersededAt`).
  *   - Expiry is enforced here, by the agent alone: one timer per key fires at
  *     `expiresAt`, deletes the key durably and notifies every `onRevoked`
  *     listener, so a coordinator outage never extends access.
- *   - Advancing a machine to generation g removes every key of a generation
- *     below g (notified as revoked).
+ *   - Advancing a machine to generation g removes every grant key of a
+ *     generation below g (notified as revoked).
  *
  * Ordering: a key is written to the store (in the caller's transaction, with
  * the operation's result) before it is added to the index, so a crash can
@@ -69,7 +71,7 @@ export class AgentKeys implements KeyAuthority {
   authorize(machineId: string, fingerprint: string, now: number): StoredKey | null {
     const key = this.#index.get(machineId)?.get(fingerprint);
     if (key === undefined) return null;
-    if (key.generation !== this.#generation.get(machineId)) return null;
+    if (key.mode === "grant" && key.generation !== this.#generation.get(machineId)) return null;
     if (key.expiresAt !== null && now >= key.expiresAt) return null;
     return key;
   }
@@ -98,7 +100,7 @@ export class AgentKeys implements KeyAuthority {
   attach(machineId: string, generation: number): StoredKey[] {
     const now = this.#deps.now();
     const stored = this.#deps.store.listKeys(machineId);
-    const dropped = stored.filter((k) => k.generation < generation || (k.expiresAt !== null && now >= k.expiresAt));
+    const dropped = stored.filter((k) => supersededAt(k, generation) || (k.expiresAt !== null && now >= k.expiresAt));
     if (dropped.length > 0) {
       this.#deps.store.transaction(() => {
         for (const k of dropped) this.#deps.store.deleteKey(machineId, k.fingerprint);
@@ -124,7 +126,7 @@ export class AgentKeys implements KeyAuthority {
     if (current !== undefined && generation < current) {
       throw new Error(`generation of ${machineId} cannot move back from ${current} to ${generation}`);
     }
-    const older = this.list(machineId).filter((k) => k.generation < generation);
+    const older = this.list(machineId).filter((k) => supersededAt(k, generation));
     this.#deps.store.transaction(() => {
       for (const k of older) this.#deps.store.deleteKey(machineId, k.fingerprint);
       this.#deps.store.pruneRemoved(machineId, generation);
@@ -148,7 +150,7 @@ export class AgentKeys implements KeyAuthority {
     if (key.generation < current) {
       throw new Error(`key for generation ${key.generation} of ${key.machineId}, which is at ${current}`);
     }
-    const older = this.list(key.machineId).filter((k) => k.generation < key.generation);
+    const older = this.list(key.machineId).filter((k) => supersededAt(k, key.generation));
     const replaced = this.#index.get(key.machineId)?.get(key.fingerprint);
     this.#deps.store.transaction(() => {
       for (const k of older) this.#deps.store.deleteKey(key.machineId, k.fingerprint);
@@ -270,6 +272,17 @@ export class AgentKeys implements KeyAuthority {
       }
     }
   }
+}
+
+/**
+ * A grant key belongs to one generation (one borrow) and goes when the
+ * machine moves past it. A keeper key is the keeper pool's long-lived key:
+ * installed once (at provisioning), it outlives keeper borrows, which advance
+ * the generation without any key operation; it goes only when removed,
+ * expired or destroyed with the machine.
+ */
+export function supersededAt(k: StoredKey, generation: number): boolean {
+  return k.mode === "grant" && k.generation < generation;
 }
 
 function timerId(machineId: string, fingerprint: string): string {

@@ -23,7 +23,8 @@
  *
  * Generations: the agent keeps each machine's current generation. An
  * operation below it is refused (`generation_mismatch`); one above it
- * advances it, removing every key of an older generation. A key removal is
+ * advances it, removing every grant key of an older generation (keeper keys,
+ * the keeper pool's long-lived access, stay until removed). A key removal is
  * never a fence: only `fence` closes sessions and restarts the machine's
  * processes (new incarnation), and proves none of the old ones remain.
  */
@@ -32,7 +33,7 @@ import { z } from "zod";
 import { BerthError, assertNever } from "../core/errors.js";
 import { parseId, type Id } from "../core/ids.js";
 import type { SessionRegistry } from "./contracts.js";
-import type { AgentKeys, KeySelector } from "./keys.js";
+import { supersededAt, type AgentKeys, type KeySelector } from "./keys.js";
 import { errorMessage, type AgentLog } from "./log.js";
 import { parsePublicKey } from "./pubkey.js";
 import type { Runtime } from "./runtime/types.js";
@@ -387,7 +388,7 @@ export class AgentOps {
       expiresAt: a.expiresAt,
       superseded: [],
     };
-    const superseded = this.#deps.store.listKeys(ctx.machineId).filter((k) => k.generation < ctx.generation);
+    const superseded = this.#deps.store.listKeys(ctx.machineId).filter((k) => supersededAt(k, ctx.generation));
     result.superseded = superseded.map((k) => k.fingerprint);
     keys.install(key, this.#commit(ctx, m, result));
     return result;

@@ -153,11 +153,12 @@ describe("agent operations", () => {
     assert.equal(a.keys.authorize(m, stale.fingerprint, Date.now()), null);
   });
 
-  it("an install for generation g+1 supersedes every key of generation g (revocation notified)", async () => {
+  it("an install for generation g+1 supersedes every grant key of generation g (revocation notified); a keeper key stays", async () => {
     const a = await agentAt(tempDir());
     const m = id("m");
     const old = sshKey();
     const next = sshKey();
+    const keeper = sshKey();
     const revoked: string[] = [];
     a.keys.onRevoked((machineId, fingerprint) => {
       if (machineId === m) revoked.push(fingerprint);
@@ -166,6 +167,10 @@ describe("agent operations", () => {
     await a.ops.run({
       opId: id("op"), kind: "install_key", machineId: m, generation: 1,
       args: { publicKey: old.line, mode: "grant", grantId: "grant_a", expiresAt: Date.now() + 600_000 },
+    });
+    await a.ops.run({
+      opId: id("op"), kind: "install_key", machineId: m, generation: 1,
+      args: { publicKey: keeper.line, mode: "keeper", grantId: "keeper_pool", expiresAt: null },
     });
     assert.ok(a.keys.authorize(m, old.fingerprint, Date.now()));
     const r = await a.ops.run({
@@ -176,8 +181,13 @@ describe("agent operations", () => {
     assert.deepEqual(revoked, [old.fingerprint]);
     assert.equal(a.keys.authorize(m, old.fingerprint, Date.now()), null);
     assert.ok(a.keys.authorize(m, next.fingerprint, Date.now()));
-    assert.deepEqual(a.store.listKeys(m).map((k) => k.fingerprint), [next.fingerprint]);
+    assert.deepEqual(a.store.listKeys(m).map((k) => k.fingerprint).sort(), [keeper.fingerprint, next.fingerprint].sort());
     assert.equal(a.store.getMachine(m)?.generation, 2);
+    // Keeper borrows advance the generation without any key operation; the
+    // pool's keeper key keeps working across them (a fence at g+1 here).
+    await a.ops.run({ opId: id("op"), kind: "fence", machineId: m, generation: 3 });
+    assert.ok(a.keys.authorize(m, keeper.fingerprint, Date.now()), "the keeper key outlives generation advances");
+    assert.equal(a.keys.authorize(m, next.fingerprint, Date.now()), null, "the grant key of generation 2 does not");
   });
 
   it("a key is expired at now == expiresAt, and an install already expired is refused", async () => {
