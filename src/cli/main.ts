@@ -1,27 +1,33 @@
 /**
  * The `berth` binary: one program, subcommands. Each command lives in its own
  * module under src/cli/commands and registers itself on the program here.
+ * Exit codes: 2 for usage errors; the rest are documented in docs/cli.md.
  */
 import { Command } from "commander";
+import { VERSION } from "../coordinator/server.js";
+import * as agent from "./commands/agent.js";
+import * as serve from "./commands/serve.js";
+import * as up from "./commands/up.js";
+import * as token from "./commands/token.js";
+import * as pool from "./commands/pool.js";
+import * as borrow from "./commands/borrow.js";
+import * as run from "./commands/run.js";
 
 const program = new Command();
 program
   .name("berth")
   .description("Borrow isolated machines: warm sandboxes over SSH with a key that exists only for the borrow.")
-  .version("0.1.0")
-  .showHelpAfterError();
+  .version(VERSION)
+  .showHelpAfterError()
+  .addHelpText(
+    "after",
+    `
+Start here:
+  berth up -- echo hello          everything on this machine, run one command, tear down
+  berth up                         keep it running; then: berth run --pool default -- CMD`,
+  );
 
-const registrations: Array<() => Promise<(p: Command) => void>> = [
-  async () => (await import("./commands/agent.js")).register,
-];
-
-for (const load of registrations) {
-  try {
-    (await load())(program);
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code !== "ERR_MODULE_NOT_FOUND") throw e;
-  }
-}
+for (const m of [up, serve, agent, token, pool, borrow, run]) m.register(program);
 
 program.exitOverride((err) => {
   process.exit(err.exitCode === 0 ? 0 : 2);

@@ -8,6 +8,7 @@ import { BerthError } from "../core/errors.js";
 import { hashToken, newToken } from "../core/tokens.js";
 import { newId } from "../core/ids.js";
 import type { Store } from "../store/store.js";
+import { setDue } from "../store/rows.js";
 
 export type Role = "admin" | "operator" | "member" | "agent";
 export const ROLES: readonly Role[] = ["admin", "operator", "member", "agent"];
@@ -79,7 +80,17 @@ export async function createToken(
   return { id, token, org: input.org, role: input.role, expiresAt: input.expiresAt };
 }
 
-export async function revokeToken(store: Store, id: string, now: number): Promise<boolean> {
-  const n = await store.transaction((tx) => tx.run("UPDATE api_tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", [now, id]));
-  return n === 1;
+/**
+ * Revokes a token at once (every later request with it is refused) and, in
+ * the same transaction, leaves a due row so the coordinator invalidates the
+ * token's live portable grants and cleans their machines up.
+ */
+export async function revokeTokenWithGrants(store: Store, id: string, now: number, _randomBytes: (n: number) => Uint8Array): Promise<{ revoked: boolean; grants: number }> {
+  return store.transaction(async (tx) => {
+    const n = await tx.run("UPDATE api_tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", [now, id]);
+    if (n !== 1) return { revoked: false, grants: 0 };
+    const live = await tx.get<{ n: number }>("SELECT COUNT(*) AS n FROM grants WHERE borrower = ? AND state IN ('pending','installing','active')", [id]);
+    await setDue(tx, "revoke", id, now);
+    return { revoked: true, grants: Number(live?.n ?? 0) };
+  });
 }

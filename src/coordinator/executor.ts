@@ -170,6 +170,8 @@ async function onDone(tx: Tx, ctx: Ctx, op: OpRow, m: MachineRow, result: Record
       if (m.state === "scrubbing") {
         await applyTransition(tx, ctx, m, { kind: "scrubbed" }, now, { nonce });
         await onCleanupStep(tx, m.id, m.generation, "closed", now);
+        // Back in the ready queue: let the reconciler check the pool is not above its capacity.
+        await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
       }
       return;
     case "install_key":

@@ -19,6 +19,7 @@ import { executeOp, startOp, type StartedOp } from "./executor.js";
 import { rotationMarginMs, fillDecision } from "../core/pool.js";
 import { countCapacity } from "./actions/capacity.js";
 import { handleGrantDue } from "./actions/grant-due.js";
+import { invalidateGrantsOfBorrower } from "./actions/grants.js";
 
 interface DueRow {
   kind: string;
@@ -74,6 +75,10 @@ async function handle(tx: Tx, ctx: Ctx, row: DueRow, now: number, seed: Uint8Arr
     case "retention":
       await onRetentionDue(tx, ctx, row.ref, now);
       return null;
+    case "revoke":
+      await clearDue(tx, "revoke", row.ref);
+      if (await invalidateGrantsOfBorrower(tx, ctx, row.ref, now, nonceOf(seed))) ctx.kick();
+      return null;
     case "ack":
     case "grant":
       await handleGrantDue(tx, ctx, row.kind, row.ref, now, seed);
@@ -127,6 +132,15 @@ async function onFillDue(tx: Tx, ctx: Ctx, ref: string, now: number, seed: Uint8
   const name = ref.slice(i + 1);
   const pool = await lockPool(tx, org, name);
   if (!pool) return clearDue(tx, "fill", ref);
+  // Above maxReady (desired capacity lowered, or the pool drained): retire the
+  // longest-ready machines beyond it. Claims already funding provisioning stay.
+  const counts = await countCapacity(tx, org, name, now);
+  const excess = Math.min(counts.ready, counts.ready + counts.lent + counts.cleanup - pool.maxReady);
+  if (excess > 0) {
+    const extra = await tx.all<MachineRow>(`SELECT * FROM machines WHERE org = ? AND pool = ? AND state = 'ready' ORDER BY ready_since, id LIMIT ?${tx.forUpdate}`, [org, name, excess]);
+    for (const m of extra) await applyTransition(tx, ctx, m, { kind: "drain", reason: "above maxReady" }, now, { nonce: `${nonceOf(seed)}:${m.id}` });
+    if (extra.length > 0) ctx.kick();
+  }
   const provider = ctx.providers.get(pool.provider);
   if (!provider?.capabilities.provision) {
     // An outside keeper fills its pool through ensure; nothing to issue here.

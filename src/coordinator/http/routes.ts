@@ -8,6 +8,7 @@ import { registerMachine } from "../actions/register.js";
 import { borrowKeeper, getBorrow, heartbeatKeeper, returnKeeper } from "../actions/borrow.js";
 import { enrollHost, listHosts } from "../actions/hosts.js";
 import { confirmDestroyed } from "../actions/destroyed.js";
+import { drainPool } from "../actions/drain.js";
 import { presentPool, presentBorrow, presentHost } from "./present.js";
 import { BerthError } from "../../core/errors.js";
 import type { PortableApi } from "../actions/portable-api.js";
@@ -43,6 +44,11 @@ export function buildRouter(d: RouteDeps): Router {
     const body = validate(ensureSchema, req.body);
     const res = await ensurePool(ctx, p, { name: req.params.pool!, ...body });
     return ok({ ...presentPool(res.pool), counts: res.counts, claims: res.claims, note: res.note });
+  });
+  r.add("POST", "/v1/pools/{pool}/drain", async (req) => {
+    const p = await auth(req);
+    requireRole(p, "operator");
+    return ok(await drainPool(ctx, p, req.params.pool!));
   });
   r.add("POST", "/v1/pools/{pool}/machines", async (req) => {
     const p = await auth(req);

@@ -1,0 +1,105 @@
+/** Manual borrows: `berth borrow`, `berth ack`, `berth heartbeat`, `berth return`. Tokens live in the 0600 receipt, never in argv. */
+import type { Command } from "commander";
+import { Option } from "commander";
+import { resolve } from "node:path";
+import { ack, borrow, giveBack, heartbeat } from "../borrowing.js";
+import { readReceipt, type Receipt } from "../receipt.js";
+import { clientFrom, durationArg, iso, printJson, runCommand } from "../common.js";
+import { BerthError } from "../../core/errors.js";
+
+function clientOpts(c: Command): Command {
+  return c.option("--url <url>", "coordinator URL (or BERTH_URL)").option("--token-file <file>", "API token file (or BERTH_TOKEN_FILE)").option("--config <file>", "client config file").option("--json", "print JSON", false);
+}
+
+export function sshHint(r: Receipt): string {
+  const s = r.machine.ssh;
+  return `ssh ${r.keyFile ? `-i ${r.keyFile} ` : ""}-p ${s.port} ${s.user}@${s.host}   (or: berth ssh --receipt …)`;
+}
+
+function describe(r: Receipt, label: string): string {
+  const access = r.access === "portable" ? (r.state === "pending" ? "PENDING (not usable until `berth ack`)" : r.state.toUpperCase()) : r.state.toUpperCase();
+  return `${label} ${r.borrowId} on machine ${r.machine.id} (generation ${r.machine.generation})\n  access        ${r.access}: ${access}\n  hard deadline ${iso(r.expiresAt)} (fixed; heartbeats never extend it)\n  heartbeat     every ${Math.round(r.heartbeatMs / 1000)}s\n`;
+}
+
+export function register(program: Command): void {
+  clientOpts(
+    program
+      .command("borrow")
+      .description("Borrow a machine from a pool and write a receipt (0600) holding its tokens")
+      .argument("<pool>", "pool name")
+      .requiredOption("--receipt <file>", "where to write the receipt")
+      .addOption(new Option("--access <mode>", "keeper, or portable (explicit opt-in: per-borrow key, two-phase ack)").choices(["keeper", "portable"]).default("keeper"))
+      .option("--duration <duration>", "portable: requested length (max 30m, capped by the machine's TTL and your token)", durationArg("--duration")),
+  ).action((pool: string, o: { receipt: string; access: "keeper" | "portable"; duration?: number; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
+    runCommand(async () => {
+      const { api, config } = clientFrom(o);
+      try {
+        const r = await borrow(api, { url: config.url, pool, access: o.access, durationMs: o.duration, receiptPath: resolve(o.receipt) });
+        if (o.json) printJson({ borrowId: r.borrowId, access: r.access, state: r.state, machine: r.machine, expiresAt: r.expiresAt, receipt: resolve(o.receipt) });
+        else {
+          process.stdout.write(describe(r, "borrowed"));
+          process.stdout.write(r.access === "portable" ? `next: berth ack --receipt ${o.receipt}\n` : `ssh: ${sshHint(r)}\n`);
+        }
+        return 0;
+      } finally {
+        await api.close();
+      }
+    }),
+  );
+
+  clientOpts(program.command("ack").description("Acknowledge a portable borrow: installs its key; access is active only after this").requiredOption("--receipt <file>", "the borrow's receipt")).action(
+    (o: { receipt: string; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
+      runCommand(async () => {
+        const path = resolve(o.receipt);
+        const receipt = readReceipt(path);
+        if (receipt.access !== "portable") throw new BerthError("invalid_request", "invalid_request: only portable borrows are acknowledged; keeper borrows are usable at once");
+        const { api } = clientFrom({ ...o, url: o.url ?? receipt.url });
+        try {
+          const r = await ack(api, receipt, path);
+          if (o.json) printJson({ borrowId: r.borrowId, state: r.state, expiresAt: r.expiresAt, machine: r.machine });
+          else process.stdout.write(describe(r, "acknowledged") + `ssh: ${sshHint(r)}\n`);
+          return 0;
+        } finally {
+          await api.close();
+        }
+      }),
+  );
+
+  clientOpts(program.command("heartbeat").description("Prove the borrower is alive (never extends the hard deadline)").requiredOption("--receipt <file>", "the borrow's receipt")).action(
+    (o: { receipt: string; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
+      runCommand(async () => {
+        const receipt = readReceipt(resolve(o.receipt));
+        const { api } = clientFrom({ ...o, url: o.url ?? receipt.url });
+        try {
+          const r = await heartbeat(api, receipt);
+          if (o.json) printJson(r);
+          else process.stdout.write(`heartbeat ok: next by ${iso(r.heartbeatDeadline)}; hard deadline ${iso(r.expiresAt)}\n`);
+          return 0;
+        } finally {
+          await api.close();
+        }
+      }),
+  );
+
+  clientOpts(
+    program
+      .command("return")
+      .description("Give a borrowed machine back; it is fenced and scrubbed before anyone borrows it again")
+      .requiredOption("--receipt <file>", "the borrow's receipt")
+      .option("--drain", "retire the machine instead of returning it to the pool", false),
+  ).action((o: { receipt: string; drain: boolean; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
+    runCommand(async () => {
+      const path = resolve(o.receipt);
+      const receipt = readReceipt(path);
+      const { api } = clientFrom({ ...o, url: o.url ?? receipt.url });
+      try {
+        const r = await giveBack(api, receipt, path, o.drain ? "drain" : "ready");
+        if (o.json) printJson({ borrowId: receipt.borrowId, ...r });
+        else process.stdout.write(`returned ${receipt.borrowId}: ${r.state}${r.cleanup ? ` (cleanup: ${r.cleanup})` : ""}\n`);
+        return 0;
+      } finally {
+        await api.close();
+      }
+    }),
+  );
+}

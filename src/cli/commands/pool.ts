@@ -1,0 +1,133 @@
+/** `berth pool ensure|ls|show|drain`. */
+import type { Command } from "commander";
+import { Option } from "commander";
+import { readFileSync } from "node:fs";
+import { BerthError } from "../../core/errors.js";
+import { formatDuration } from "../../core/durations.js";
+import { clientFrom, durationArg, intArg, printJson, printTable, runCommand } from "../common.js";
+import type { Api } from "../api.js";
+
+interface PoolView {
+  name: string;
+  access: string;
+  provider: string;
+  compatibilityKey: string;
+  minReady: number;
+  maxReady: number;
+  hardTtlMs: number;
+  heartbeatMs: number;
+  counts?: { ready: number; lent: number; cleanup: number; openClaims: number };
+  states?: Record<string, number>;
+  ready?: number;
+  machines?: number;
+  claims?: { id: string; token: string; expiresAt: number }[];
+  note?: string | null;
+}
+
+function clientOpts(c: Command): Command {
+  return c.option("--url <url>", "coordinator URL (or BERTH_URL)").option("--token-file <file>", "API token file (or BERTH_TOKEN_FILE)").option("--config <file>", "client config file").option("--json", "print JSON", false);
+}
+
+export async function waitReady(api: Api, name: string, want: number, timeoutMs: number, progress: (s: string) => void): Promise<PoolView> {
+  const deadline = Date.now() + timeoutMs;
+  let last = "";
+  for (;;) {
+    const p = await api.call<PoolView>("GET", `/v1/pools/${name}`);
+    const ready = p.counts?.ready ?? 0;
+    const line = `pool ${name}: ${ready}/${want} ready, ${p.counts?.openClaims ?? 0} provisioning`;
+    if (line !== last) progress(line);
+    last = line;
+    if (ready >= want) return p;
+    if (Date.now() >= deadline) throw new BerthError("pool_exhausted", `pool_exhausted: pool ${name} reached ${ready} of ${want} ready machines before the wait ran out`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+export function register(program: Command): void {
+  const pool = program.command("pool").description("Pools of compatible machines: desired capacity and status");
+
+  clientOpts(
+    pool
+      .command("ensure")
+      .description("Create or update a pool's desired capacity; issues fill claims while ready < min-ready")
+      .argument("<name>", "pool name")
+      .requiredOption("--min-ready <n>", "keep at least this many machines ready", intArg("--min-ready", 0, 1000))
+      .requiredOption("--max-ready <n>", "never more than this many machines (ready + lent + in cleanup + claims)", intArg("--max-ready", 0, 1000))
+      .requiredOption("--compatibility-key <key>", "what makes machines interchangeable, e.g. linux-x64-node20")
+      .addOption(new Option("--access <mode>", "keeper (default) or portable (per-borrow keys; needs a coordinator started with --portable)").choices(["keeper", "portable"]).default("keeper"))
+      .addOption(new Option("--provider <name>", "hosts: berth agents create machines; external: you register them with claim tokens").choices(["hosts", "external"]).default("hosts"))
+      .option("--hard-ttl <duration>", "machine lifetime before rotation", durationArg("--hard-ttl"))
+      .option("--heartbeat <duration>", "borrow heartbeat interval", durationArg("--heartbeat"))
+      .option("--keeper-key <file>", "public key file installed on keeper machines (the keeper's own key)")
+      .option("--image-id <id>", "typed identity: provider-scoped immutable image id")
+      .option("--wait", "wait until min-ready machines are ready", false)
+      .option("--timeout <duration>", "how long --wait waits", durationArg("--timeout"), 300_000),
+  ).action(
+    (name: string, o: { minReady: number; maxReady: number; compatibilityKey: string; access: string; provider: string; hardTtl?: number; heartbeat?: number; keeperKey?: string; imageId?: string; wait: boolean; timeout: number; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
+      runCommand(async () => {
+        const { api, config } = clientFrom(o);
+        try {
+          let keeperKey: string | null = null;
+          const keyFile = o.keeperKey ?? (o.access === "keeper" && o.provider === "hosts" && config.keeperKeyFile ? `${config.keeperKeyFile}.pub` : undefined);
+          if (keyFile) keeperKey = readFileSync(keyFile, "utf8").trim();
+          const res = await api.call<PoolView>("POST", `/v1/pools/${encodeURIComponent(name)}/ensure`, {
+            minReady: o.minReady,
+            maxReady: o.maxReady,
+            compatibilityKey: o.compatibilityKey,
+            access: o.access,
+            provider: o.provider,
+            ...(o.hardTtl ? { hardTtlMs: o.hardTtl } : {}),
+            ...(o.heartbeat ? { heartbeatMs: o.heartbeat } : {}),
+            ...(o.imageId ? { identity: { imageId: o.imageId } } : {}),
+            keeperKey,
+          });
+          let view = res;
+          if (o.wait) view = { ...res, ...(await waitReady(api, name, o.minReady, o.timeout, (s) => process.stderr.write(s + "\n"))) };
+          if (o.json) printJson(view);
+          else {
+            process.stdout.write(`pool ${res.name}: ${res.access}, ${res.provider}, min ${res.minReady} / max ${res.maxReady}, ready ${view.counts?.ready ?? 0}\n`);
+            for (const c of res.claims ?? []) process.stdout.write(`fill claim ${c.id} (expires ${new Date(c.expiresAt).toISOString()}): register with POST /v1/pools/${res.name}/machines\n`);
+            if (res.note) process.stdout.write(`note: ${res.note}\n`);
+          }
+          return 0;
+        } finally {
+          await api.close();
+        }
+      }),
+  );
+
+  clientOpts(pool.command("ls").description("List pools")).action((o: { json: boolean; url?: string; tokenFile?: string; config?: string }) =>
+    runCommand(async () => {
+      const { api } = clientFrom(o);
+      try {
+        const r = await api.call<{ pools: PoolView[] }>("GET", "/v1/pools");
+        if (o.json) printJson(r.pools);
+        else printTable(["NAME", "ACCESS", "PROVIDER", "READY", "MACHINES", "MIN", "MAX", "KEY"], r.pools.map((p) => [p.name, p.access, p.provider, p.ready ?? 0, p.machines ?? 0, p.minReady, p.maxReady, p.compatibilityKey]));
+        return 0;
+      } finally {
+        await api.close();
+      }
+    }),
+  );
+
+  clientOpts(pool.command("show").description("Show a pool's settings and machines by state").argument("<name>", "pool name")).action(
+    (name: string, o: { json: boolean; url?: string; tokenFile?: string; config?: string }) =>
+      runCommand(async () => {
+        const { api } = clientFrom(o);
+        try {
+          const p = await api.call<PoolView>("GET", `/v1/pools/${encodeURIComponent(name)}`);
+          if (o.json) printJson(p);
+          else {
+            process.stdout.write(
+              `pool ${p.name}\n  access          ${p.access}\n  provider        ${p.provider}\n  compatibility   ${p.compatibilityKey}\n  capacity        min ${p.minReady}, max ${p.maxReady}\n  hard TTL        ${formatDuration(p.hardTtlMs)}\n  heartbeat       ${formatDuration(p.heartbeatMs)}\n  ready           ${p.counts?.ready ?? 0}\n  lent            ${p.counts?.lent ?? 0}\n  in cleanup      ${p.counts?.cleanup ?? 0}\n  claims open     ${p.counts?.openClaims ?? 0}\n`,
+            );
+            const states = Object.entries(p.states ?? {});
+            if (states.length) process.stdout.write(`  machines        ${states.map(([s, n]) => `${s} ${n}`).join(", ")}\n`);
+          }
+          return 0;
+        } finally {
+          await api.close();
+        }
+      }),
+  );
+}

@@ -1,0 +1,55 @@
+/** `berth serve`: the coordinator, on SQLite (default) or PostgreSQL (BERTH_PG_URL). */
+import type { Command } from "commander";
+import { join, resolve } from "node:path";
+import { mkdirSync } from "node:fs";
+import { startCoordinator } from "../../coordinator/server.js";
+import { loadOrCreateSecret, openStoreFromFlags, runCommand } from "../common.js";
+
+export function parseListen(v: string): { host: string; port: number } {
+  const i = v.lastIndexOf(":");
+  const host = i > 0 ? v.slice(0, i).replace(/^\[|\]$/g, "") : "127.0.0.1";
+  const port = Number(i >= 0 ? v.slice(i + 1) : v);
+  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new Error(`--listen ${v}: expected HOST:PORT`);
+  return { host, port };
+}
+
+export function register(program: Command): void {
+  program
+    .command("serve")
+    .description("Run the coordinator: HTTP API, reconciler and operation executor")
+    .option("--state-dir <dir>", "directory for the SQLite database and the coordinator secret", ".berth")
+    .option("--db <file>", "SQLite database file (default: <state-dir>/berth.db); set BERTH_PG_URL to use PostgreSQL instead")
+    .option("--listen <host:port>", "address of the HTTP API", "127.0.0.1:7420")
+    .option("--secret-file <file>", "coordinator secret (created 0600 if missing; share it between coordinators on one database)")
+    .option("--portable", "enable portable access (per-borrow keys, two-phase acknowledgement); off by default", false)
+    .addHelpText(
+      "after",
+      `
+Storage: a single SQLite file by default. To run several coordinators, set
+BERTH_PG_URL=postgres://… (read from the environment, never argv) on each,
+with the same --secret-file.
+
+Example:
+  berth serve --state-dir /var/lib/berth --listen 0.0.0.0:7420`,
+    )
+    .action((o: { stateDir: string; db?: string; listen: string; secretFile?: string; portable: boolean }) =>
+      runCommand(async () => {
+        const dir = resolve(o.stateDir);
+        mkdirSync(dir, { recursive: true, mode: 0o700 });
+        const store = await openStoreFromFlags(o);
+        const secret = loadOrCreateSecret(o.secretFile ? resolve(o.secretFile) : join(dir, "coordinator.secret"));
+        const { host, port } = parseListen(o.listen);
+        const c = await startCoordinator({ store, secret, host, port, config: { portable: o.portable } });
+        c.ctx.log.info({ url: c.url, store: store.dialect, portable: o.portable }, "berth coordinator listening");
+        process.stdout.write(`berth coordinator listening on ${c.url} (${store.dialect}${o.portable ? ", portable access enabled" : ""})\n`);
+        await new Promise<void>((resolveStop) => {
+          const stop = () => resolveStop();
+          process.once("SIGINT", stop);
+          process.once("SIGTERM", stop);
+        });
+        await c.stop();
+        await store.close();
+        return 0;
+      }),
+    );
+}

@@ -1,0 +1,183 @@
+/**
+ * `berth up`: everything on one machine, no root needed. An embedded
+ * coordinator (SQLite under the state directory), one `berth agent` child
+ * process (gvisor where runsc and root are available, else the process
+ * runtime), a `default` keeper pool (minReady 2) whose machines carry a
+ * keeper key kept in the state directory, an admin token in a 0600 file,
+ * and a client config so that `berth run --pool default -- CMD` works from
+ * this directory.
+ *
+ * `berth up -- CMD` brings it all up, runs CMD on a borrowed machine, tears
+ * everything down (machines destroyed, agent stopped) and exits with CMD's
+ * status. Without a command it runs until interrupted, then tears down.
+ */
+import type { Command } from "commander";
+import { Option } from "commander";
+import { spawn, type ChildProcess } from "node:child_process";
+import { existsSync, mkdirSync, readFileSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { randomBytes } from "node:crypto";
+import pino from "pino";
+import { startCoordinator, type Coordinator } from "../../coordinator/server.js";
+import { createToken } from "../../coordinator/auth.js";
+import { SqliteStore } from "../../store/sqlite/sqlite-store.js";
+import { generateSshKeyPair, writeFileDurable } from "../../agent/ssh-keys.js";
+import { Api } from "../api.js";
+import { describeError, EXIT, exitCodeOf, intArg, loadOrCreateSecret } from "../common.js";
+import { parseListen } from "./serve.js";
+import { waitReady } from "./pool.js";
+import { runOnBorrowed } from "./run.js";
+import { loadConfig } from "../config.js";
+
+interface UpOptions {
+  stateDir: string;
+  listen: string;
+  runtime: "auto" | "process" | "gvisor";
+  minReady: number;
+  slots: number;
+  quiet: boolean;
+}
+
+function tokenFile(path: string, make: () => Promise<string>): Promise<string> {
+  if (existsSync(path)) return Promise.resolve(readFileSync(path, "utf8").trim());
+  return make().then((t) => {
+    writeFileDurable(path, t + "\n", 0o600);
+    return t;
+  });
+}
+
+function startAgentProcess(o: UpOptions, dir: string, url: string, enrollToken: string, say: (s: string) => void): Promise<{ child: ChildProcess; line: string }> {
+  const bin = process.argv[1]!;
+  const child = spawn(
+    process.execPath,
+    [bin, "agent", "--state-dir", join(dir, "agent"), "--coordinator", url, "--runtime", o.runtime, "--slots", String(o.slots), "--name", "local", "--log-level", "warn"],
+    { env: { ...process.env, BERTH_ENROLL_TOKEN: enrollToken }, stdio: ["ignore", "pipe", "pipe"] },
+  );
+  child.stderr!.on("data", (d: Buffer) => {
+    if (!o.quiet) process.stderr.write(d);
+  });
+  return new Promise((resolveReady, reject) => {
+    let buf = "";
+    const onData = (d: Buffer) => {
+      buf += d.toString();
+      const line = buf.split("\n").find((l) => l.startsWith("berth agent ready"));
+      if (line) {
+        child.stdout!.off("data", onData);
+        say(line.replace(/^berth /, ""));
+        resolveReady({ child, line });
+      }
+    };
+    child.stdout!.on("data", onData);
+    child.once("exit", (code) => reject(new Error(`the agent exited with status ${code} before it was ready (see its messages above)`)));
+  });
+}
+
+async function teardown(api: Api, coord: Coordinator, agent: ChildProcess | null, store: SqliteStore, say: (s: string) => void): Promise<void> {
+  try {
+    const r = await api.call<{ drained: number; remaining: number }>("POST", "/v1/pools/default/drain", {});
+    say(`draining pool default (${r.remaining} machine(s))`);
+    const deadline = Date.now() + 30_000;
+    for (;;) {
+      const p = await api.call<{ states: Record<string, number> }>("GET", "/v1/pools/default");
+      const live = Object.entries(p.states).filter(([s]) => s !== "destroyed").reduce((n, [, k]) => n + k, 0);
+      if (live === 0) break;
+      if (Date.now() > deadline) {
+        say(`gave up waiting for ${live} machine(s) to be destroyed; they are destroyed on the next start`);
+        break;
+      }
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  } catch (e) {
+    say(`teardown: ${describeError(e)}`);
+  }
+  if (agent && agent.exitCode === null) {
+    agent.kill("SIGTERM");
+    await new Promise((r) => agent.once("exit", r));
+  }
+  await api.close();
+  await coord.stop();
+  await store.close();
+}
+
+export function register(program: Command): void {
+  program
+    .command("up")
+    .description("Run everything on this machine: coordinator (SQLite), one agent, a default pool; optionally run one command")
+    .option("--state-dir <dir>", "where everything is kept", ".berth")
+    .option("--listen <host:port>", "coordinator address", "127.0.0.1:7420")
+    .addOption(new Option("--runtime <kind>", "sandbox runtime for the agent").choices(["auto", "process", "gvisor"]).default("auto"))
+    .option("--min-ready <n>", "ready machines the default pool keeps", intArg("--min-ready", 0, 64), 2)
+    .option("--slots <n>", "machines the local agent offers", intArg("--slots", 1, 256), 4)
+    .option("-q, --quiet", "print only the command's output", false)
+    .argument("[command...]", "run this on a borrowed machine, then tear down (after --)")
+    .addHelpText(
+      "after",
+      `
+Examples:
+  berth up -- echo hello from a borrowed machine
+  berth up                 # then, from the same directory: berth run --pool default -- uname -a
+
+The process runtime (used without root or runsc) gives NO isolation; gvisor does.`,
+    )
+    .action(async (argv: string[], o: UpOptions) => {
+      const say = (s: string) => {
+        if (!o.quiet) process.stderr.write(`berth: ${s}\n`);
+      };
+      const dir = resolve(o.stateDir);
+      mkdirSync(dir, { recursive: true, mode: 0o700 });
+      const store = new SqliteStore({ path: join(dir, "berth.db") });
+      let coord: Coordinator | null = null;
+      let agent: ChildProcess | null = null;
+      let api: Api | null = null;
+      let status: number = EXIT.ok;
+      try {
+        const secret = loadOrCreateSecret(join(dir, "coordinator.secret"));
+        const { host, port } = parseListen(o.listen);
+        coord = await startCoordinator({ store, secret, host, port, log: pino({ level: process.env.BERTH_LOG_LEVEL ?? "warn" }) });
+        say(`coordinator on ${coord.url} (SQLite ${join(dir, "berth.db")})`);
+        const admin = await tokenFile(join(dir, "admin.token"), async () => (await createToken(store, { org: "local", role: "admin", expiresAt: null, label: "berth up admin" }, Date.now(), (n) => randomBytes(n))).token);
+        const enroll = await tokenFile(join(dir, "agent.token"), async () => (await createToken(store, { org: "local", role: "agent", expiresAt: null, label: "berth up agent" }, Date.now(), (n) => randomBytes(n))).token);
+        const keeperKey = join(dir, "keeper_ed25519");
+        if (!existsSync(keeperKey)) {
+          const pair = generateSshKeyPair("berth-keeper");
+          writeFileDurable(keeperKey, pair.privateKey, 0o600);
+          writeFileDurable(`${keeperKey}.pub`, pair.publicKey + "\n", 0o644);
+        }
+        writeFileDurable(join(dir, "client.json"), JSON.stringify({ url: coord.url, tokenFile: "admin.token", keeperKeyFile: "keeper_ed25519" }, null, 2) + "\n", 0o600);
+        api = new Api(coord.url, admin);
+        agent = (await startAgentProcess(o, dir, coord.url, enroll, say)).child;
+        await api.call("POST", "/v1/pools/default/ensure", {
+          minReady: o.minReady,
+          maxReady: Math.max(o.minReady, Math.min(o.slots, o.minReady * 2)),
+          compatibilityKey: "local",
+          access: "keeper",
+          provider: "hosts",
+          keeperKey: readFileSync(`${keeperKey}.pub`, "utf8").trim(),
+        });
+        await waitReady(api, "default", Math.min(1, o.minReady), 120_000, say);
+        if (argv.length > 0) {
+          const config = loadConfig({ config: join(dir, "client.json") });
+          status = await runOnBorrowed(api, config, argv, { pool: "default", access: "keeper", drain: false, quiet: o.quiet, stdin: false });
+        } else {
+          process.stdout.write(
+            `berth is up.\n  coordinator  ${coord.url}\n  admin token  ${join(dir, "admin.token")} (0600)\n  client conf  ${join(dir, "client.json")}\n\nNext, from this directory:\n  berth pool show default\n  berth run --pool default -- uname -a\nCtrl-C stops berth and destroys its machines.\n`,
+          );
+          await new Promise<void>((r) => {
+            process.once("SIGINT", () => r());
+            process.once("SIGTERM", () => r());
+          });
+        }
+      } catch (e) {
+        process.stderr.write(`berth: ${describeError(e)}\n`);
+        status = exitCodeOf(e);
+      } finally {
+        if (coord && api) await teardown(api, coord, agent, store, say);
+        else {
+          if (agent && agent.exitCode === null) agent.kill("SIGTERM");
+          await coord?.stop();
+          await store.close();
+        }
+      }
+      process.exitCode = status;
+    });
+}

@@ -1,0 +1,111 @@
+/**
+ * Shared plumbing of the CLI commands: opening the store for server-side
+ * commands, building an API client, printing results, and turning errors
+ * into a message and a documented exit code (docs/cli.md):
+ *   0 ok · 1 error · 2 usage · 69 unavailable (no ready machine, provider down)
+ *   75 cleanup failed after the command itself succeeded (run) · 124 borrow expired during run
+ */
+import { existsSync, mkdirSync, readFileSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { randomBytes } from "node:crypto";
+import { InvalidArgumentError } from "commander";
+import { BerthError, isBerthError } from "../core/errors.js";
+import { parseDuration } from "../core/durations.js";
+import { SqliteStore } from "../store/sqlite/sqlite-store.js";
+import { PostgresStore } from "../store/postgres/postgres-store.js";
+import type { Store } from "../store/store.js";
+import { Api, ApiError } from "./api.js";
+import { loadConfig, type ClientConfig, type ConfigFlags } from "./config.js";
+import { writeFileDurable } from "../agent/ssh-keys.js";
+
+export const EXIT = { ok: 0, error: 1, usage: 2, unavailable: 69, cleanup: 75, expired: 124 } as const;
+
+export interface StoreFlags {
+  stateDir?: string;
+  db?: string;
+}
+
+/** SQLite file under the state dir by default; PostgreSQL when BERTH_PG_URL is set (never a URL in argv: it may hold a password). */
+export async function openStoreFromFlags(f: StoreFlags): Promise<Store> {
+  const pg = process.env.BERTH_PG_URL;
+  if (pg) return PostgresStore.open({ connectionString: pg, schema: process.env.BERTH_PG_SCHEMA || undefined });
+  const dir = resolve(f.stateDir ?? ".berth");
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  return new SqliteStore({ path: f.db ? resolve(f.db) : join(dir, "berth.db") });
+}
+
+/** The coordinator secret: read, or created whole with mode 0600. Several coordinators on one database share one file. */
+export function loadOrCreateSecret(path: string): Buffer {
+  if (existsSync(path)) {
+    const text = readFileSync(path, "utf8").trim();
+    const buf = Buffer.from(text, "base64");
+    if (buf.length < 32) throw new BerthError("invalid_request", `invalid_request: secret file ${path} is damaged (expected 32+ bytes of base64)`);
+    return buf;
+  }
+  const buf = randomBytes(32);
+  writeFileDurable(path, buf.toString("base64") + "\n", 0o600);
+  return buf;
+}
+
+export function clientFrom(flags: ConfigFlags): { api: Api; config: ClientConfig } {
+  const config = loadConfig(flags);
+  return { api: new Api(config.url, config.token), config };
+}
+
+export function exitCodeOf(e: unknown): number {
+  const code = e instanceof ApiError || isBerthError(e) ? e.code : null;
+  if (code === "pool_exhausted" || code === "provider_unavailable" || code === "store_busy") return EXIT.unavailable;
+  if ((e as { code?: string }).code === "ECONNREFUSED") return EXIT.unavailable;
+  return EXIT.error;
+}
+
+export function describeError(e: unknown): string {
+  if (e instanceof ApiError || isBerthError(e)) return e.message;
+  const err = e as NodeJS.ErrnoException;
+  if (err.code === "ECONNREFUSED") return `cannot reach the coordinator (${err.message}); is \`berth serve\` or \`berth up\` running?`;
+  return err instanceof Error ? err.message : String(e);
+}
+
+/** Runs a command body; prints refusals as `berth: <message>` and exits with the documented code. */
+export async function runCommand(fn: () => Promise<number | void>): Promise<void> {
+  try {
+    const code = await fn();
+    process.exitCode = code ?? 0;
+  } catch (e) {
+    process.stderr.write(`berth: ${describeError(e)}\n`);
+    process.exitCode = exitCodeOf(e);
+  }
+}
+
+export function printJson(v: unknown): void {
+  process.stdout.write(JSON.stringify(v, null, 2) + "\n");
+}
+
+/** A plain aligned table for people. */
+export function printTable(headers: string[], rows: (string | number | null)[][]): void {
+  const cells = [headers, ...rows.map((r) => r.map((c) => (c === null ? "-" : String(c))))];
+  const widths = headers.map((_, i) => Math.max(...cells.map((r) => r[i]!.length)));
+  for (const r of cells) process.stdout.write(r.map((c, i) => (i === r.length - 1 ? c : c.padEnd(widths[i]!))).join("  ") + "\n");
+}
+
+export function iso(ms: number | null | undefined): string {
+  return ms === null || ms === undefined ? "-" : new Date(ms).toISOString().replace(/\.\d{3}Z$/, "Z");
+}
+
+export function intArg(name: string, min: number, max: number) {
+  return (v: string): number => {
+    const n = Number(v);
+    if (!Number.isInteger(n) || n < min || n > max) throw new InvalidArgumentError(`${name} must be an integer from ${min} to ${max}`);
+    return n;
+  };
+}
+
+export function durationArg(name: string) {
+  return (v: string): number => {
+    try {
+      return parseDuration(v, name);
+    } catch (e) {
+      throw new InvalidArgumentError((e as Error).message.replace(/^invalid_request: /, ""));
+    }
+  };
+}

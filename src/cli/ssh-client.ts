@@ -1,0 +1,87 @@
+/**
+ * The CLI's SSH side (ssh2 client): connect to a machine's gateway with a
+ * private key, pin the gateway's host key exactly (the one the coordinator
+ * reported), run a command streaming its output, or open an interactive
+ * shell. The data plane goes straight to the agent, never through the
+ * coordinator.
+ */
+import ssh2 from "ssh2";
+import type { ClientChannel } from "ssh2";
+import { BerthError } from "../core/errors.js";
+
+export interface SshTarget {
+  host: string;
+  port: number;
+  user: string;
+  /** The gateway's host key, one OpenSSH public key line; connections to anything else are refused. */
+  hostKey: string;
+  privateKey: string;
+}
+
+function hostKeyBlob(line: string): Buffer {
+  const b64 = line.trim().split(/\s+/)[1];
+  if (!b64) throw new BerthError("invalid_request", "invalid_request: the machine has no pinned host key; refusing to connect");
+  return Buffer.from(b64, "base64");
+}
+
+export function connect(t: SshTarget, timeoutMs = 15_000): Promise<ssh2.Client> {
+  const pinned = hostKeyBlob(t.hostKey);
+  return new Promise((resolve, reject) => {
+    const c = new ssh2.Client();
+    c.once("ready", () => resolve(c));
+    c.once("error", (e) => reject(new BerthError("provider_unavailable", `provider_unavailable: SSH to ${t.user}@${t.host}:${t.port} failed: ${e.message}`)));
+    c.connect({
+      host: t.host,
+      port: t.port,
+      username: t.user,
+      privateKey: t.privateKey,
+      readyTimeout: timeoutMs,
+      hostVerifier: (key: Buffer) => key.equals(pinned),
+      keepaliveInterval: 15_000,
+    });
+  });
+}
+
+export interface ExecResult {
+  code: number | null;
+  signal: string | null;
+  /** The connection ended without an exit status (cut by revocation, expiry or a network failure). */
+  cut: boolean;
+}
+
+/** Runs one command, piping its output to ours; resolves with its exit status. */
+export function execStreaming(
+  c: ssh2.Client,
+  command: string,
+  io: { stdout: NodeJS.WritableStream; stderr: NodeJS.WritableStream; stdin?: NodeJS.ReadableStream | null; onFirstByte?: () => void },
+): Promise<ExecResult> {
+  return new Promise((resolve, reject) => {
+    c.exec(command, (err, ch: ClientChannel) => {
+      if (err) return reject(new BerthError("operation_failed", `operation_failed: the machine refused the command: ${err.message}`));
+      let code: number | null = null;
+      let signal: string | null = null;
+      let first = false;
+      const mark = () => {
+        if (!first) {
+          first = true;
+          io.onFirstByte?.();
+        }
+      };
+      ch.on("exit", (c2: number | null, sig?: string) => {
+        code = c2;
+        signal = sig ?? null;
+      });
+      ch.on("data", (d: Buffer) => {
+        mark();
+        io.stdout.write(d);
+      });
+      ch.stderr.on("data", (d: Buffer) => {
+        mark();
+        io.stderr.write(d);
+      });
+      if (io.stdin) io.stdin.pipe(ch);
+      else ch.end();
+      ch.on("close", () => resolve({ code, signal, cut: code === null && signal === null }));
+    });
+  });
+}
