@@ -7,7 +7,7 @@
  *   probed by a scan of /proc on the host (zombies do not count).
  * - gvisor: the group lives in the sandbox's pid namespace. While the exec
  *   client is alive its leader is alive; afterwards a one-shot
- *   `kill -0 -- -PGID` inside the machine answers (exit 0 = present).
+ *   `kill -0 -PGID` inside the machine answers (exit 0 = present).
  * Anything that cannot be answered is "unknown", which keeps a record
  * retained rather than guessing "gone".
  */
@@ -46,7 +46,7 @@ async function sandboxGroupPresence(runtime: Runtime, machineId: string, pgid: n
   try {
     const seen = await runtime.inspect(machineId);
     if (!seen.exists) return "absent";
-    const h = await runtime.exec(machineId, { argv: ["/bin/sh", "-c", 'kill -0 -- "-$0" 2>/dev/null', String(pgid)], env: {} });
+    const h = await runtime.exec(machineId, { argv: ["/bin/sh", "-c", 'kill -0 "-$0" 2>/dev/null', String(pgid)], env: {} });
     h.stdin.end();
     h.stdout.resume();
     h.stderr.resume();
