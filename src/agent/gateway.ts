@@ -83,6 +83,12 @@ interface Conn {
   ended: boolean;
 }
 
+/** The authority still answers with the key this connection authenticated (same grant; a grant key of the same generation). */
+function stillSameKey(authenticated: InstalledKey, now: InstalledKey | null): boolean {
+  if (!now || now.grantId !== authenticated.grantId || now.mode !== authenticated.mode) return false;
+  return now.mode === "keeper" || now.generation === authenticated.generation;
+}
+
 /** Call `fn` once `now() >= at`, re-arming if the timer fires early (clock skew, long delays). */
 function armAt(now: () => number, at: number, fn: () => void): { cancel(): void } {
   let t: NodeJS.Timeout | null = null;
@@ -189,7 +195,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         if (c.ended || closing || c.sessions.size >= MAX_SESSIONS_PER_CONNECTION) return reject();
         // Re-ask the authority: the key may have been removed since the connection authenticated.
         const still = keys.authorize(c.machineId!, key.fingerprint, now());
-        if (!still || still.generation !== key.generation) {
+        if (!stillSameKey(key, still)) {
           reject();
           endConn(c, "key no longer authorized");
           return;
@@ -245,7 +251,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const begin = (argv: string[] | null, acceptCh: () => ServerChannel) => {
       if (c.ended || closing) return false;
       const still = keys.authorize(c.machineId!, key.fingerprint, now());
-      if (!still || still.generation !== key.generation) {
+      if (!stillSameKey(key, still)) {
         endConn(c, "key no longer authorized");
         return false;
       }
