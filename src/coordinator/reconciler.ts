@@ -106,10 +106,10 @@ async function onHeartbeatDue(tx: Tx, ctx: Ctx, borrowId: string, now: number, s
   await tx.run("UPDATE borrows SET state = ?, ended_at = ?, reason = ? WHERE id = ?", [state, now, reason, b.id]);
   await clearDue(tx, "heartbeat", borrowId);
   await setDue(tx, "retention", `b:${b.id}`, now + ctx.config.retentionMs);
-  ctx.metrics.heartbeats.inc({ outcome: "missed" });
+  tx.afterCommit(() => ctx.metrics.heartbeats.inc({ outcome: "missed" }));
   const m = await tx.get<MachineRow>(`SELECT * FROM machines WHERE id = ?${tx.forUpdate}`, [b.machine_id]);
   if (m && m.generation === b.generation && m.state === "busy") {
-    ctx.metrics.quarantined.inc({ pool: m.pool, reason: d.kind === "expired" ? "expired" : "abandoned" });
+    tx.afterCommit(() => ctx.metrics.quarantined.inc({ pool: m.pool, reason: d.kind === "expired" ? "expired" : "abandoned" }));
     await applyTransition(tx, ctx, m, { kind: "quarantine", reason: `borrow ${b.id}: ${reason}` }, now, { subject: b.id, nonce: nonceOf(seed) });
     await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
   }
@@ -122,7 +122,7 @@ async function onClaimDue(tx: Tx, ctx: Ctx, claimId: string, now: number): Promi
   if (now < c.expires_at) return setDue(tx, "claim", claimId, c.expires_at);
   await tx.run("UPDATE claims SET state = 'expired' WHERE id = ?", [claimId]);
   await setDue(tx, "retention", `c:${claimId}`, now + ctx.config.retentionMs);
-  ctx.metrics.claims.inc({ pool: c.pool, event: "expired" });
+  tx.afterCommit(() => ctx.metrics.claims.inc({ pool: c.pool, event: "expired" }));
   await setDueNoLater(tx, "fill", poolRef(c.org, c.pool), now);
 }
 
@@ -163,7 +163,7 @@ async function onTtlDue(tx: Tx, ctx: Ctx, machineId: string, now: number, seed: 
   const margin = rotationMarginMs(pool?.hardTtlMs ?? 0);
   if (now < m.hard_expires_at - margin) return setDue(tx, "ttl", machineId, m.hard_expires_at - margin);
   if (m.state === "ready") {
-    ctx.metrics.ttlRotations.inc({ pool: m.pool });
+    tx.afterCommit(() => ctx.metrics.ttlRotations.inc({ pool: m.pool }));
     await applyTransition(tx, ctx, m, { kind: "drain", reason: "hard TTL rotation" }, now, { nonce: nonceOf(seed) });
     // Replacement capacity: the drained machine no longer counts, so the pool can fill within maxReady.
     await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
@@ -180,10 +180,10 @@ async function onRetentionDue(tx: Tx, ctx: Ctx, ref: string, now: number): Promi
   const id = ref.slice(2);
   if (kind === "b:") {
     const n = await tx.run("DELETE FROM borrows WHERE id = ? AND state <> 'active' AND ended_at <= ?", [id, now - ctx.config.retentionMs]);
-    if (n) ctx.metrics.pruned.inc({ kind: "borrow" });
+    if (n) tx.afterCommit(() => ctx.metrics.pruned.inc({ kind: "borrow" }));
   } else if (kind === "c:") {
     const n = await tx.run("DELETE FROM claims WHERE id = ? AND state = 'expired'", [id]);
-    if (n) ctx.metrics.pruned.inc({ kind: "claim" });
+    if (n) tx.afterCommit(() => ctx.metrics.pruned.inc({ kind: "claim" }));
   } else if (kind === "m:") {
     // Only a destroyed machine with no unfinished operation is pruned: never the only record of a resource that may still exist.
     const m = await tx.get<MachineRow>(`SELECT * FROM machines WHERE id = ?${tx.forUpdate}`, [id]);
@@ -193,7 +193,7 @@ async function onRetentionDue(tx: Tx, ctx: Ctx, ref: string, now: number): Promi
     await tx.run("DELETE FROM operations WHERE machine_id = ?", [id]);
     await tx.run("DELETE FROM machines WHERE id = ?", [id]);
     await audit(tx, { at: now, machineId: id, subject: null, event: "pruned", from: "destroyed", to: "pruned", generation: m.generation, actor: ctx.actor });
-    ctx.metrics.pruned.inc({ kind: "machine" });
+    tx.afterCommit(() => ctx.metrics.pruned.inc({ kind: "machine" }));
   }
 }
 

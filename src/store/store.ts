@@ -22,6 +22,12 @@ export interface Tx {
   readonly forUpdate: string;
   /** " FOR UPDATE SKIP LOCKED" on PostgreSQL, "" on SQLite. */
   readonly skipLocked: string;
+  /**
+   * Runs `fn` once, after this attempt commits; dropped if it rolls back or is
+   * retried. For side effects that must count only what really happened
+   * (metrics), since the transaction body itself may run several times.
+   */
+  afterCommit(fn: () => void): void;
 }
 
 export interface TransactionOptions {
@@ -44,3 +50,28 @@ export function backoffMs(attempt: number, random: () => number = Math.random): 
 }
 
 export const MAX_TX_ATTEMPTS = 12;
+
+/**
+ * Test hook, for the crash-atomicity test only: when NODE_ENV=test and
+ * BERTH_TEST_PAUSE_IN_TX names a transaction, the engine stops that
+ * transaction after its body ran and before COMMIT, prints
+ * `berth-test: paused in transaction <name>` on stderr and waits forever, so
+ * the test can SIGKILL the process with every write made but none committed.
+ * Without both variables this is a no-op.
+ */
+export async function pauseForTest(name: string | undefined): Promise<void> {
+  if (name === undefined || process.env.NODE_ENV !== "test" || process.env.BERTH_TEST_PAUSE_IN_TX !== name) return;
+  process.stderr.write(`berth-test: paused in transaction ${name}\n`);
+  await new Promise<never>(() => setInterval(() => undefined, 60_000));
+}
+
+/** Runs after-commit callbacks; one that throws does not stop the others. */
+export function runAfterCommit(fns: Array<() => void>): void {
+  for (const fn of fns) {
+    try {
+      fn();
+    } catch {
+      // Metrics and similar bookkeeping only; the commit already happened.
+    }
+  }
+}

@@ -58,7 +58,7 @@ export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string): Pr
     // The pool may now be short of minReady: let the reconciler look soon.
     await setDueNoLater(tx, "fill", poolRef(p.org, poolName), now);
     return { miss: false as const, pool: pool.name, machine: applied.machine, readySince: m.ready_since, heartbeatMs: pool.heartbeatMs, heartbeatDeadline, expiresAt };
-  });
+  }, { name: "borrow" });
   if (out.miss) {
     ctx.metrics.warm.inc({ pool: out.pool, result: "miss" });
     ctx.metrics.borrowRequests.inc({ pool: out.pool, access: "keeper", outcome: "exhausted" });
@@ -147,7 +147,7 @@ export async function returnKeeper(ctx: Ctx, p: Principal, borrowId: string, tok
     }
     const back = await applyTransition(tx, ctx, m, { kind: "return", mode: "keeper", scrub: Boolean(provider?.capabilities.fence) }, now, { subject: b.id, nonce: b.id });
     return { machineId: m.id, state: back.machine.state, work: back.opIds.length > 0 };
-  });
+  }, { name: "return" });
   if (r.work) ctx.kick();
   return { machineId: r.machineId, state: r.state };
 }

@@ -51,7 +51,8 @@ export async function fillPool(tx: Tx, ctx: Ctx, pool: PoolRecord, now: number, 
     if (count === 0) return { pool, issued: [], why: "no enrolled host has a free slot" };
   }
   const issued = await insertClaims(tx, { org: pool.org, pool: pool.name, count, seed, now, ttlMs: ctx.config.claimTtlMs });
-  for (const _ of issued) ctx.metrics.claims.inc({ pool: pool.name, event: "created" });
+  // Counted on commit: this body may be re-run after a conflict.
+  if (issued.length > 0) tx.afterCommit(() => ctx.metrics.claims.inc({ pool: pool.name, event: "created" }, issued.length));
   if (provider?.capabilities.provision) {
     for (let i = 0; i < issued.length; i++) {
       const claim = issued[i]!;

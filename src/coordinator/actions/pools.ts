@@ -78,7 +78,7 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
     await setDue(tx, "fill", poolRef(p.org, input.name), now + 1000);
     const counts = await countCapacity(tx, p.org, input.name, now);
     return { pool, counts, claims: filled.issued, note: filled.why };
-  });
+  }, { name: "ensure" });
   if (result.claims.length > 0) ctx.kick();
   // Claims of a self-provisioning provider are the coordinator's own; their tokens never leave it.
   const provider = ctx.providers.get(input.provider);

@@ -90,6 +90,6 @@ export async function registerProvisioned(
   await tx.run("DELETE FROM due WHERE kind = 'claim' AND ref = ?", [claim.id]);
   await setDue(tx, "ttl", machine.id, machine.hard_expires_at - rotationMarginMs(pool.hardTtlMs));
   await audit(tx, { at: now, machineId: machine.id, subject: claim.id, event: "register", from: "provisioning", to: "ready", generation: machine.generation, actor: ctx.actor });
-  ctx.metrics.claims.inc({ pool: machine.pool, event: "completed" });
+  tx.afterCommit(() => ctx.metrics.claims.inc({ pool: machine.pool, event: "completed" }));
   return { ok: true };
 }

@@ -7,7 +7,7 @@
  */
 import pg from "pg";
 import { MIGRATIONS } from "../migrations.js";
-import { backoffMs, MAX_TX_ATTEMPTS, type Param, type Store, type TransactionOptions, type Tx } from "../store.js";
+import { backoffMs, MAX_TX_ATTEMPTS, pauseForTest, runAfterCommit, type Param, type Store, type TransactionOptions, type Tx } from "../store.js";
 import { BerthError } from "../../core/errors.js";
 
 // BIGINT columns hold epoch milliseconds, well inside a double's exact range.
@@ -92,10 +92,11 @@ export class PostgresStore implements Store {
     }
   }
 
-  async transaction<T>(fn: (tx: Tx) => Promise<T>, _opts?: TransactionOptions): Promise<T> {
+  async transaction<T>(fn: (tx: Tx) => Promise<T>, opts?: TransactionOptions): Promise<T> {
     for (let attempt = 0; ; attempt++) {
       this.stats.transactions++;
       const c = await this.pool.connect();
+      const afterCommit: Array<() => void> = [];
       const tx: Tx = {
         dialect: "postgres",
         forUpdate: " FOR UPDATE",
@@ -103,11 +104,15 @@ export class PostgresStore implements Store {
         all: async <R>(sql: string, params: readonly Param[] = []) => (await c.query(toPg(sql, this.#sqlCache), params as Param[])).rows as R[],
         get: async <R>(sql: string, params: readonly Param[] = []) => (await c.query(toPg(sql, this.#sqlCache), params as Param[])).rows[0] as R | undefined,
         run: async (sql: string, params: readonly Param[] = []) => (await c.query(toPg(sql, this.#sqlCache), params as Param[])).rowCount ?? 0,
+        afterCommit: (fn: () => void) => {
+          afterCommit.push(fn);
+        },
       };
       let result: T;
       try {
         await c.query("BEGIN");
         result = await fn(tx);
+        await pauseForTest(opts?.name);
         await c.query("COMMIT");
       } catch (e) {
         let broken = false;
@@ -129,6 +134,7 @@ export class PostgresStore implements Store {
         throw e;
       }
       c.release();
+      runAfterCommit(afterCommit);
       return result;
     }
   }

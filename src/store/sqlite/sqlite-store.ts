@@ -8,7 +8,7 @@
 import Database from "better-sqlite3";
 import type { Statement } from "better-sqlite3";
 import { MIGRATIONS } from "../migrations.js";
-import { backoffMs, MAX_TX_ATTEMPTS, type Param, type Store, type TransactionOptions, type Tx } from "../store.js";
+import { backoffMs, MAX_TX_ATTEMPTS, pauseForTest, runAfterCommit, type Param, type Store, type TransactionOptions, type Tx } from "../store.js";
 import { BerthError } from "../../core/errors.js";
 
 export interface SqliteStoreOptions {
@@ -29,6 +29,8 @@ export class SqliteStore implements Store {
   readonly #statements = new Map<string, Statement>();
   #queue: Promise<unknown> = Promise.resolve();
   readonly #tx: Tx;
+  /** After-commit callbacks of the transaction now running (only one runs at a time). */
+  #afterCommit: Array<() => void> = [];
 
   constructor(opts: SqliteStoreOptions) {
     this.db = new Database(opts.path);
@@ -51,6 +53,9 @@ export class SqliteStore implements Store {
       all: async <T>(sql: string, params: readonly Param[] = []) => stmt(sql).all(...params) as T[],
       get: async <T>(sql: string, params: readonly Param[] = []) => stmt(sql).get(...params) as T | undefined,
       run: async (sql: string, params: readonly Param[] = []) => stmt(sql).run(...params).changes,
+      afterCommit: (fn: () => void) => {
+        this.#afterCommit.push(fn);
+      },
     };
     this.migrate();
   }
@@ -68,14 +73,14 @@ export class SqliteStore implements Store {
     }
   }
 
-  transaction<T>(fn: (tx: Tx) => Promise<T>, _opts?: TransactionOptions): Promise<T> {
-    const next = this.#queue.then(() => this.#runWithRetry(fn));
+  transaction<T>(fn: (tx: Tx) => Promise<T>, opts?: TransactionOptions): Promise<T> {
+    const next = this.#queue.then(() => this.#runWithRetry(fn, opts?.name));
     // The queue only orders transactions; one failing must not stall the next.
     this.#queue = next.catch(() => undefined);
     return next;
   }
 
-  async #runWithRetry<T>(fn: (tx: Tx) => Promise<T>): Promise<T> {
+  async #runWithRetry<T>(fn: (tx: Tx) => Promise<T>, name: string | undefined): Promise<T> {
     for (let attempt = 0; ; attempt++) {
       this.stats.transactions++;
       try {
@@ -89,11 +94,17 @@ export class SqliteStore implements Store {
         if (isBusy(e)) throw new BerthError("store_busy", "store_busy: the database stayed locked by another process; try again");
         throw e;
       }
+      this.#afterCommit = [];
       try {
         const result = await fn(this.#tx);
+        await pauseForTest(name);
         this.db.exec("COMMIT");
+        const done = this.#afterCommit;
+        this.#afterCommit = [];
+        runAfterCommit(done);
         return result;
       } catch (e) {
+        this.#afterCommit = [];
         if (this.db.inTransaction) this.db.exec("ROLLBACK");
         if (isBusy(e) && attempt < MAX_TX_ATTEMPTS) {
           this.stats.retries++;
