@@ -56,7 +56,7 @@ export interface TestCoordinator {
 }
 
 export async function startTestCoordinator(
-  opts: { engine?: Engine; clock?: TestClock | null; config?: CoordinatorOptions["config"]; reconcile?: boolean; store?: Store; dir?: string } = {},
+  opts: { engine?: Engine; clock?: TestClock | null; config?: CoordinatorOptions["config"]; reconcile?: boolean; store?: Store; dir?: string; providers?: CoordinatorOptions["providers"]; keepStore?: boolean } = {},
 ): Promise<TestCoordinator> {
   const tmp = opts.dir ? null : tempDir();
   const dir = opts.dir ?? tmp!.path;
@@ -65,11 +65,12 @@ export async function startTestCoordinator(
   const coord = await startCoordinator({
     store,
     secret: randomBytes(32),
-    log: pino({ level: "silent" }),
+    log: pino({ level: process.env.BERTH_TEST_LOG ?? "silent" }),
     now: clock ? clock.now : undefined,
     config: opts.config,
     reconcile: opts.reconcile ?? true,
     reconcileIntervalMs: 50,
+    providers: opts.providers,
   });
   const apis: Api[] = [];
   const token = async (role: Role = "admin", org = "acme", expiresAt: number | null = null) =>
@@ -89,6 +90,7 @@ export async function startTestCoordinator(
     async close() {
       await Promise.all(apis.map((a) => a.close()));
       await coord.stop();
+      if (opts.keepStore) return;
       await dropSchema(store);
       if (!opts.store) await store.close();
       tmp?.cleanup();

@@ -123,14 +123,18 @@ export async function invalidateGrant(tx: Tx, ctx: Ctx, g: GrantRow, reason: Inv
 }
 
 /** Called by the executor when a machine's cleanup step is proven (keeps the grant's state in step). */
-export async function onCleanupStep(tx: Tx, machineId: string, generation: number, step: "revoked" | "fenced" | "closed", now: number): Promise<void> {
+export async function onCleanupStep(tx: Tx, ctx: Ctx, machineId: string, generation: number, step: "revoked" | "fenced" | "closed", now: number): Promise<void> {
   const from = step === "revoked" ? "invalidated" : step === "fenced" ? "revoked" : "fenced";
+  const ids = await tx.all<{ id: string }>("SELECT id FROM grants WHERE machine_id = ? AND generation = ? AND state = ?", [machineId, generation, from]);
   await tx.run(`UPDATE grants SET state = ?, ended_at = COALESCE(ended_at, ?) WHERE machine_id = ? AND generation = ? AND state = ?`, [step, now, machineId, generation, from]);
+  if (step === "closed") for (const g of ids) await setDue(tx, "retention", `g:${g.id}`, now + ctx.config.retentionMs);
 }
 
-/** Closes every unclosed grant of a destroyed machine. */
-export async function closeGrantsOfMachine(tx: Tx, machineId: string, now: number): Promise<void> {
+/** Closes every unclosed grant of a destroyed machine; closed grants age out after the retention window. */
+export async function closeGrantsOfMachine(tx: Tx, ctx: Ctx, machineId: string, now: number): Promise<void> {
+  const ids = await tx.all<{ id: string }>("SELECT id FROM grants WHERE machine_id = ? AND state <> 'closed'", [machineId]);
   await tx.run("UPDATE grants SET state = 'closed', ended_at = COALESCE(ended_at, ?) WHERE machine_id = ? AND state <> 'closed'", [now, machineId]);
+  for (const g of ids) await setDue(tx, "retention", `g:${g.id}`, now + ctx.config.retentionMs);
 }
 
 /**
@@ -144,6 +148,7 @@ export async function onInstallConfirmed(tx: Tx, ctx: Ctx, op: OpRow, m: Machine
   const g = await tx.get<GrantRow>(`SELECT * FROM grants WHERE machine_id = ? AND generation = ?${tx.forUpdate}`, [m.id, op.generation]);
   if (!g || g.state !== "installing" || m.state !== "installing" || m.generation !== op.generation) {
     await audit(tx, { at: now, machineId: m.id, subject: op.id, event: "late_install", from: m.state, to: m.state, generation: m.generation, actor: ctx.actor });
+    await quarantineIfKeyMayOutliveRemoval(tx, ctx, op, m, now, nonce);
     return;
   }
   if (isExpired(g.expires_at, now)) {
@@ -158,6 +163,33 @@ export async function onInstallConfirmed(tx: Tx, ctx: Ctx, op: OpRow, m: Machine
   await tx.run("UPDATE grants SET state = 'active', activated_at = ? WHERE id = ?", [now, g.id]);
   await setDue(tx, "grant", g.id, Math.min(g.heartbeat_deadline, g.expires_at));
   ctx.metrics.grants.inc({ pool: g.pool, event: "active" });
+}
+
+/**
+ * A late install the provider reports done, for the machine's current
+ * generation, after the grant was invalidated. If the key's removal is still
+ * to run, it will remove this key too. If the removal already ran (or the
+ * machine moved past it), the provider may have installed the key after
+ * removing it: that is doubt, and doubt quarantines (the machine is
+ * destroyed, never lent with a stray key). Older generations are the
+ * provider's to refuse (generation precondition).
+ */
+async function quarantineIfKeyMayOutliveRemoval(tx: Tx, ctx: Ctx, op: OpRow, m: MachineRow, now: number, nonce: string): Promise<void> {
+  if (m.generation !== op.generation) return;
+  if (m.state === "quarantined" || m.state === "draining" || m.state === "destroying" || m.state === "destroyed") return;
+  const removal = await tx.get<{ attempts: number; state: string }>("SELECT attempts, state FROM operations WHERE machine_id = ? AND generation = ? AND kind = 'remove_key' ORDER BY created_at LIMIT 1", [m.id, op.generation]);
+  if (m.state === "revoking" && removal && removal.state === "pending" && removal.attempts === 0) return;
+  if (m.state === "reserved" || m.state === "installing" || m.state === "busy") return;
+  ctx.metrics.quarantined.inc({ pool: m.pool, reason: "late_install" });
+  await applyTransition(tx, ctx, m, { kind: "quarantine", reason: `install of operation ${op.id} completed after the grant was invalidated` }, now, { subject: op.id, nonce });
+  await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
+}
+
+/** Counts a portable cleanup step that could not be proven (the executor quarantines the machine). */
+export function onCleanupFailed(ctx: Ctx, m: MachineRow, kind: string): void {
+  if (m.access !== "portable") return;
+  if (kind === "remove_key") ctx.metrics.grants.inc({ pool: m.pool, event: "revoke_failed" });
+  if (kind === "fence") ctx.metrics.grants.inc({ pool: m.pool, event: "fence_failed" });
 }
 
 /** A failed or unprovable install: the grant is invalidated and the machine quarantined. */
