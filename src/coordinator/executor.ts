@@ -25,7 +25,7 @@ import type { OperationKind, OperationOutcome } from "../providers/provider.js";
 import { applyTransition } from "./actions/transition.js";
 import { registerProvisioned } from "./actions/register.js";
 import { backoffMs } from "../store/store.js";
-import { closeGrantsOfMachine, onCleanupStep, onInstallConfirmed, onInstallFailed } from "./actions/grants.js";
+import { closeGrantsOfMachine, onCleanupFailed, onCleanupStep, onInstallConfirmed, onInstallFailed } from "./actions/grants.js";
 
 export const OP_LEASE_MS = 30_000;
 export const OP_MAX_ATTEMPTS = 6;
@@ -105,7 +105,7 @@ async function completeOp(tx: Tx, ctx: Ctx, op: OpRow, outcome: OperationOutcome
     if (retryable && (op.attempts < OP_MAX_ATTEMPTS || op.kind === "destroy")) {
       // Destruction is retried for as long as it takes: its record is the only
       // trace of a machine that may still exist.
-      const delay = Math.min(backoffMs(op.attempts) * 100, 60_000);
+      const delay = Math.round(Math.min(backoffMs(op.attempts) * 100, 60_000)); // whole ms: PostgreSQL columns are BIGINT
       await tx.run("UPDATE operations SET state = 'pending', error = ?, updated_at = ? WHERE id = ?", [outcome.error, now, op.id]);
       await setDue(tx, "op", op.id, now + delay);
       return;
@@ -125,7 +125,7 @@ async function onDone(tx: Tx, ctx: Ctx, op: OpRow, m: MachineRow, result: Record
   if (op.kind === "destroy") {
     if (m.state === "destroying") {
       await applyTransition(tx, ctx, m, { kind: "destroyed" }, now, { nonce });
-      await closeGrantsOfMachine(tx, m.id, now);
+      await closeGrantsOfMachine(tx, ctx, m.id, now);
       await releaseHostSlot(tx, m);
       await setDue(tx, "retention", `m:${m.id}`, now + ctx.config.retentionMs);
       await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
@@ -157,19 +157,19 @@ async function onDone(tx: Tx, ctx: Ctx, op: OpRow, m: MachineRow, result: Record
     case "remove_key":
       if (m.state === "revoking") {
         await applyTransition(tx, ctx, m, { kind: "revoked" }, now, { nonce });
-        await onCleanupStep(tx, m.id, m.generation, "revoked", now);
+        await onCleanupStep(tx, ctx, m.id, m.generation, "revoked", now);
       }
       return;
     case "fence":
       if (m.state === "fencing") {
         await applyTransition(tx, ctx, m, { kind: "fenced" }, now, { nonce });
-        await onCleanupStep(tx, m.id, m.generation, "fenced", now);
+        await onCleanupStep(tx, ctx, m.id, m.generation, "fenced", now);
       }
       return;
     case "scrub":
       if (m.state === "scrubbing") {
         await applyTransition(tx, ctx, m, { kind: "scrubbed" }, now, { nonce });
-        await onCleanupStep(tx, m.id, m.generation, "closed", now);
+        await onCleanupStep(tx, ctx, m.id, m.generation, "closed", now);
         // Back in the ready queue: let the reconciler check the pool is not above its capacity.
         await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
       }
@@ -190,6 +190,7 @@ async function onGiveUp(tx: Tx, ctx: Ctx, op: OpRow, m: MachineRow, error: strin
   if (op.kind === "install_key") return onInstallFailed(tx, ctx, op, m, now, nonce);
   if (m.state === "quarantined" || m.state === "draining" || m.state === "destroying" || m.state === "destroyed") return;
   ctx.metrics.quarantined.inc({ pool: m.pool, reason: `${op.kind}_failed` });
+  onCleanupFailed(ctx, m, op.kind);
   await applyTransition(tx, ctx, m, { kind: "quarantine", reason: `${op.kind} could not be proven: ${error}` }, now, { nonce });
 }
 

@@ -181,6 +181,10 @@ async function onRetentionDue(tx: Tx, ctx: Ctx, ref: string, now: number): Promi
   if (kind === "b:") {
     const n = await tx.run("DELETE FROM borrows WHERE id = ? AND state <> 'active' AND ended_at <= ?", [id, now - ctx.config.retentionMs]);
     if (n) tx.afterCommit(() => ctx.metrics.pruned.inc({ kind: "borrow" }));
+  } else if (kind === "g:") {
+    // A closed grant's cleanup is proven (scrubbed, or its machine destroyed): only a display record is left.
+    const n = await tx.run("DELETE FROM grants WHERE id = ? AND state = 'closed' AND ended_at <= ?", [id, now - ctx.config.retentionMs]);
+    if (n) ctx.metrics.pruned.inc({ kind: "grant" });
   } else if (kind === "c:") {
     const n = await tx.run("DELETE FROM claims WHERE id = ? AND state = 'expired'", [id]);
     if (n) tx.afterCommit(() => ctx.metrics.pruned.inc({ kind: "claim" }));
@@ -206,7 +210,8 @@ export class ReconcilerLoop {
   #timer: NodeJS.Timeout | null = null;
   #running = false;
   #again = false;
-  #stopped = false;
+  // Not running until start(): a kick before it (reconcile: false) must not tick behind the caller's back.
+  #stopped = true;
   readonly #inflight = new Set<Promise<void>>();
 
   constructor(private readonly ctx: Ctx, private readonly intervalMs = 250) {}
