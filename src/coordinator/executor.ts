@@ -190,7 +190,7 @@ async function onGiveUp(tx: Tx, ctx: Ctx, op: OpRow, m: MachineRow, error: strin
   if (op.kind === "install_key") return onInstallFailed(tx, ctx, op, m, now, nonce);
   if (m.state === "quarantined" || m.state === "draining" || m.state === "destroying" || m.state === "destroyed") return;
   ctx.metrics.quarantined.inc({ pool: m.pool, reason: `${op.kind}_failed` });
-  onCleanupFailed(ctx, m, op.kind);
+  onCleanupFailed(tx, ctx, m, op.kind);
   await applyTransition(tx, ctx, m, { kind: "quarantine", reason: `${op.kind} could not be proven: ${error}` }, now, { nonce });
 }
 

@@ -184,7 +184,7 @@ async function onRetentionDue(tx: Tx, ctx: Ctx, ref: string, now: number): Promi
   } else if (kind === "g:") {
     // A closed grant's cleanup is proven (scrubbed, or its machine destroyed): only a display record is left.
     const n = await tx.run("DELETE FROM grants WHERE id = ? AND state = 'closed' AND ended_at <= ?", [id, now - ctx.config.retentionMs]);
-    if (n) ctx.metrics.pruned.inc({ kind: "grant" });
+    if (n) tx.afterCommit(() => ctx.metrics.pruned.inc({ kind: "grant" }));
   } else if (kind === "c:") {
     const n = await tx.run("DELETE FROM claims WHERE id = ? AND state = 'expired'", [id]);
     if (n) tx.afterCommit(() => ctx.metrics.pruned.inc({ kind: "claim" }));

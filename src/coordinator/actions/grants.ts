@@ -108,7 +108,7 @@ export async function invalidateGrant(tx: Tx, ctx: Ctx, g: GrantRow, reason: Inv
   await tx.run("UPDATE grants SET state = 'invalidated', reason = ?, ended_at = ? WHERE id = ?", [reason, now, g.id]);
   await clearDue(tx, "ack", g.id);
   await clearDue(tx, "grant", g.id);
-  ctx.metrics.grants.inc({ pool: g.pool, event: reason === "expired" || reason === "ack_timeout" ? "expired" : reason === "token_revoked" ? "revoked" : "invalidated" });
+  tx.afterCommit(() => ctx.metrics.grants.inc({ pool: g.pool, event: reason === "expired" || reason === "ack_timeout" ? "expired" : reason === "token_revoked" ? "revoked" : "invalidated" }));
   const m = await tx.get<MachineRow>(`SELECT * FROM machines WHERE id = ?${tx.forUpdate}`, [g.machine_id]);
   if (!m || m.generation !== g.generation || !["reserved", "installing", "busy"].includes(m.state)) return false;
   const next = afterInvalidation(reason);
@@ -116,7 +116,7 @@ export async function invalidateGrant(tx: Tx, ctx: Ctx, g: GrantRow, reason: Inv
     const r = await applyTransition(tx, ctx, m, { kind: "return", mode: "portable", scrub: true }, now, { subject: g.id, nonce, opArgs: { grantId: g.id, fingerprint: g.fingerprint } });
     return r.opIds.length > 0;
   }
-  ctx.metrics.quarantined.inc({ pool: m.pool, reason });
+  tx.afterCommit(() => ctx.metrics.quarantined.inc({ pool: m.pool, reason }));
   const r = await applyTransition(tx, ctx, m, { kind: "quarantine", reason: `grant ${g.id}: ${reason}` }, now, { subject: g.id, nonce });
   await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
   return r.opIds.length > 0;
@@ -162,7 +162,7 @@ export async function onInstallConfirmed(tx: Tx, ctx: Ctx, op: OpRow, m: Machine
   await applyTransition(tx, ctx, m, { kind: "install_confirmed" }, now, { subject: g.id, nonce });
   await tx.run("UPDATE grants SET state = 'active', activated_at = ? WHERE id = ?", [now, g.id]);
   await setDue(tx, "grant", g.id, Math.min(g.heartbeat_deadline, g.expires_at));
-  ctx.metrics.grants.inc({ pool: g.pool, event: "active" });
+  tx.afterCommit(() => ctx.metrics.grants.inc({ pool: g.pool, event: "active" }));
 }
 
 /**
@@ -180,16 +180,16 @@ async function quarantineIfKeyMayOutliveRemoval(tx: Tx, ctx: Ctx, op: OpRow, m: 
   const removal = await tx.get<{ attempts: number; state: string }>("SELECT attempts, state FROM operations WHERE machine_id = ? AND generation = ? AND kind = 'remove_key' ORDER BY created_at LIMIT 1", [m.id, op.generation]);
   if (m.state === "revoking" && removal && removal.state === "pending" && removal.attempts === 0) return;
   if (m.state === "reserved" || m.state === "installing" || m.state === "busy") return;
-  ctx.metrics.quarantined.inc({ pool: m.pool, reason: "late_install" });
+  tx.afterCommit(() => ctx.metrics.quarantined.inc({ pool: m.pool, reason: "late_install" }));
   await applyTransition(tx, ctx, m, { kind: "quarantine", reason: `install of operation ${op.id} completed after the grant was invalidated` }, now, { subject: op.id, nonce });
   await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
 }
 
 /** Counts a portable cleanup step that could not be proven (the executor quarantines the machine). */
-export function onCleanupFailed(ctx: Ctx, m: MachineRow, kind: string): void {
+export function onCleanupFailed(tx: Tx, ctx: Ctx, m: MachineRow, kind: string): void {
   if (m.access !== "portable") return;
-  if (kind === "remove_key") ctx.metrics.grants.inc({ pool: m.pool, event: "revoke_failed" });
-  if (kind === "fence") ctx.metrics.grants.inc({ pool: m.pool, event: "fence_failed" });
+  if (kind === "remove_key") tx.afterCommit(() => ctx.metrics.grants.inc({ pool: m.pool, event: "revoke_failed" }));
+  if (kind === "fence") tx.afterCommit(() => ctx.metrics.grants.inc({ pool: m.pool, event: "fence_failed" }));
 }
 
 /** A failed or unprovable install: the grant is invalidated and the machine quarantined. */
@@ -327,7 +327,7 @@ export function createPortable(ctx: Ctx): PortableApi {
           opArgs: { publicKey: g.public_key, mode: "grant", grantId: g.id, expiresAt: g.expires_at },
         });
         await tx.run("UPDATE grants SET state = 'installing' WHERE id = ?", [g.id]);
-        ctx.metrics.grants.inc({ pool: g.pool, event: "acked" });
+        tx.afterCommit(() => ctx.metrics.grants.inc({ pool: g.pool, event: "acked" }));
         const opId = applied.opIds[0]!;
         // Mark the op running here so the reconciler leaves it to this request (lease).
         await tx.run("UPDATE operations SET state = 'running', attempts = attempts + 1, updated_at = ? WHERE id = ?", [now, opId]);
