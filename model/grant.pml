@@ -13,10 +13,12 @@
  *   agent        key store (keys, current generation, removal tombstones,
  *                operation records: durable) + SSH sessions (die with it);
  *                enforces expiry on its own clock.
- *   environment  the clock, borrowers (ssh, heartbeat, return), token
- *                revocation, and faults: lost / duplicated / delayed
- *                (unordered) operations and replies, operation failure,
- *                crash + restart of the coordinator and of the agent.
+ *   environment  the clock, borrowers' SSH logins, and faults: lost /
+ *                duplicated / delayed (unordered) operations and replies,
+ *                operation failure, crash + restart of the coordinator and
+ *                of the agent. (Borrowers' API calls -- borrow, ack,
+ *                heartbeat, return -- and token revocation are coordinator
+ *                transactions.)
  *
  * Invariants 1-6 of PRODUCT.md are assertions: a blocked monitor process
  * that fires in any reachable state where one breaks, plus assertions at the
@@ -49,6 +51,14 @@
 #define LIVE(t, e) ((t) <= (e))
 #else
 #define LIVE(t, e) ((t) < (e))
+#endif
+/* The agent's own check (keys, sessions), independent of the coordinator's. */
+#if defined(MUTANT_EXPIRY_INCLUSIVE) || defined(MUTANT_AGENT_EXPIRY_INCLUSIVE)
+#define ALIVE(t, e) ((t) <= (e))
+#elif defined(MUTANT_NO_AGENT_EXPIRY)
+#define ALIVE(t, e) (1)          /* BUG: the agent leaves expiry to the coordinator's cleanup */
+#else
+#define ALIVE(t, e) ((t) < (e))
 #endif
 
 #define BIT(g)     (1 << (g))
@@ -146,14 +156,14 @@ bit crashedInCleanup;
 bit wasQuarantined;
 #endif
 
-hidden byte g, i;              /* scratch, always written before read inside one atomic step */
+hidden byte g, i, cur;              /* scratch, always written before read inside one atomic step */
 
 /* the run is over once the machine is destroyed (nothing can act on it any more) */
 #define RUN (mstate != M_DESTROYED)
 #define COORD (cup && RUN)       /* the coordinator can act */
 
 /* the agent lets key g open a session at time now */
-#define AUTH(k) (aup && !adestroyed && akey == (k) && (k) != 0 && LIVE(now, akexp[k]))
+#define AUTH(k) (aup && !adestroyed && akey == (k) && (k) != 0 && ALIVE(now, akexp[k]))
 
 #define NC(b) ((gstate[b] != G_NONE && gstate[b] != G_CLOSED) -> 1 : 0)
 #if NB > 2
@@ -353,29 +363,37 @@ end:
 #endif
      }
 
-  /* ---- install completion: activate only for exactly this generation, after store revalidation ---- */
+  /* ---- install completion (executor onDone -> onInstallConfirmed): activate only for exactly
+   *      this generation, after store revalidation ---- */
   :: atomic {
        COORD && rInstalled != 0 ->
        pick(rInstalled);
        consume(rInstalled);
        printf("t=%d coordinator: install completion g%d (machine at g%d)\n", now, g, mgen);
 #ifdef MUTANT_SKIP_GENERATION_CHECK
-       if
-       :: gstate[mgen] == G_INSTALLING && mstate == M_INSTALLING && gauth[mgen] && LIVE(now, gexp[mgen]) ->
-          activate(mgen, g)             /* BUG: the completion's generation is not compared */
-       :: else -> skip
-       fi
-#elif defined(MUTANT_NO_REVALIDATION)
-       if
-       :: g == mgen && gstate[g] == G_INSTALLING && mstate == M_INSTALLING ->
-          activate(g, g)                /* BUG: no store revalidation (authorization, expiry) */
-       :: else -> skip
-       fi
+       cur = mgen;                      /* BUG: the completion's generation is not compared */
 #else
+       cur = g;
+#endif
        if
-       :: g == mgen && gstate[g] == G_INSTALLING && mstate == M_INSTALLING && gauth[g] && LIVE(now, gexp[g]) ->
-          activate(g, g)
-       :: else ->                       /* late, duplicate or for another generation: changes nothing */
+       :: cur == mgen && gstate[cur] == G_INSTALLING && mstate == M_INSTALLING ->
+#ifdef MUTANT_NO_REVALIDATION
+          activate(cur, g)              /* BUG: published without revalidating expiry */
+#else
+          if
+          :: LIVE(now, gexp[cur]) -> activate(cur, g)
+          :: else ->                    /* expired meanwhile: invalidated, normal cleanup */
+             invalidate(cur);
+             to_revoking()
+          fi
+#endif
+       :: cur == mgen && gstate[cur] != G_INSTALLING &&
+          (mstate == M_REVOKING || mstate == M_FENCING || mstate == M_SCRUBBING || mstate == M_READY) ->
+          /* a late install at the current generation after invalidation: the key may have
+           * been installed after its removal -- doubt, so quarantine (never lent with a stray key) */
+          /* @edge quarantine ready->quarantined */
+          quarantine()
+       :: else ->                       /* older generation, or a duplicate: audited, nothing changes */
 #ifdef WITNESS_STALE_COMPLETION
           assert(witness_stale_completion || g >= mgen);
 #endif
@@ -384,7 +402,6 @@ end:
 #endif
           skip
        fi
-#endif
      }
 
   /* ---- install outcome unknown (timeout, attempts exhausted): ambiguous -> quarantine ---- */
@@ -417,7 +434,8 @@ end:
 #endif
 
   /* ---- reconciler: deadlines (due index) ---- */
-  /* ack deadline passed: a pending receipt never silently returns the machine to ready */
+  /* ack deadline passed: a pending receipt never silently returns the machine to ready
+   * (handleGrantDueRow: 'expired' -> cleanup, 'ack_timeout' -> quarantine) */
   :: atomic {
        COORD && mstate == M_RESERVED && gstate[mgen] == G_PENDING && !LIVE(now, gack[mgen]) ->
        printf("t=%d ack deadline of g%d passed\n", now, mgen);
@@ -425,15 +443,20 @@ end:
 #ifdef MUTANT_ACK_TIMEOUT_READY
        become_ready(mgen)               /* BUG: time alone makes the machine ready */
 #else
-       quarantine()
+       if
+       :: !LIVE(now, gexp[mgen]) -> to_revoking()
+       :: else -> quarantine()
+       fi
 #endif
      }
-  /* expiresAt reached: the active grant is invalidated; normal cleanup */
+  /* expiresAt reached: the active (or still installing) grant is invalidated; normal cleanup */
   :: atomic {
-       COORD && mstate == M_BUSY && gstate[mgen] == G_ACTIVE && !LIVE(now, gexp[mgen]) ->
+       COORD && ((mstate == M_BUSY && gstate[mgen] == G_ACTIVE) ||
+                 (mstate == M_INSTALLING && gstate[mgen] == G_INSTALLING)) && !LIVE(now, gexp[mgen]) ->
        printf("t=%d g%d expired\n", now, mgen);
        invalidate(mgen);
        /* @edge return:portable busy->revoking */
+       /* @edge return:portable installing->revoking */
        to_revoking()
      }
   /* heartbeat missed: abandoned -> quarantine */
@@ -443,16 +466,16 @@ end:
        invalidate(mgen);
        quarantine()
      }
-  /* the borrower's token was revoked: invalidate, then normal cleanup */
+  /* the borrower's token is revoked: its live grants are invalidated in the same transaction
+   * (invalidateGrantsOfBorrower), then normal cleanup */
   :: atomic {
-       COORD && GLIVE(gstate[mgen]) && !gauth[mgen] ->
-       printf("t=%d g%d: token revoked\n", now, mgen);
+       COORD && GLIVE(gstate[mgen]) ->
+       printf("t=%d token of g%d revoked\n", now, mgen);
+       gauth[mgen] = 0;
        invalidate(mgen);
        /* @edge return:portable reserved->revoking */
-       /* @edge return:portable installing->revoking */
        to_revoking()
      }
-
   /* ---- return (POST /v1/borrows/{id}/return): invalidate durably, then remove the key ---- */
   :: atomic {
        COORD && GLIVE(gstate[mgen]) ->
@@ -477,14 +500,12 @@ end:
        opDestroy = 1
      }
   :: atomic { COORD && mstate == M_DESTROYING && !opDestroy -> opDestroy = 1 }
-  /* operator drain of a lent machine: the grant is invalidated, the machine destroyed
-   * (destruction is the proof that the borrower's key and sessions are gone) */
+  /* forced pool drain: every live grant is invalidated ('drained') and its machine quarantined */
   :: atomic {
-       COORD && mstate == M_BUSY && gstate[mgen] == G_ACTIVE ->
-       printf("t=%d operator drains the lent machine (g%d)\n", now, mgen);
+       COORD && GLIVE(gstate[mgen]) ->
+       printf("t=%d pool drained by force (g%d)\n", now, mgen);
        invalidate(mgen);
-       /* @edge drain busy->draining */
-       mstate = M_DRAINING
+       quarantine()
      }
   /* ready near hard TTL: drain */
   :: atomic {
@@ -724,14 +745,14 @@ end:
        now++;
        printf("t=%d ----- tick\n", now);
        if
-       :: akey != 0 && !LIVE(now, akexp[akey]) -> akey = 0
+       :: akey != 0 && !ALIVE(now, akexp[akey]) -> akey = 0
        :: else -> skip
        fi;
        i = 1;
        do
        :: i <= NB ->
           if
-          :: HAS(asess, i) && !LIVE(now, akexp[i]) ->
+          :: HAS(asess, i) && !ALIVE(now, akexp[i]) ->
 #ifdef WITNESS_EXPIRY_CUT_WHILE_DOWN
              assert(witness_expiry_cut_while_down || cup);
 #endif
@@ -751,8 +772,6 @@ end:
        asess = asess | BIT(akey);
        printf("t=%d borrower g%d opens an SSH session\n", now, akey)
      }
-  /* the borrower's token is revoked */
-  :: atomic { RUN && mgen > 0 && gauth[mgen] && GLIVE(gstate[mgen]) -> gauth[mgen] = 0; printf("t=%d token of g%d revoked\n", now, mgen) }
   /* one operation or reply is lost */
   :: atomic {
        RUN && faults > 0 && (opInstall | opRemove | opFence | opScrub | opDestroy |
