@@ -74,7 +74,7 @@ function startAgentProcess(o: UpOptions, dir: string, url: string, enrollToken: 
 
 async function teardown(api: Api, coord: Coordinator, agent: ChildProcess | null, store: SqliteStore, say: (s: string) => void): Promise<void> {
   try {
-    const r = await api.call<{ drained: number; remaining: number }>("POST", "/v1/pools/default/drain", {});
+    const r = await api.call<{ drained: number; remaining: number }>("POST", "/v1/pools/default/drain", { force: true });
     say(`draining pool default (${r.remaining} machine(s))`);
     const deadline = Date.now() + 30_000;
     for (;;) {

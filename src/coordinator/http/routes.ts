@@ -2,7 +2,7 @@
 import type { Ctx } from "../context.js";
 import { Router, ok, validate, type Request } from "./router.js";
 import { authenticate, requireRole, type Principal } from "../auth.js";
-import { ensureSchema, registerSchema, borrowSchema, returnSchema, heartbeatSchema, ackSchema, reportSchema, enrollSchema } from "./schemas.js";
+import { drainSchema, ensureSchema, registerSchema, borrowSchema, returnSchema, heartbeatSchema, ackSchema, reportSchema, enrollSchema } from "./schemas.js";
 import { ensurePool, getPool, listPools } from "../actions/pools.js";
 import { registerMachine } from "../actions/register.js";
 import { borrowKeeper, getBorrow, heartbeatKeeper, returnKeeper } from "../actions/borrow.js";
@@ -48,7 +48,8 @@ export function buildRouter(d: RouteDeps): Router {
   r.add("POST", "/v1/pools/{pool}/drain", async (req) => {
     const p = await auth(req);
     requireRole(p, "operator");
-    return ok(await drainPool(ctx, p, req.params.pool!));
+    const body = validate(drainSchema, req.body);
+    return ok(await drainPool(ctx, p, req.params.pool!, body.force));
   });
   r.add("POST", "/v1/pools/{pool}/machines", async (req) => {
     const p = await auth(req);

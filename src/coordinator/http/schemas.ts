@@ -2,7 +2,7 @@
 import { z } from "zod";
 import { isId } from "../../core/ids.js";
 
-const id = z.string().refine(isId, { message: "must be 1-128 characters of A-Z, a-z, 0-9, '_' or '-'" });
+const id = z.string().refine(isId, { message: "is not a valid id; use 1 to 128 characters of A-Z, a-z, 0-9, '_' or '-'", params: { berth: "invalid_id" } });
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
 const text = (max: number) => z.string().min(1).max(max);
 
@@ -30,6 +30,8 @@ export const borrowSchema = z.strictObject({
   publicKey: text(2000).optional(),
   durationMs: int(1_000, 24 * 3_600_000).optional(),
 });
+
+export const drainSchema = z.strictObject({ force: z.boolean().default(false) });
 
 export const tokenSchema = z.strictObject({ token: text(200) });
 
