@@ -113,8 +113,11 @@ export function readBody(req: IncomingMessage, limit = MAX_BODY_BYTES): Promise<
     req.on("data", (c: Buffer) => {
       size += c.length;
       if (size > limit) {
+        // Answer 413 at once but keep discarding what the client is still
+        // sending (up to a bound), so it reads the answer instead of a reset.
         reject(new BerthError("body_too_large", `body_too_large: request bodies are limited to ${limit} bytes`));
-        req.destroy();
+        chunks.length = 0;
+        if (size > limit * 16) req.destroy();
         return;
       }
       chunks.push(c);
@@ -138,9 +141,18 @@ export function validate<T>(schema: z.ZodType<T>, value: unknown): T {
   const r = schema.safeParse(value ?? {});
   if (r.success) return r.data;
   const issue = r.error.issues[0]!;
-  const field = issue.path.length ? issue.path.join(".") : issue.code === "unrecognized_keys" ? (issue as { keys?: string[] }).keys?.join(", ") ?? "body" : "body";
-  const what = issue.code === "unrecognized_keys" ? `unknown field ${field}` : `field ${field}: ${issue.message}`;
-  throw new BerthError("invalid_request", `invalid_request: ${what}`);
+  const at = issue.path.map(String);
+  if (issue.code === "unrecognized_keys") {
+    // Named with their full path ("identity.tag"), so a nested unknown field is found at once.
+    const keys = (issue as { keys?: string[] }).keys ?? [];
+    throw new BerthError("invalid_request", `invalid_request: unknown field ${keys.map((k) => [...at, k].join(".")).join(", ")}`);
+  }
+  const field = at.length ? at.join(".") : "body";
+  // A body field that must be an id fails the way a path id does.
+  if (issue.code === "custom" && (issue as { params?: { berth?: string } }).params?.berth === "invalid_id") {
+    throw new BerthError("invalid_id", `invalid_id: field ${field} ${issue.message}`);
+  }
+  throw new BerthError("invalid_request", `invalid_request: field ${field}: ${issue.message}`);
 }
 
 export function send(res: ServerResponse, reply: Reply): void {
@@ -156,6 +168,8 @@ export function send(res: ServerResponse, reply: Reply): void {
 
 export function sendError(res: ServerResponse, e: unknown, log: Logger): void {
   if (isBerthError(e)) {
+    // The rest of an oversized body is not worth reading on this connection.
+    if (e.code === "body_too_large") res.setHeader("connection", "close");
     send(res, { status: e.status, body: { error: { code: e.code, message: e.message } } });
     return;
   }
