@@ -1,0 +1,258 @@
+/**
+ * Real processes for portable end-to-end tests: `berth serve --portable` and
+ * `berth agent` from the built binary, tokens from `berth token create`,
+ * independently configured clients (own directory, own token, own client
+ * config), SSH through ssh2, and /proc scans. close() drains the pool,
+ * waits for every machine to be destroyed, and stops both processes.
+ */
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { join, resolve } from "node:path";
+import ssh2 from "ssh2";
+import { Api } from "../../src/cli/api.js";
+import { tempDir } from "./env.js";
+
+export const BIN = resolve("bin/berth");
+
+export interface Proc {
+  child: ChildProcess;
+  output: () => string;
+}
+
+export function start(args: string[], ready: RegExp, env: Record<string, string> = {}): Promise<Proc & { match: RegExpMatchArray }> {
+  const child = spawn(process.execPath, [BIN, ...args], { env: { ...process.env, BERTH_LOG_LEVEL: "warn", BERTH_PG_URL: "", ...env }, stdio: ["ignore", "pipe", "pipe"] });
+  let out = "";
+  child.stdout!.on("data", (d: Buffer) => (out += d.toString()));
+  child.stderr!.on("data", (d: Buffer) => (out += d.toString()));
+  return new Promise((resolveReady, reject) => {
+    const timer = setTimeout(() => reject(new Error(`timed out waiting for ${ready} from berth ${args[0]}:\n${out}`)), 30_000);
+    const check = () => {
+      const m = out.match(ready);
+      if (!m) return;
+      clearTimeout(timer);
+      child.stdout!.off("data", check);
+      resolveReady({ child, output: () => out, match: m });
+    };
+    child.stdout!.on("data", check);
+    child.once("exit", (code) => {
+      clearTimeout(timer);
+      reject(new Error(`berth ${args[0]} exited ${code} before it was ready:\n${out}`));
+    });
+  });
+}
+
+export async function stop(p: Proc | null, signal: NodeJS.Signals = "SIGTERM"): Promise<void> {
+  if (!p || p.child.exitCode !== null || p.child.signalCode !== null) return;
+  const exited = new Promise((r) => p.child.once("exit", r));
+  p.child.kill(signal);
+  const t = setTimeout(() => p.child.kill("SIGKILL"), 15_000);
+  await exited;
+  clearTimeout(t);
+}
+
+export interface Result {
+  status: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs the CLI to completion (asynchronously, so the test can watch it meanwhile). */
+export function berth(args: string[], opts: { cwd?: string; env?: Record<string, string>; onSpawn?: (c: ChildProcess) => void } = {}): Promise<Result> {
+  const child = spawn(process.execPath, [BIN, ...args], { cwd: opts.cwd, env: { ...process.env, BERTH_LOG_LEVEL: "warn", ...opts.env }, stdio: ["ignore", "pipe", "pipe"] });
+  opts.onSpawn?.(child);
+  let stdout = "";
+  let stderr = "";
+  child.stdout!.on("data", (d: Buffer) => (stdout += d.toString()));
+  child.stderr!.on("data", (d: Buffer) => (stderr += d.toString()));
+  return new Promise((r) => child.once("close", (status) => r({ status, stdout, stderr })));
+}
+
+export function berthSync(args: string[]): Result {
+  const r = spawnSync(process.execPath, [BIN, ...args], { encoding: "utf8", timeout: 60_000, env: { ...process.env, BERTH_PG_URL: "" } });
+  return { status: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+/** Every process's argv (NULs as spaces), read from /proc. */
+export function allCmdlines(): string[] {
+  const out: string[] = [];
+  for (const pid of readdirSync("/proc")) {
+    if (!/^\d+$/.test(pid)) continue;
+    try {
+      out.push(readFileSync(`/proc/${pid}/cmdline`, "utf8").replace(/\0/g, " "));
+    } catch {
+      /* gone */
+    }
+  }
+  return out;
+}
+
+export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+export async function until<T>(what: string, fn: () => Promise<T | null | undefined | false> | T | null | undefined | false, timeoutMs = 30_000, everyMs = 100): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await sleep(everyMs);
+  }
+}
+
+export interface Client {
+  dir: string;
+  config: string;
+  tokenId: string;
+  args: string[];
+}
+
+export interface Machine {
+  id: string;
+  generation: number;
+  ssh: { host: string; port: number; user: string; hostKey: string };
+}
+
+export class PortableCluster {
+  readonly tmp = tempDir("berth-portable-e2e-");
+  coordinator: (Proc & { url: string }) | null = null;
+  agent: Proc | null = null;
+  admin!: Api;
+  port = 0;
+
+  constructor(readonly o: { runtime: "process" | "gvisor"; minReady: number; maxReady: number; heartbeatMs?: number; slots?: number }) {}
+
+  get coordDir(): string {
+    return join(this.tmp.path, "coord");
+  }
+
+  async startCoordinator(): Promise<void> {
+    const p = await start(["serve", "--portable", "--state-dir", this.coordDir, "--listen", `127.0.0.1:${this.port}`], /listening on (http:\/\/\S+)/);
+    this.coordinator = { ...p, url: p.match[1]! };
+    this.port = Number(new URL(this.coordinator.url).port);
+  }
+
+  token(role: string, file: string): string {
+    const r = berthSync(["token", "create", "--state-dir", this.coordDir, "--org", "e2e", "--role", role, "--out", file, "--json"]);
+    if (r.status !== 0) throw new Error(`token create failed: ${r.stderr}`);
+    return (JSON.parse(r.stdout) as { id: string }).id;
+  }
+
+  async start(): Promise<this> {
+    mkdirSync(this.coordDir, { recursive: true });
+    await this.startCoordinator();
+    const adminFile = join(this.tmp.path, "admin.token");
+    this.token("admin", adminFile);
+    this.token("agent", join(this.tmp.path, "agent.token"));
+    this.admin = new Api(this.coordinator!.url, readFileSync(adminFile, "utf8").trim());
+    this.agent = await start(
+      ["agent", "--state-dir", join(this.tmp.path, "agent"), "--coordinator", this.coordinator!.url, "--enroll-token-file", join(this.tmp.path, "agent.token"), "--runtime", this.o.runtime, "--slots", String(this.o.slots ?? 6), "--name", "e2e", "--log-level", "warn"],
+      /berth agent ready/,
+    );
+    await this.admin.call("POST", "/v1/pools/agents/ensure", {
+      minReady: this.o.minReady,
+      maxReady: this.o.maxReady,
+      compatibilityKey: "e2e",
+      access: "portable",
+      provider: "hosts",
+      heartbeatMs: this.o.heartbeatMs ?? 3_000,
+    });
+    await this.waitReady(this.o.minReady);
+    return this;
+  }
+
+  async waitReady(n: number, timeoutMs = 60_000): Promise<void> {
+    await until(`${n} ready machines`, async () => (await this.admin.call<{ counts: { ready: number } }>("GET", "/v1/pools/agents")).counts.ready >= n, timeoutMs);
+  }
+
+  /** A client of its own: directory, member token, client config. */
+  client(name: string): Client {
+    const dir = join(this.tmp.path, `client-${name}`);
+    mkdirSync(dir, { recursive: true, mode: 0o700 });
+    const tokenId = this.token("member", join(dir, "token"));
+    const config = join(dir, "client.json");
+    writeFileSync(config, JSON.stringify({ url: this.coordinator!.url, tokenFile: "token" }), { mode: 0o600 });
+    return { dir, config, tokenId, args: ["--config", config] };
+  }
+
+  async grant(id: string): Promise<{ state: string; reason: string | null; expiresAt: number; machine: { id: string; state: string } }> {
+    return this.admin.call("GET", `/v1/borrows/${id}`);
+  }
+
+  async machineStates(): Promise<Record<string, number>> {
+    return (await this.admin.call<{ states: Record<string, number> }>("GET", "/v1/pools/agents")).states;
+  }
+
+  #closed = false;
+
+  /** Drain, wait until every machine is destroyed, stop both processes. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    try {
+      if (this.coordinator && this.coordinator.child.exitCode === null && this.agent && this.agent.child.exitCode === null) {
+        await this.admin.call("POST", "/v1/pools/agents/drain", {}).catch(() => undefined);
+        await until(
+          "every machine destroyed",
+          async () => Object.entries(await this.machineStates()).every(([s, n]) => s === "destroyed" || n === 0),
+          60_000,
+        ).catch(() => undefined);
+      }
+    } finally {
+      await this.admin?.close();
+      await stop(this.agent);
+      await stop(this.coordinator);
+      this.tmp.cleanup();
+    }
+  }
+}
+
+export function receiptOf(path: string): { borrowId: string; borrowToken: string; grantToken: string; keyFile: string; publicKey: string; expiresAt: number; state: string; machine: Machine } {
+  return JSON.parse(readFileSync(path, "utf8")) as ReturnType<typeof receiptOf>;
+}
+
+/** An SSH connection with `privateKey`; resolves with the client or rejects with the refusal. */
+export function sshConnect(m: Machine, privateKey: string): Promise<ssh2.Client> {
+  const pinned = Buffer.from(m.ssh.hostKey.split(/\s+/)[1]!, "base64");
+  return new Promise((resolveConn, reject) => {
+    const c = new ssh2.Client();
+    c.once("ready", () => resolveConn(c));
+    c.once("error", reject);
+    c.connect({ host: m.ssh.host, port: m.ssh.port, username: m.ssh.user, privateKey, hostVerifier: (k: Buffer) => k.equals(pinned), readyTimeout: 10_000 });
+  });
+}
+
+/** Runs a command to completion over an open connection. */
+export function sshExec(c: ssh2.Client, command: string): Promise<{ code: number | null; out: string }> {
+  return new Promise((resolveExec, reject) => {
+    c.exec(command, (err, ch) => {
+      if (err) return reject(err);
+      let out = "";
+      let code: number | null = null;
+      ch.on("data", (d: Buffer) => (out += d.toString()));
+      ch.stderr.on("data", (d: Buffer) => (out += d.toString()));
+      ch.on("exit", (c2: number | null) => (code = c2));
+      ch.on("close", () => resolveExec({ code, out }));
+    });
+  });
+}
+
+/** Starts a long command and resolves once it printed `ready`; `closed` resolves when the session ends (cut or finished). */
+export function sshHold(c: ssh2.Client, command: string): Promise<{ closed: Promise<{ code: number | null }> }> {
+  return new Promise((resolveHold, reject) => {
+    c.exec(command, (err, ch) => {
+      if (err) return reject(err);
+      let code: number | null = null;
+      const closed = new Promise<{ code: number | null }>((r) => {
+        ch.on("exit", (c2: number | null) => (code = c2));
+        ch.on("close", () => r({ code }));
+        c.on("close", () => r({ code }));
+      });
+      ch.once("data", () => resolveHold({ closed }));
+    });
+  });
+}
+
+export function runscAvailable(): string | false {
+  if (process.getuid?.() !== 0) return "the gvisor runtime needs root";
+  for (const dir of (process.env.PATH ?? "").split(":")) if (dir && existsSync(join(dir, "runsc"))) return false;
+  return "runsc is not installed";
+}
