@@ -170,6 +170,8 @@ export function sendError(res: ServerResponse, e: unknown, log: Logger): void {
   if (isBerthError(e)) {
     // The rest of an oversized body is not worth reading on this connection.
     if (e.code === "body_too_large") res.setHeader("connection", "close");
+    // Refusals are routine; at debug level an operator can follow them (messages never hold secrets).
+    log.debug({ code: e.code, status: e.status, message: e.message }, "request refused");
     send(res, { status: e.status, body: { error: { code: e.code, message: e.message } } });
     return;
   }
