@@ -67,7 +67,7 @@ function uniqueSleeps(): [number, number, number] {
 const gv = gvisorAvailability();
 for (const runtime of ["process", "gvisor"] as const) {
   const skip = runtime === "gvisor" && !gv.ok ? `gvisor runtime unavailable: ${(gv as { why: string }).why}` : false;
-  describe(`hosts provider on the ${runtime} runtime`, { skip }, () => {
+  describe(`hosts provider on the ${runtime} runtime`, { skip, timeout: 180_000 }, () => {
     test("borrow, run over ssh2 and over the system ssh binary, return, fence and scrub back to ready", async () => {
       const c = await new Cluster({ runtime, minReady: 1, maxReady: 1 }).start();
       try {
