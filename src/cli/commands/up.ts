@@ -36,6 +36,7 @@ interface UpOptions {
   minReady: number;
   slots: number;
   quiet: boolean;
+  portable: boolean;
 }
 
 function tokenFile(path: string, make: () => Promise<string>): Promise<string> {
@@ -72,13 +73,24 @@ function startAgentProcess(o: UpOptions, dir: string, url: string, enrollToken: 
   });
 }
 
-async function teardown(api: Api, coord: Coordinator, agent: ChildProcess | null, store: SqliteStore, say: (s: string) => void): Promise<void> {
+async function teardown(api: Api, coord: Coordinator, agent: ChildProcess | null, store: SqliteStore, pools: string[], say: (s: string) => void): Promise<void> {
+  for (const name of pools) await drainAndWait(api, name, say);
+  if (agent && agent.exitCode === null) {
+    agent.kill("SIGTERM");
+    await new Promise((r) => agent.once("exit", r));
+  }
+  await api.close();
+  await coord.stop();
+  await store.close();
+}
+
+async function drainAndWait(api: Api, name: string, say: (s: string) => void): Promise<void> {
   try {
-    const r = await api.call<{ drained: number; remaining: number }>("POST", "/v1/pools/default/drain", { force: true });
-    say(`draining pool default (${r.remaining} machine(s))`);
+    const r = await api.call<{ drained: number; remaining: number }>("POST", `/v1/pools/${name}/drain`, { force: true });
+    say(`draining pool ${name} (${r.remaining} machine(s))`);
     const deadline = Date.now() + 30_000;
     for (;;) {
-      const p = await api.call<{ states: Record<string, number> }>("GET", "/v1/pools/default");
+      const p = await api.call<{ states: Record<string, number> }>("GET", `/v1/pools/${name}`);
       const live = Object.entries(p.states).filter(([s]) => s !== "destroyed").reduce((n, [, k]) => n + k, 0);
       if (live === 0) break;
       if (Date.now() > deadline) {
@@ -90,13 +102,6 @@ async function teardown(api: Api, coord: Coordinator, agent: ChildProcess | null
   } catch (e) {
     say(`teardown: ${describeError(e)}`);
   }
-  if (agent && agent.exitCode === null) {
-    agent.kill("SIGTERM");
-    await new Promise((r) => agent.once("exit", r));
-  }
-  await api.close();
-  await coord.stop();
-  await store.close();
 }
 
 export function register(program: Command): void {
@@ -108,6 +113,7 @@ export function register(program: Command): void {
     .addOption(new Option("--runtime <kind>", "sandbox runtime for the agent").choices(["auto", "process", "gvisor"]).default("auto"))
     .option("--min-ready <n>", "ready machines the default pool keeps", intArg("--min-ready", 0, 64), 2)
     .option("--slots <n>", "machines the local agent offers", intArg("--slots", 1, 256), 4)
+    .option("--portable", "also enable portable access and a portable pool `agents` (per-borrow keys, two-phase ack); `-- CMD` then runs there", false)
     .option("-q, --quiet", "print only the command's output", false)
     .argument("[command...]", "run this on a borrowed machine, then tear down (after --)")
     .addHelpText(
@@ -116,6 +122,7 @@ export function register(program: Command): void {
 Examples:
   berth up -- echo hello from a borrowed machine
   berth up                 # then, from the same directory: berth run --pool default -- uname -a
+  berth up --portable      # then: berth run --pool agents --pool-access portable -- uname -a
 
 The process runtime (used without root or runsc) gives NO isolation; gvisor does.`,
     )
@@ -133,7 +140,7 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
       try {
         const secret = loadOrCreateSecret(join(dir, "coordinator.secret"));
         const { host, port } = parseListen(o.listen);
-        coord = await startCoordinator({ store, secret, host, port, log: pino({ level: process.env.BERTH_LOG_LEVEL ?? "warn" }) });
+        coord = await startCoordinator({ store, secret, host, port, config: { portable: o.portable }, log: pino({ level: process.env.BERTH_LOG_LEVEL ?? "warn" }) });
         say(`coordinator on ${coord.url} (SQLite ${join(dir, "berth.db")})`);
         const admin = await tokenFile(join(dir, "admin.token"), async () => (await createToken(store, { org: "local", role: "admin", expiresAt: null, label: "berth up admin" }, Date.now(), (n) => randomBytes(n))).token);
         const enroll = await tokenFile(join(dir, "agent.token"), async () => (await createToken(store, { org: "local", role: "agent", expiresAt: null, label: "berth up agent" }, Date.now(), (n) => randomBytes(n))).token);
@@ -155,9 +162,15 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
           keeperKey: readFileSync(`${keeperKey}.pub`, "utf8").trim(),
         });
         await waitReady(api, "default", Math.min(1, o.minReady), 120_000, say);
+        if (o.portable) {
+          // A second pool for portable access: each borrow brings its own key; nothing is shared with the keeper pool.
+          await api.call("POST", "/v1/pools/agents/ensure", { minReady: 1, maxReady: 2, compatibilityKey: "local", access: "portable", provider: "hosts" });
+          await waitReady(api, "agents", 1, 120_000, say);
+        }
         if (argv.length > 0) {
           const config = loadConfig({ config: join(dir, "client.json") });
-          status = await runOnBorrowed(api, config, argv, { pool: "default", access: "keeper", drain: false, quiet: o.quiet, stdin: false });
+          const target = o.portable ? { pool: "agents", access: "portable" as const } : { pool: "default", access: "keeper" as const };
+          status = await runOnBorrowed(api, config, argv, { ...target, drain: false, quiet: o.quiet, stdin: false });
         } else {
           process.stdout.write(
             `berth is up.\n  coordinator  ${coord.url}\n  admin token  ${join(dir, "admin.token")} (0600)\n  client conf  ${join(dir, "client.json")}\n\nNext, from this directory:\n  berth pool show default\n  berth run --pool default -- uname -a\nCtrl-C stops berth and destroys its machines.\n`,
@@ -171,7 +184,7 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
         process.stderr.write(`berth: ${describeError(e)}\n`);
         status = exitCodeOf(e);
       } finally {
-        if (coord && api) await teardown(api, coord, agent, store, say);
+        if (coord && api) await teardown(api, coord, agent, store, o.portable ? ["agents", "default"] : ["default"], say);
         else {
           if (agent && agent.exitCode === null) agent.kill("SIGTERM");
           await coord?.stop();
