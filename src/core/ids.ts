@@ -9,10 +9,10 @@ import { BerthError } from "./errors.js";
 declare const idBrand: unique symbol;
 export type Id = string & { readonly [idBrand]: true };
 
-const ID_RE = /^[A-Za-z0-9_-]{1,128}$/;
+export const ID_PATTERN = /^[A-Za-z0-9_-]{1,128}$/;
 
 export function isId(s: unknown): s is Id {
-  return typeof s === "string" && ID_RE.test(s);
+  return typeof s === "string" && ID_PATTERN.test(s);
 }
 
 export function parseId(s: unknown, what = "id"): Id {

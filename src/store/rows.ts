@@ -111,7 +111,7 @@ export async function audit(tx: Tx, e: AuditEntry): Promise<void> {
 }
 
 /** Kinds of rows in the due index; each names what its `ref` points at. */
-export type DueKind = "heartbeat" | "claim" | "fill" | "ttl" | "retention" | "op" | "ack" | "grant";
+export type DueKind = "heartbeat" | "claim" | "fill" | "ttl" | "retention" | "op" | "ack" | "grant" | "revoke";
 
 export async function setDue(tx: Tx, kind: DueKind, ref: string, at: number): Promise<void> {
   await tx.run("INSERT INTO due (kind, ref, due_at) VALUES (?, ?, ?) ON CONFLICT (kind, ref) DO UPDATE SET due_at = excluded.due_at", [kind, ref, at]);
