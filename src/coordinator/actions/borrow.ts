@@ -9,11 +9,10 @@ import { BerthError } from "../../core/errors.js";
 import { newId } from "../../core/ids.js";
 import { hashToken, newToken, sameHash } from "../../core/tokens.js";
 import { liveDecision, nextHeartbeatDeadline } from "../../core/borrow.js";
-import { rotationMarginMs } from "../../core/pool.js";
 import { clearDue, poolRef, setDue, setDueNoLater, type BorrowRow, type MachineRow } from "../../store/rows.js";
 import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
-import { readPool } from "./pool-read.js";
+import { readPool, takeReadyMachine } from "./pool-read.js";
 import { applyTransition } from "./transition.js";
 
 export interface KeeperBorrowResult {
@@ -38,11 +37,7 @@ export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string): Pr
     if (pool.access !== "keeper") {
       throw new BerthError("namespace_conflict", `namespace_conflict: pool ${poolName} is a ${pool.access} pool; borrow it with --access ${pool.access}`);
     }
-    const margin = rotationMarginMs(pool.hardTtlMs);
-    const m = await tx.get<MachineRow>(
-      `SELECT * FROM machines WHERE org = ? AND pool = ? AND state = 'ready' AND access = 'keeper' AND hard_expires_at > ? ORDER BY ready_since, id LIMIT 1${tx.skipLocked}`,
-      [p.org, poolName, now + margin],
-    );
+    const m = await takeReadyMachine(tx, pool, "keeper", now);
     if (!m) {
       await setDueNoLater(tx, "fill", poolRef(p.org, poolName), now);
       return { miss: true as const, pool: pool.name };

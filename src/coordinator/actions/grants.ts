@@ -25,13 +25,12 @@ import { BerthError } from "../../core/errors.js";
 import { newId } from "../../core/ids.js";
 import { hashToken, newToken, sameHash } from "../../core/tokens.js";
 import { ackDecision, afterInvalidation, grantExpiresAt, isExpired, type GrantState, type InvalidationReason } from "../../core/grant.js";
-import { rotationMarginMs } from "../../core/pool.js";
 import { parsePublicKey } from "../../agent/pubkey.js";
 import type { Tx } from "../../store/store.js";
 import { audit, clearDue, poolRef, setDue, setDueNoLater, type MachineRow } from "../../store/rows.js";
 import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
-import { readPool } from "./pool-read.js";
+import { readPool, takeReadyMachine } from "./pool-read.js";
 import { applyTransition } from "./transition.js";
 import { checkPortable } from "./pools.js";
 import { executeOp, type OpRow, type StartedOp } from "../executor.js";
@@ -244,11 +243,7 @@ export function createPortable(ctx: Ctx): PortableApi {
         if (pool.access !== "portable") throw new BerthError("namespace_conflict", `namespace_conflict: pool ${poolName} is a ${pool.access} pool; portable access is refused (no fallback)`);
         checkPortable(ctx, pool.provider);
         // Not near hard TTL: the machine must outlive the longest grant we could issue on it.
-        const margin = rotationMarginMs(pool.hardTtlMs);
-        const m = await tx.get<MachineRow>(
-          `SELECT * FROM machines WHERE org = ? AND pool = ? AND state = 'ready' AND access = 'portable' AND hard_expires_at > ? ORDER BY ready_since, id LIMIT 1${tx.skipLocked}`,
-          [p.org, poolName, now + margin],
-        );
+        const m = await takeReadyMachine(tx, pool, "portable", now);
         if (!m) {
           await setDueNoLater(tx, "fill", poolRef(p.org, poolName), now);
           return null;
