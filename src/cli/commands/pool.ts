@@ -34,7 +34,7 @@ export async function waitReady(api: Api, name: string, want: number, timeoutMs:
   for (;;) {
     const p = await api.call<PoolView>("GET", `/v1/pools/${name}`);
     const ready = p.counts?.ready ?? 0;
-    const line = `pool ${name}: ${ready}/${want} ready, ${p.counts?.openClaims ?? 0} provisioning`;
+    const line = `pool ${name}: ${ready} ready (waiting for ${want}), ${p.counts?.openClaims ?? 0} provisioning`;
     if (line !== last) progress(line);
     last = line;
     if (ready >= want) return p;

@@ -51,7 +51,7 @@ function startAgentProcess(o: UpOptions, dir: string, url: string, enrollToken: 
   const bin = process.argv[1]!;
   const child = spawn(
     process.execPath,
-    [bin, "agent", "--state-dir", join(dir, "agent"), "--coordinator", url, "--runtime", o.runtime, "--slots", String(o.slots), "--name", "local", "--log-level", "warn"],
+    [bin, "agent", "--state-dir", join(dir, "agent"), "--coordinator", url, "--runtime", o.runtime, "--slots", String(o.slots), "--name", "local", "--log-level", process.env.BERTH_LOG_LEVEL ?? "error"],
     { env: { ...process.env, BERTH_ENROLL_TOKEN: enrollToken }, stdio: ["ignore", "pipe", "pipe"] },
   );
   child.stderr!.on("data", (d: Buffer) => {
@@ -65,6 +65,7 @@ function startAgentProcess(o: UpOptions, dir: string, url: string, enrollToken: 
       if (line) {
         child.stdout!.off("data", onData);
         say(line.replace(/^berth /, ""));
+        if (line.includes("runtime=process")) say("runtime: process — plain child processes, NO isolation (install runsc and run as root for gvisor)");
         resolveReady({ child, line });
       }
     };
