@@ -101,10 +101,11 @@ async function completeOp(tx: Tx, ctx: Ctx, op: OpRow, outcome: OperationOutcome
   if (!current || current.state !== "running" || current.attempts !== op.attempts) return;
   const m = await tx.get<MachineRow>(`SELECT * FROM machines WHERE id = ?${tx.forUpdate}`, [op.machine_id]);
   if (outcome.kind !== "done") {
-    const retryable = outcome.kind === "ambiguous" || outcome.retryable;
+    // Destruction is retried for as long as it takes, even after a refusal: its
+    // record is the only trace of a machine that may still exist, and a
+    // machine left `destroying` with no operation would never be looked at again.
+    const retryable = outcome.kind === "ambiguous" || outcome.retryable || op.kind === "destroy";
     if (retryable && (op.attempts < OP_MAX_ATTEMPTS || op.kind === "destroy")) {
-      // Destruction is retried for as long as it takes: its record is the only
-      // trace of a machine that may still exist.
       const delay = Math.round(Math.min(backoffMs(op.attempts) * 100, 60_000)); // whole ms: PostgreSQL columns are BIGINT
       await tx.run("UPDATE operations SET state = 'pending', error = ?, updated_at = ? WHERE id = ?", [outcome.error, now, op.id]);
       await setDue(tx, "op", op.id, now + delay);
