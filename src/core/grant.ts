@@ -78,6 +78,10 @@ export function ackDecision(i: AckInput): AckDecision {
   const g = i.grant;
   if (i.principal.org !== g.org || i.principal.tokenId !== g.borrower) return { kind: "refuse", code: "forbidden", why: "the grant was issued to another borrower" };
   if (i.fingerprint !== g.fingerprint) return { kind: "refuse", code: "key_mismatch", why: "the public key differs from the one the grant was issued for" };
+  // A replay is answered with where the grant stands, but never as usable once
+  // expired: at now == expiresAt the grant is expired everywhere, even before
+  // the reconciler has invalidated it.
+  if ((g.state === "installing" || g.state === "active") && isExpired(g.expiresAt, i.now)) return { kind: "refuse", code: "grant_expired", why: "the grant's hard deadline has passed" };
   if (g.state === "installing" || g.state === "active") return { kind: "replay", state: g.state };
   if (g.state !== "pending") return { kind: "refuse", code: "grant_not_pending", why: `the grant is ${g.state}` };
   if (isExpired(g.expiresAt, i.now)) return { kind: "refuse", code: "grant_expired", why: "the grant's hard deadline has passed" };
