@@ -368,7 +368,8 @@ export class Session {
       }
       const sig = this.signals.shift();
       if (sig) {
-        const ok = await h.signalGroup(sig);
+        // A terminal signal goes where the keyboard's would: the terminal's foreground group.
+        const ok = await h.signalForeground(sig).catch(() => false);
         if (!ok) this.deps.log.warn({ session: this.spec.sessionId, signal: sig }, "signal refused: group leader no longer matches");
         continue;
       }

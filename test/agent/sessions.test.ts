@@ -92,6 +92,39 @@ async function sttySize(t: Term): Promise<string> {
   return (await t.waitFor(new RegExp(`sz-${tag} (\\d+ \\d+)`), from))[1]!;
 }
 
+/** Bytes of `seq 1 n` on a terminal (each line ends "\r\n"). */
+function expectedBytes(n: number): number {
+  let total = 0;
+  for (let i = 1; i <= n; i++) total += String(i).length + 2;
+  return total;
+}
+
+/** Run a command and read its output slowly (one chunk per timer tick): the agent sees backpressure. */
+function slowRun(c: ssh2.Client, command: string, pty: ssh2.PseudoTtyOptions): Promise<{ code: number | null; bytes: number; bytesAtExit: number; sha256: string }> {
+  return new Promise((res, rej) => {
+    c.exec(command, { pty }, (err, ch) => {
+      if (err) return rej(err);
+      const h = createHash("sha256");
+      let bytes = 0;
+      let bytesAtExit = -1;
+      let code: number | null = null;
+      ch.on("data", (b: Buffer) => {
+        h.update(b);
+        bytes += b.length;
+        ch.pause();
+        setTimeout(() => ch.resume(), 1);
+      });
+      ch.on("exit", (c2: number | null) => {
+        // The client reports the status as soon as it arrives; data it has received but not
+        // yet handed to us sits in the channel's buffer. Both count as "arrived before".
+        bytesAtExit = bytes + ch.readableLength;
+        code = c2;
+      });
+      ch.on("close", () => res({ code, bytes, bytesAtExit, sha256: h.digest("hex") }));
+    });
+  });
+}
+
 for (const kind of ["process", "gvisor"] as const) {
   const skip = kind === "gvisor" && !gvisorAvailability().ok ? (gvisorAvailability() as { why: string }).why : null;
   const name = (s: string) => `${kind}: ${s}`;
@@ -121,23 +154,45 @@ for (const kind of ["process", "gvisor"] as const) {
     assert.deepEqual(t.exit, { code: 3, signal: null });
   });
 
-  maybe("signal INT stops a foreground sleep and the shell survives", async (r) => {
-    const c = await r.client();
-    const t = await Term.open(c, { ...PTY });
-    // Job control off: the foreground command runs in the session leader's group,
-    // which is the group the runtime contract signals.
-    t.write("set +m; echo go; sleep 1000\n");
-    await t.waitFor(/(^|[\r\n])go\r?\n/);
-    await new Promise((res) => setTimeout(res, 200)); // let the shell fork sleep
-    t.ch.signal("INT");
-    const from = t.text.length;
-    t.write("echo rc=$?\n"); // read by the shell only once sleep is gone
-    await t.waitFor(/rc=130/, from);
-    t.write("echo alive\n");
-    await t.waitFor(/(^|[\r\n])alive\r?\n/);
-    t.write("exit\n");
-    await t.closedP();
-  });
+  /** Wait until the machine runs at least `n` processes (the shell and its foreground job). */
+  const running = (r: Rig, n: number) => until(async () => (await r.runtime.inspect(r.machine)).liveProcesses >= n, `${n} processes in the machine`);
+
+  for (const jobControl of [false, true]) {
+    maybe(`signal INT stops a foreground sleep and the shell survives (job control ${jobControl ? "on" : "off"})`, async (r) => {
+      const c = await r.client();
+      const t = await Term.open(c, { ...PTY });
+      // Job control on (an interactive bash's default): the foreground job has its own
+      // process group, so the signal must go to the terminal's foreground group, not the shell's.
+      t.write(`set ${jobControl ? "-m" : "+m"}; echo go; sleep 1000\n`);
+      await t.waitFor(/(^|[\r\n])go\r?\n/);
+      await running(r, 2);
+      t.ch.signal("INT");
+      let from = t.text.length;
+      t.write("echo rc=$?\n"); // read by the shell only once sleep is gone
+      await t.waitFor(/rc=130/, from);
+      if (jobControl) {
+        // Suspend reaches the foreground job too: the shell reports it stopped and gets its prompt back.
+        t.write("sleep 1001\n");
+        await running(r, 2);
+        t.ch.signal("TSTP");
+        await t.waitFor(/Stopped/, from);
+        from = t.text.length;
+        t.write("echo rc=$?; kill -KILL %1; wait; echo reaped\n");
+        await t.waitFor(/rc=148/, from);
+        await t.waitFor(/(^|[\r\n])reaped\r?\n/, from);
+        t.write("sleep 1002\n");
+        await running(r, 2);
+        t.ch.signal("QUIT");
+        from = t.text.length;
+        t.write("echo rc=$?\n");
+        await t.waitFor(/rc=131/, from);
+      }
+      t.write("echo alive\n");
+      await t.waitFor(/(^|[\r\n])alive\r?\n/);
+      t.write("exit\n");
+      await t.closedP();
+    });
+  }
 
   maybe("SSH signals INT, QUIT, TSTP reach the group as SIGINT, SIGQUIT, SIGTSTP; other names are refused", async (r) => {
     const c = await r.client();
@@ -158,18 +213,37 @@ for (const kind of ["process", "gvisor"] as const) {
     assert.ok(!t.closed, "KILL was refused, the command still runs");
   });
 
+  maybe("env: client-sent BERTH_* variables reach the command; reserved names keep the agent's values", async (r) => {
+    const c = await r.client();
+    const inc = (await r.runtime.inspect(r.machine)).incarnation;
+    const env = { BERTH_JOB: "job-7", BERTH_TRACE_ID: "t 1", LC_TEST: "x", BERTH_MACHINE: "forged", BERTH_INCARNATION: "forged", BERTH_SESSION: "forged" };
+    const out = await run(c, 'printf "%s|%s|%s|%s|%s|%s" "$BERTH_JOB" "$BERTH_TRACE_ID" "$LC_TEST" "$BERTH_MACHINE" "$BERTH_INCARNATION" "${BERTH_SESSION-unset}"', { env });
+    assert.equal(out.stdout.toString(), `job-7|t 1|x|${r.machine}|${inc}|unset`);
+    const tty = await run(c, 'printf "%s" "$BERTH_JOB"', { env, pty: { ...PTY } });
+    assert.equal(tty.stdout.toString(), "job-7", "with a PTY too");
+  });
+
   maybe("exit status arrives after the last output byte (pipes and PTY)", async (r) => {
     const c = await r.client();
     const piped = await run(c, "head -c 3000000 /dev/zero | tr '\\0' x; printf END; exit 5");
     assert.equal(piped.code, 5);
     assert.equal(piped.stdout.length, 3_000_003);
     assert.equal(piped.stdoutAtExit, piped.stdout.length, "every byte was received before the exit status");
-    // Over a PTY the ordering is the gateway's guarantee; completeness of the PTY tail at exit
-    // depends on the runtime's PTY reader (node-pty can drop the last kernel-buffered bytes).
-    const tty = await run(c, "head -c 200000 /dev/zero | tr '\\0' y; printf END; exit 6", { pty: { ...PTY } });
-    assert.equal(tty.code, 6);
-    assert.ok(tty.stdout.length > 0);
-    assert.equal(tty.stdoutAtExit, tty.stdout.length, "every byte was received before the exit status");
+    // Over a PTY, with a client that reads slowly (so the PTY master is paused by backpressure
+    // when the command exits): every byte, in order, then the status. `seq` makes loss or
+    // reordering visible; the terminal turns each "\n" into "\r\n".
+    const lines = kind === "gvisor" ? 100_000 : 250_000;
+    const expected = createHash("sha256");
+    for (let i = 1; i <= lines; i++) expected.update(`${i}\r\n`);
+    expected.update("END");
+    const expectedHash = expected.digest("hex");
+    for (let round = 0; round < (kind === "gvisor" ? 2 : 3); round++) {
+      const tty = await slowRun(c, `seq 1 ${lines}; printf END; exit 6`, { ...PTY });
+      assert.equal(tty.code, 6);
+      assert.equal(tty.bytesAtExit, tty.bytes, "every byte was received before the exit status");
+      assert.equal(tty.bytes, expectedBytes(lines) + 3, `round ${round}: all ${expectedBytes(lines) + 3} bytes arrived (got ${tty.bytes})`);
+      assert.equal(tty.sha256, expectedHash, `round ${round}: sha256 of the PTY output`);
+    }
   });
 
   maybe("disconnect leaves no process of the session; a setsid child does not block release and the fence removes it", async (r) => {

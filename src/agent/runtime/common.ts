@@ -37,7 +37,9 @@ const RESERVED = new Set(["PATH", "HOME", "USER", "SHELL", "BERTH_MACHINE", "BER
 export function cleanEnv(requested: Record<string, string>, base: Record<string, string>): Record<string, string> {
   const env: Record<string, string> = { LANG: "C.UTF-8" };
   for (const [k, v] of Object.entries(requested)) {
-    if (RESERVED.has(k) || k.startsWith("BERTH_")) continue;
+    // BERTH_* other than the reserved names pass: the agent's allowlist (sessions-events.ts)
+    // already refused the names it sets itself, and the base below always wins.
+    if (RESERVED.has(k)) continue;
     if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k) || v.includes("\0")) continue;
     env[k] = v;
   }

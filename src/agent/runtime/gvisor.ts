@@ -471,6 +471,21 @@ export class GvisorRuntime implements Runtime {
       chain = next.catch(() => undefined);
       return next;
     };
+    // With a PTY the exec client forwards the signals it receives to the foreground process
+    // group of the session of the process it started (runsc's own terminal handling): the
+    // in-sandbox equivalent of the host tty's tpgid, which gVisor's /proc does not report.
+    // The leader is checked in the sandbox first (same script, signal 0), then the exact
+    // client is signalled on the host; while that client lives, the process it waits for is
+    // the recorded leader, so the forwarding cannot reach another session.
+    const signalForeground = (signal: NodeJS.Signals): Promise<boolean> => {
+      if (!p) return signalGroup(signal);
+      const next = chain.then(async () => {
+        if (!(await this.signalLeaderGroup(machineId, cid, leader, "0"))) return false;
+        return signalExact(client, signal);
+      });
+      chain = next.catch(() => undefined);
+      return next;
+    };
     return {
       incarnation,
       client,
@@ -485,6 +500,7 @@ export class GvisorRuntime implements Runtime {
         void signalGroup("SIGWINCH").catch(() => undefined);
       },
       signalGroup,
+      signalForeground,
       killClient: (signal = "SIGKILL") => signalExact(client, signal),
       exited: plumbing.exited,
       pause: plumbing.pause,
@@ -493,7 +509,8 @@ export class GvisorRuntime implements Runtime {
   }
 
   /** kill -SIG -PGID inside the sandbox, only if the leader is still exactly `leader` in the same container. */
-  private async signalLeaderGroup(machineId: string, cid: string, leader: ProcessIdentity, signal: NodeJS.Signals): Promise<boolean> {
+  /** `signal` "0": only check (the group exists and its leader matches); nothing is sent. */
+  private async signalLeaderGroup(machineId: string, cid: string, leader: ProcessIdentity, signal: NodeJS.Signals | "0"): Promise<boolean> {
     const rec = this.record(machineId);
     if (!rec || !rec.container || rec.container.id !== cid || !this.isRunning(rec.container)) return false;
     if (leader.pid !== leader.pgid || leader.pgid <= 1) return false;

@@ -49,6 +49,7 @@ import {
   readEnviron,
   readStat,
   signalExact,
+  signalForegroundExact,
   signalGroupExact,
   sleep,
   type ProcStat,
@@ -234,6 +235,7 @@ export class ProcessRuntime implements Runtime {
           signalGroupExact(leader, "SIGWINCH");
         },
         signalGroup: async (signal) => signalGroupExact(leader, signal),
+        signalForeground: async (signal) => signalForegroundExact(leader, signal),
         killClient: (signal = "SIGKILL") => signalExact(leader, signal),
         exited: plumbing.exited,
         pause: plumbing.pause,

@@ -20,6 +20,8 @@ export interface ProcStat {
   ppid: number;
   pgid: number;
   sid: number;
+  /** Foreground process group of the controlling terminal (field 8); -1 without one. */
+  tpgid: number;
   startTime: number;
 }
 
@@ -36,7 +38,7 @@ export function parseStat(text: string): ProcStat | null {
   const state = f[0] ?? "?";
   const startTime = num(22);
   if (!Number.isFinite(pid) || !Number.isFinite(startTime)) return null;
-  return { pid, comm, state, ppid: num(4), pgid: num(5), sid: num(6), startTime };
+  return { pid, comm, state, ppid: num(4), pgid: num(5), sid: num(6), tpgid: num(8), startTime };
 }
 
 export function readStat(pid: number): ProcStat | null {
@@ -118,6 +120,42 @@ export function signalGroupExact(leader: ProcessIdentity, signal: NodeJS.Signals
   if (isDead(st) || st === null || st.startTime !== leader.startTime || st.pgid !== leader.pgid) return false;
   try {
     process.kill(-leader.pgid, signal);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * A terminal signal (INT, QUIT, TSTP) as the keyboard would send it: to the
+ * foreground process group of the leader's controlling terminal (its tpgid).
+ * With job control the foreground job has its own group, so this is not the
+ * leader's group. Refused unless the leader is exactly the recorded process and
+ * still leads its group, and unless the foreground group is verifiably a group
+ * of the leader's session (a live member with the leader's session id). A
+ * leader without a controlling terminal (no PTY) gets the signal in its own group.
+ */
+export function signalForegroundExact(leader: ProcessIdentity, signal: NodeJS.Signals): boolean {
+  if (leader.pgid <= 1 || leader.pid !== leader.pgid || leader.pgid === process.pid) return false;
+  const st = readStat(leader.pid);
+  if (isDead(st) || st === null || st.startTime !== leader.startTime || st.pgid !== leader.pgid) return false;
+  const fg = st.tpgid;
+  if (!Number.isInteger(fg) || fg <= 0 || fg === leader.pgid) return signalGroupExact(leader, signal);
+  if (fg === process.pid) return false;
+  let verified = false;
+  for (const pid of allPids()) {
+    const m = readStat(pid);
+    if (m && !isDead(m) && m.pgid === fg && m.sid === st.sid) {
+      verified = true;
+      break;
+    }
+  }
+  if (!verified) return false;
+  // Re-check the leader right before the kill: still exact, still on the same foreground group.
+  const again = readStat(leader.pid);
+  if (isDead(again) || again === null || again.startTime !== leader.startTime || again.tpgid !== fg) return false;
+  try {
+    process.kill(-fg, signal);
     return true;
   } catch {
     return false;

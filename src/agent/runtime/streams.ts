@@ -12,6 +12,7 @@
  * command. That line is taken out of the stream here and never reaches the
  * borrower's output.
  */
+import { readSync } from "node:fs";
 import { PassThrough, Readable, Writable } from "node:stream";
 import type { ChildProcess } from "node:child_process";
 import { constants } from "node:os";
@@ -82,6 +83,29 @@ class FirstLine {
   }
 }
 
+/** After the command exited, the master counts as drained once it stayed silent this long while being read. */
+const EXIT_QUIET_MS = 250;
+
+/**
+ * PTY plumbing. End of output, exactly. Three things lose the tail of a
+ * command's output when it exits with output still pending, and each is
+ * handled here:
+ *   1. libuv ends a stream on POLLHUP after a short read (the slave was closed
+ *      and a PTY read never fills libuv's buffer), while the kernel still holds
+ *      up to ~64 KiB for the master: on the socket's 'end' the rest is read
+ *      synchronously from the master (non-blocking) until EIO/EAGAIN.
+ *   2. node-pty destroys the master ~200 ms after the child exits whether or not
+ *      output is pending (e.g. the master is paused by backpressure): that
+ *      destroy is taken over, and the master is read on (with backpressure)
+ *      until EOF, until it stayed silent for EXIT_QUIET_MS while being read (a
+ *      background process still holds the terminal), or until the consumer
+ *      destroys our output stream (session release).
+ *   3. a read error destroys the socket with the bytes it had read but not yet
+ *      emitted (paused): those are handed on first.
+ * node-pty reports the exit only once its socket closed, so `exited` resolves
+ * after the last byte was written to stdout. Extra memory is bounded by the
+ * kernel's PTY buffer.
+ */
 export function fromPty(p: IPty, firstLine?: (line: string | null) => void): Plumbing {
   const stdout = new PassThrough({ highWaterMark: 64 * 1024 });
   let pausedByCaller = false;
@@ -94,9 +118,10 @@ export function fromPty(p: IPty, firstLine?: (line: string | null) => void): Plu
     pausedByConsumer = false;
     sync();
   });
+  let lastData = Date.now();
   const cap = firstLine ? new FirstLine(firstLine) : null;
-  // encoding: null was requested at spawn, so data arrives as Buffers.
-  p.onData((d: string | Buffer) => {
+  const take = (d: string | Buffer): void => {
+    lastData = Date.now();
     let b = typeof d === "string" ? Buffer.from(d, "utf8") : d;
     if (cap) b = cap.feed(b);
     if (b.length === 0) return;
@@ -104,9 +129,65 @@ export function fromPty(p: IPty, firstLine?: (line: string | null) => void): Plu
       pausedByConsumer = true;
       sync();
     }
-  });
+  };
+  // encoding: null was requested at spawn, so data arrives as Buffers.
+  p.onData(take);
+
+  // node-pty's read side: a tty.ReadStream on the master (a private field; without it the
+  // stock behaviour remains, which can lose the tail as described above).
+  const sock = (p as unknown as { _socket?: Readable & { fd?: number } })._socket;
+  let masterClosed = false;
+  let quiet: NodeJS.Timeout | null = null;
+  if (sock && typeof sock.destroy === "function") {
+    const realDestroy = sock.destroy.bind(sock);
+    const closeMaster = (err?: Error): void => {
+      if (masterClosed) return;
+      masterClosed = true;
+      if (quiet) clearInterval(quiet);
+      realDestroy(err);
+    };
+    sock.on("end", () => {
+      // (1) libuv's early EOF: the rest is still in the kernel. The fd is open until closeMaster.
+      const fd = (p as unknown as { fd?: number }).fd ?? sock.fd;
+      if (typeof fd === "number" && fd >= 0 && !masterClosed) {
+        const buf = Buffer.allocUnsafe(64 * 1024);
+        for (;;) {
+          let n: number;
+          try {
+            n = readSync(fd, buf, 0, buf.length, null);
+          } catch {
+            break; // EIO (every slave end closed, nothing left) or EAGAIN
+          }
+          if (n <= 0) break;
+          take(Buffer.from(buf.subarray(0, n)));
+        }
+      }
+      closeMaster();
+    });
+    sock.destroy = (err?: Error) => {
+      if (masterClosed) return sock;
+      if (err) {
+        // (3) Hand on what was read before the error (read() emits it as 'data'), then close.
+        while (sock.readableLength > 0 && sock.read() !== null) {
+          /* each chunk went through take() */
+        }
+        closeMaster(err);
+        return sock;
+      }
+      // (2) node-pty's exit timer: keep reading until EOF, silence, or release.
+      quiet ??= setInterval(() => {
+        const reading = !pausedByCaller && !pausedByConsumer;
+        if (reading && sock.readableLength === 0 && Date.now() - lastData >= EXIT_QUIET_MS) closeMaster();
+      }, 50);
+      return sock;
+    };
+    // Our consumer is gone (session release destroys the streams): close the master now.
+    stdout.on("close", () => closeMaster());
+  }
+
   const exited = new Promise<ExitStatus>((resolve) => {
     p.onExit(({ exitCode, signal }) => {
+      if (quiet) clearInterval(quiet);
       cap?.end();
       stdout.end();
       if (signal) resolve({ code: null, signal: SIGNAL_NAMES[signal] ?? String(signal) });

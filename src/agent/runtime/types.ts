@@ -61,6 +61,14 @@ export interface ExecHandle {
   /** Signal the command's exact process group; refused (returns false) if the leader identity no longer matches. */
   signalGroup(signal: NodeJS.Signals): Promise<boolean>;
   /**
+   * A terminal signal (SSH INT/QUIT/TSTP) delivered as the keyboard would: with a PTY, to the
+   * terminal's foreground process group (with job control that is the foreground job, not the
+   * shell's group); without a PTY, to the command's own group. Refused (false) when the leader
+   * identity no longer matches; a group that cannot be verified as the foreground group of the
+   * leader's terminal is never signalled.
+   */
+  signalForeground(signal: NodeJS.Signals): Promise<boolean>;
+  /**
    * Kill the exec client (the host process the agent spawned) if it is still the
    * exact recorded process; false if it is already gone. Part of session release
    * after the group was signalled.
