@@ -1,0 +1,70 @@
+/**
+ * The README's main job: `berth up -- CMD` brings berth up on its embedded
+ * default, runs CMD on a borrowed machine, keeps its exit status and tears
+ * everything down; `berth up` without a command keeps running, and
+ * `berth run --pool default` from the same directory works against it.
+ */
+import { test, describe } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { join } from "node:path";
+import { BIN, berthSync, startProcess, stopProcess } from "../helpers/cluster.js";
+import { tempDir } from "../helpers/env.js";
+import { allPids, readEnviron } from "../../src/agent/runtime/procfs.js";
+
+function run(args: string[], cwd: string): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    const c = spawn(process.execPath, [BIN, ...args], { cwd, stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    let stderr = "";
+    c.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
+    c.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+    c.on("exit", (code) => resolve({ code, stdout, stderr }));
+  });
+}
+
+/** Processes tagged with a machine marker whose workspace lies under `dir` (process runtime). */
+function leftovers(dir: string): number[] {
+  return allPids().filter((pid) => {
+    const env = readEnviron(pid);
+    return env.includes("BERTH_MACHINE=") && env.includes(dir);
+  });
+}
+
+describe("berth up", { timeout: 120_000 }, () => {
+  test("`berth up -- echo hello` prints hello and exits 0; `-- sh -c 'exit 7'` exits 7; nothing is left running", async () => {
+    const d = tempDir("berth-up-");
+    try {
+      const hello = await run(["up", "--state-dir", join(d.path, "s1"), "--listen", "127.0.0.1:0", "--runtime", "process", "--", "echo", "hello"], d.path);
+      assert.equal(hello.stdout, "hello\n", hello.stderr);
+      assert.equal(hello.code, 0);
+      assert.match(hello.stderr, /NO isolation/);
+      const seven = await run(["up", "--state-dir", join(d.path, "s2"), "--listen", "127.0.0.1:0", "--runtime", "process", "-q", "--", "sh", "-c", "echo out; exit 7"], d.path);
+      assert.equal(seven.stdout, "out\n");
+      assert.equal(seven.stderr, "");
+      assert.equal(seven.code, 7);
+      assert.deepEqual(leftovers(d.path), []);
+    } finally {
+      d.cleanup();
+    }
+  });
+
+  test("`berth up` keeps running; `berth run --pool default` from the same directory borrows from it", async () => {
+    const d = tempDir("berth-up-");
+    const up = await startProcess(["up", "--state-dir", join(d.path, ".berth"), "--listen", "127.0.0.1:0", "--runtime", "process"], {}, /berth is up/);
+    try {
+      const config = join(d.path, ".berth", "client.json");
+      const r = berthSync(["run", "--pool", "default", "--config", config, "--", "sh", "-c", "echo from-run; exit 3"]);
+      assert.equal(r.stdout, "from-run\n", r.stderr);
+      assert.equal(r.status, 3);
+      const show = berthSync(["pool", "show", "default", "--config", config, "--json"]);
+      assert.equal(show.status, 0, show.stderr);
+      assert.equal(JSON.parse(show.stdout).name, "default");
+    } finally {
+      await stopProcess(up, "SIGINT");
+    }
+    assert.equal(up.child.exitCode, 0, up.output());
+    assert.deepEqual(leftovers(d.path), []);
+    d.cleanup();
+  });
+});
