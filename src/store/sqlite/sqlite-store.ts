@@ -1,9 +1,18 @@
 /**
  * SQLite engine (the embedded default): one file, WAL, synchronous=FULL so a
  * commit is on disk when `transaction` resolves. better-sqlite3 is
- * synchronous, so transactions are serialized through one in-process queue
- * and each one runs BEGIN IMMEDIATE ... COMMIT with no other transaction
- * interleaved; a second process on the same file is handled by busy retries.
+ * synchronous, so transactions are serialized through one in-process queue;
+ * a second process on the same file is handled by busy retries.
+ *
+ * Group commit: the transactions queued while the previous commit was on
+ * its way to disk run one after another inside one BEGIN IMMEDIATE ...
+ * COMMIT, each in its own SAVEPOINT (a body that throws is rolled back to
+ * its savepoint and affects no other). Every transaction of the group
+ * resolves or rejects only after the group's COMMIT returned, so nothing is
+ * answered before the state it wrote (or read) is durable. The order is the
+ * queue order, so the outcome is the same as running them one at a time;
+ * only the number of WAL fsyncs drops (one per group instead of one per
+ * transaction).
  */
 import Database from "better-sqlite3";
 import type { Statement } from "better-sqlite3";
@@ -22,12 +31,26 @@ function isBusy(e: unknown): boolean {
   return code === "SQLITE_BUSY" || code.startsWith("SQLITE_BUSY_") || code === "SQLITE_LOCKED";
 }
 
+/** Most transactions one group commit carries (bounds the wait of the group's first member). */
+const MAX_GROUP = 128;
+
+interface Pending {
+  fn: (tx: Tx) => Promise<unknown>;
+  name: string | undefined;
+  attempt: number;
+  resolve(v: unknown): void;
+  reject(e: unknown): void;
+}
+
 export class SqliteStore implements Store {
   readonly dialect = "sqlite" as const;
   readonly stats = { retries: 0, transactions: 0 };
   readonly db: Database.Database;
   readonly #statements = new Map<string, Statement>();
-  #queue: Promise<unknown> = Promise.resolve();
+  readonly #pending: Pending[] = [];
+  #draining = false;
+  readonly #idle: Array<() => void> = [];
+  readonly #stmts: Record<"begin" | "commit" | "rollback" | "savepoint" | "release" | "rollbackTo", Statement>;
   readonly #tx: Tx;
   /** After-commit callbacks of the transaction now running (only one runs at a time). */
   #afterCommit: Array<() => void> = [];
@@ -58,6 +81,14 @@ export class SqliteStore implements Store {
       },
     };
     this.migrate();
+    this.#stmts = {
+      begin: this.db.prepare("BEGIN IMMEDIATE"),
+      commit: this.db.prepare("COMMIT"),
+      rollback: this.db.prepare("ROLLBACK"),
+      savepoint: this.db.prepare("SAVEPOINT berth_tx"),
+      release: this.db.prepare("RELEASE berth_tx"),
+      rollbackTo: this.db.prepare("ROLLBACK TO berth_tx"),
+    };
   }
 
   private migrate(): void {
@@ -74,17 +105,32 @@ export class SqliteStore implements Store {
   }
 
   transaction<T>(fn: (tx: Tx) => Promise<T>, opts?: TransactionOptions): Promise<T> {
-    const next = this.#queue.then(() => this.#runWithRetry(fn, opts?.name));
-    // The queue only orders transactions; one failing must not stall the next.
-    this.#queue = next.catch(() => undefined);
-    return next;
+    return new Promise<T>((resolve, reject) => {
+      this.#pending.push({ fn, name: opts?.name, attempt: 0, resolve: resolve as (v: unknown) => void, reject });
+      if (!this.#draining) {
+        this.#draining = true;
+        // After the current I/O phase, so that requests read in the same
+        // turn of the event loop join one group.
+        setImmediate(() => void this.#drain());
+      }
+    });
   }
 
-  async #runWithRetry<T>(fn: (tx: Tx) => Promise<T>, name: string | undefined): Promise<T> {
+  async #drain(): Promise<void> {
+    while (this.#pending.length > 0) {
+      await this.#runGroup(this.#pending.splice(0, MAX_GROUP));
+      if (this.#pending.length > 0) await new Promise((r) => setImmediate(r));
+    }
+    this.#draining = false;
+    for (const w of this.#idle.splice(0)) w();
+  }
+
+  /** BEGIN IMMEDIATE, waiting with backoff while another process holds the write lock. */
+  async #begin(): Promise<void> {
     for (let attempt = 0; ; attempt++) {
-      this.stats.transactions++;
       try {
-        this.db.exec("BEGIN IMMEDIATE");
+        this.#stmts.begin.run();
+        return;
       } catch (e) {
         if (isBusy(e) && attempt < MAX_TX_ATTEMPTS) {
           this.stats.retries++;
@@ -94,30 +140,91 @@ export class SqliteStore implements Store {
         if (isBusy(e)) throw new BerthError("store_busy", "store_busy: the database stayed locked by another process; try again");
         throw e;
       }
-      this.#afterCommit = [];
-      try {
-        const result = await fn(this.#tx);
-        await pauseForTest(name);
-        this.db.exec("COMMIT");
-        const done = this.#afterCommit;
-        this.#afterCommit = [];
-        runAfterCommit(done);
-        return result;
-      } catch (e) {
-        this.#afterCommit = [];
-        if (this.db.inTransaction) this.db.exec("ROLLBACK");
-        if (isBusy(e) && attempt < MAX_TX_ATTEMPTS) {
-          this.stats.retries++;
-          await sleep(backoffMs(attempt));
-          continue;
-        }
-        throw e;
-      }
     }
   }
 
+  async #runGroup(group: Pending[]): Promise<void> {
+    try {
+      await this.#begin();
+    } catch (e) {
+      for (const p of group) p.reject(e);
+      return;
+    }
+    const single = group.length === 1;
+    const settled: Array<{ p: Pending; ok: true; value: unknown; after: Array<() => void> } | { p: Pending; ok: false; error: unknown }> = [];
+    const again: Pending[] = [];
+    for (let i = 0; i < group.length; i++) {
+      const p = group[i]!;
+      this.stats.transactions++;
+      this.#afterCommit = [];
+      if (!single) this.#stmts.savepoint.run();
+      try {
+        const value = await p.fn(this.#tx);
+        await pauseForTest(p.name);
+        if (!single) this.#stmts.release.run();
+        settled.push({ p, ok: true, value, after: this.#afterCommit });
+      } catch (e) {
+        this.#afterCommit = [];
+        if (!this.db.inTransaction) {
+          // SQLite rolled the whole transaction back itself (I/O error, disk
+          // full, ...): the group's earlier bodies lost their writes too, so
+          // they and the ones not yet run go round again; this one fails.
+          p.reject(e);
+          this.#retryLater([...settled.filter((s) => s.ok).map((s) => s.p), ...group.slice(i + 1)], settled);
+          return;
+        }
+        if (single) this.#stmts.rollback.run();
+        else {
+          this.#stmts.rollbackTo.run();
+          this.#stmts.release.run();
+        }
+        if (isBusy(e) && p.attempt < MAX_TX_ATTEMPTS) {
+          p.attempt++;
+          this.stats.retries++;
+          again.push(p);
+        } else settled.push({ p, ok: false, error: e });
+      }
+    }
+    if (this.db.inTransaction) {
+      try {
+        this.#stmts.commit.run();
+      } catch (e) {
+        if (this.db.inTransaction) this.#stmts.rollback.run();
+        // Nothing of the group is durable: busy goes round again, anything else refuses them all.
+        if (isBusy(e)) this.#retryLater([...settled.map((s) => s.p), ...again], []);
+        else for (const s of [...settled, ...again.map((p) => ({ p }))]) s.p.reject(e);
+        return;
+      }
+    }
+    for (const s of settled) {
+      if (s.ok) {
+        runAfterCommit(s.after);
+        s.p.resolve(s.value);
+      } else s.p.reject(s.error);
+    }
+    if (again.length > 0) {
+      await sleep(backoffMs(Math.max(...again.map((p) => p.attempt))));
+      this.#pending.unshift(...again);
+    }
+  }
+
+  /** Puts bodies back at the head of the queue (they are safe to re-run); refusals already decided are sent. */
+  #retryLater(ps: Pending[], settled: Array<{ p: Pending; ok: boolean; error?: unknown }>): void {
+    for (const s of settled) if (!s.ok) s.p.reject(s.error);
+    const keep: Pending[] = [];
+    for (const p of ps) {
+      if (p.attempt >= MAX_TX_ATTEMPTS) p.reject(new BerthError("store_busy", "store_busy: the database kept failing to commit; try again"));
+      else {
+        p.attempt++;
+        this.stats.retries++;
+        keep.push(p);
+      }
+    }
+    this.#pending.unshift(...keep);
+  }
+
   async close(): Promise<void> {
-    await this.#queue;
+    if (this.#draining) await new Promise<void>((r) => this.#idle.push(r));
     this.db.close();
   }
 }
