@@ -29,7 +29,9 @@ export function connect(t: SshTarget, timeoutMs = 15_000): Promise<ssh2.Client> 
   return new Promise((resolve, reject) => {
     const c = new ssh2.Client();
     c.once("ready", () => resolve(c));
-    c.once("error", (e) => reject(new BerthError("provider_unavailable", `provider_unavailable: SSH to ${t.user}@${t.host}:${t.port} failed: ${e.message}`)));
+    // Not once: ssh2 can emit a second error (e.g. "Connection lost before handshake" after a
+    // handshake timeout), and an unheard error event would crash the whole CLI.
+    c.on("error", (e) => reject(new BerthError("provider_unavailable", `provider_unavailable: SSH to ${t.user}@${t.host}:${t.port} failed: ${e.message}`)));
     c.connect({
       host: t.host,
       port: t.port,
