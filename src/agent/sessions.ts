@@ -545,10 +545,6 @@ export class Session {
       }
       group = await this.waitGroupGone(grace);
     }
-    if (refused) group = await this.groupPresence();
-
-    // 3. Reap the exec client (bounded; killed only while it is still the exact recorded process),
-    //    then close the PTY / pipes.
     const reapedWithin = (ms: number) =>
       Promise.race([
         h.exited.then(
@@ -557,6 +553,16 @@ export class Session {
         ),
         sleep(ms).then(() => false),
       ]);
+    if (refused) {
+      // A refusal usually means the leader just exited; the runtime knows that for sure once the
+      // exec client is reaped (a PTY's client is reaped after its output drained), so wait
+      // (bounded) before observing the group again.
+      await reapedWithin(timing.reapWaitMs / 2);
+      group = await this.groupPresence();
+    }
+
+    // 3. Reap the exec client (bounded; killed only while it is still the exact recorded process),
+    //    then close the PTY / pipes.
     let reaped = await reapedWithin(timing.reapWaitMs / 2);
     if (!reaped) {
       const killed = h.killClient("SIGKILL");

@@ -12,6 +12,7 @@ import * as token from "./commands/token.js";
 import * as pool from "./commands/pool.js";
 import * as borrow from "./commands/borrow.js";
 import * as run from "./commands/run.js";
+import * as ssh from "./commands/ssh.js";
 
 const program = new Command();
 program
@@ -27,7 +28,7 @@ Start here:
   berth up                         keep it running; then: berth run --pool default -- CMD`,
   );
 
-for (const m of [up, serve, agent, token, pool, borrow, run]) m.register(program);
+for (const m of [up, serve, agent, token, pool, borrow, run, ssh]) m.register(program);
 
 program.exitOverride((err) => {
   process.exit(err.exitCode === 0 ? 0 : 2);

@@ -7,6 +7,7 @@
  */
 import ssh2 from "ssh2";
 import type { ClientChannel } from "ssh2";
+import { constants as osConstants } from "node:os";
 import { BerthError } from "../core/errors.js";
 
 export interface SshTarget {
@@ -86,4 +87,37 @@ export function execStreaming(
       ch.on("close", () => resolve({ code, signal, cut: code === null && signal === null }));
     });
   });
+}
+
+export interface SessionRequest {
+  /** null: the machine's login shell. */
+  command: string | null;
+  /** A PTY of this size and terminal type, or none (plain pipes). */
+  pty: { rows: number; cols: number; term: string } | null;
+  /** Sent as SSH `env` requests (the agent passes LANG, LC_*, TERM, TZ and BERTH_*). */
+  env?: Record<string, string>;
+}
+
+/** Open one session channel: a shell or a command, with or without a PTY. */
+export function openSession(c: ssh2.Client, req: SessionRequest): Promise<ClientChannel> {
+  const pty = req.pty ? { rows: req.pty.rows, cols: req.pty.cols, term: req.pty.term, width: 0, height: 0, modes: {} } : false;
+  const opts = { ...(req.env ? { env: req.env } : {}) };
+  return new Promise((resolve, reject) => {
+    const done = (err: Error | undefined, ch: ClientChannel) => {
+      if (err) reject(new BerthError("operation_failed", `operation_failed: the machine refused the session: ${err.message}`));
+      else resolve(ch);
+    };
+    if (req.command === null) c.shell(pty, opts, done);
+    else c.exec(req.command, { ...opts, ...(pty ? { pty } : {}) }, done);
+  });
+}
+
+/** What `exit-status` / `exit-signal` said, as a process exit status (128 + n for a signal, 255 when none arrived). */
+export function exitStatusOf(code: number | null, signal: string | null): number {
+  if (code !== null) return code;
+  if (signal !== null) {
+    const n = (osConstants.signals as Record<string, number>)[`SIG${signal.replace(/^SIG/, "")}`];
+    return 128 + (n ?? 1);
+  }
+  return 255;
 }

@@ -1,0 +1,327 @@
+/**
+ * `berth ssh --receipt FILE [-- CMD...]`: a real terminal on a borrowed machine.
+ *
+ * The data plane goes straight to the machine's gateway (ssh2 client, host key
+ * pinned from the receipt). Terminal contract, on the local side:
+ *   - raw mode while the session runs, restored on every way out: the remote
+ *     shell exits, the connection closes or fails, SIGTERM/SIGHUP/SIGINT to
+ *     berth, an exception, process exit;
+ *   - the window size is sent with the PTY request and again on every SIGWINCH;
+ *   - Ctrl-Z suspends berth itself, locally: the terminal is restored first,
+ *     then berth stops itself (SIGSTOP); on SIGCONT it re-enters raw mode and
+ *     sends the current window size. Nothing is signalled in the machine
+ *     (a remote job is suspended with the remote shell's own means, e.g. `kill -TSTP`);
+ *   - Ctrl-C and every other byte go to the remote terminal unchanged, whose
+ *     line discipline turns them into signals for the remote foreground job;
+ *   - berth exits with the remote shell's exit status (128 + n for a signal;
+ *     255 when the connection ended without one, e.g. access was cut).
+ * Without a local terminal (stdin or stdout not a TTY) no PTY is requested and
+ * bytes are piped both ways.
+ *
+ * `--print` prints the equivalent system `ssh` command line instead: the key
+ * file, the port, and a known_hosts file written next to the receipt holding
+ * exactly the pinned host key, with strict host key checking.
+ *
+ * While the session is open, the borrow is heartbeated when the client config
+ * is available (heartbeats never move the hard deadline).
+ */
+import type { Command } from "commander";
+import { readFileSync } from "node:fs";
+import { resolve } from "node:path";
+import type { ClientChannel } from "ssh2";
+import type ssh2 from "ssh2";
+import { BerthError } from "../../core/errors.js";
+import { writeFileDurable } from "../../agent/ssh-keys.js";
+import { Api } from "../api.js";
+import { heartbeat } from "../borrowing.js";
+import { loadConfig, type ConfigFlags } from "../config.js";
+import { readReceipt, type Receipt } from "../receipt.js";
+import { describeError, EXIT, exitCodeOf, iso } from "../common.js";
+import { connect, exitStatusOf, openSession } from "../ssh-client.js";
+import { shellQuote } from "./run.js";
+
+/** Everything needed to reach the borrowed machine. */
+export interface SshPlan {
+  receipt: Receipt;
+  receiptPath: string;
+  host: string;
+  port: number;
+  user: string;
+  /** "ssh-ed25519 AAAA…" (type and key only). */
+  hostKey: string;
+  keyFile: string;
+  /** The coordinator, for heartbeats; null when no client config could be loaded. */
+  api: Api | null;
+}
+
+/** Read and check the receipt; pick the private key (portable: the receipt's, keeper: the client config's). */
+export function planFromReceipt(path: string, flags: ConfigFlags, now = Date.now()): SshPlan {
+  const receiptPath = resolve(path);
+  const r = readReceipt(receiptPath);
+  if (r.state === "pending") throw new BerthError("borrow_not_active", `borrow_not_active: borrow ${r.borrowId} is not acknowledged yet; run: berth ack --receipt ${path}`);
+  if (r.state === "returned") throw new BerthError("borrow_not_active", `borrow_not_active: borrow ${r.borrowId} was returned; borrow again`);
+  if (r.state === "expired" || now >= r.expiresAt) throw new BerthError("borrow_expired", `borrow_expired: borrow ${r.borrowId} expired at ${iso(r.expiresAt)}; borrow again`);
+  const s = r.machine.ssh;
+  if (!s.host || !s.port || !s.hostKey) {
+    throw new BerthError("invalid_request", `invalid_request: the receipt of borrow ${r.borrowId} names no SSH endpoint with a pinned host key; refusing to connect`);
+  }
+  const hostKey = s.hostKey.trim().split(/\s+/).slice(0, 2).join(" ");
+  if (!/^ssh-[a-z0-9-]+ [A-Za-z0-9+/=]+$/.test(hostKey)) throw new BerthError("invalid_request", `invalid_request: the receipt's host key is not an OpenSSH public key line`);
+  let config: ReturnType<typeof loadConfig> | null = null;
+  let configError: unknown = null;
+  try {
+    config = loadConfig({ ...flags, url: flags.url ?? r.url });
+  } catch (e) {
+    configError = e;
+  }
+  let keyFile: string | null;
+  if (r.access === "portable") keyFile = r.keyFile;
+  else {
+    if (!config) throw configError instanceof Error ? configError : new BerthError("invalid_request", "invalid_request: no client config");
+    keyFile = config.keeperKeyFile;
+    if (!keyFile) throw new BerthError("invalid_request", "invalid_request: keeper borrows use the client config's keeperKeyFile, and it is not set; `berth up` writes one, or add it to the config");
+  }
+  if (!keyFile) throw new BerthError("invalid_request", `invalid_request: the receipt of borrow ${r.borrowId} names no key file`);
+  return { receipt: r, receiptPath, host: s.host, port: s.port, user: s.user ?? r.machine.id, hostKey, keyFile, api: config ? new Api(config.url, config.token) : null };
+}
+
+/** One known_hosts line pinning the gateway's host key (OpenSSH writes "[host]:port" for a port other than 22). */
+export function knownHostsLine(host: string, port: number, hostKey: string): string {
+  return `${port === 22 ? host : `[${host}]:${port}`} ${hostKey}`;
+}
+
+/** Write the known_hosts file next to the receipt (0600, whole) and return the ssh argv that uses it. */
+export function systemSshCommand(plan: SshPlan, command: string[]): string[] {
+  const knownHosts = `${plan.receiptPath}.known_hosts`;
+  writeFileDurable(knownHosts, knownHostsLine(plan.host, plan.port, plan.hostKey) + "\n", 0o600);
+  return [
+    "ssh",
+    "-i", plan.keyFile,
+    "-p", String(plan.port),
+    "-o", `UserKnownHostsFile=${knownHosts}`,
+    "-o", "StrictHostKeyChecking=yes",
+    "-o", "IdentitiesOnly=yes",
+    ...(command.length > 0 ? ["-t"] : []),
+    `${plan.user}@${plan.host}`,
+    ...(command.length > 0 ? [shellQuote(command)] : []),
+  ];
+}
+
+const SIGNAL_EXIT: Partial<Record<NodeJS.Signals, number>> = { SIGHUP: 129, SIGINT: 130, SIGTERM: 143 };
+const CTRL_Z = 0x1a;
+
+/** The local terminal: raw mode on and off, idempotent, restorable from anywhere (also synchronously at exit). */
+class LocalTerminal {
+  private raw = false;
+  constructor(private readonly stdin: NodeJS.ReadStream) {}
+  enter(): void {
+    if (!this.stdin.isTTY || this.raw) return;
+    this.stdin.setRawMode(true);
+    this.raw = true;
+  }
+  restore(): void {
+    if (!this.stdin.isTTY || !this.raw) return;
+    try {
+      this.stdin.setRawMode(false);
+    } catch {
+      /* the terminal is gone */
+    }
+    this.raw = false;
+  }
+}
+
+/** Run one interactive session over `client`; resolves with the exit status for berth. */
+export async function interactive(client: ssh2.Client, command: string | null, env: Record<string, string>): Promise<number> {
+  const stdin = process.stdin;
+  const stdout = process.stdout;
+  const tty = Boolean(stdin.isTTY && stdout.isTTY);
+  const size = (): { cols: number; rows: number } => {
+    // Node caches the size and refreshes it on SIGWINCH, but a resize while berth was
+    // stopped signalled the local shell, not berth: ask the terminal again (ioctl).
+    (stdout as unknown as { _refreshSize?: () => void })._refreshSize?.();
+    const [cols, rows] = stdout.getWindowSize();
+    return { cols: Math.max(1, cols || 80), rows: Math.max(1, rows || 24) };
+  };
+  const ch: ClientChannel = await openSession(client, {
+    command,
+    pty: tty ? { ...size(), term: process.env.TERM || "xterm-256color" } : null,
+    env,
+  });
+  const term = new LocalTerminal(stdin);
+  let code: number | null = null;
+  let signal: string | null = null;
+  let gotStatus = false;
+
+  return new Promise<number>((resolveStatus) => {
+    let finished = false;
+    const sendSize = () => {
+      if (!tty || finished) return;
+      const s = size();
+      ch.setWindow(s.rows, s.cols, 0, 0);
+    };
+    const onInput = (buf: Buffer) => {
+      if (!tty) return void ch.write(buf);
+      // Ctrl-Z is the local suspend; everything else goes to the remote terminal as typed.
+      let from = 0;
+      for (let i = 0; i < buf.length; i++) {
+        if (buf[i] !== CTRL_Z) continue;
+        if (i > from) ch.write(buf.subarray(from, i));
+        from = i + 1;
+        suspend();
+      }
+      if (from < buf.length) ch.write(from === 0 ? buf : buf.subarray(from));
+    };
+    const suspend = () => {
+      // Terminal first, so the local shell gets a sane terminal back; then stop ourselves.
+      term.restore();
+      stdin.pause();
+      process.kill(process.pid, "SIGSTOP");
+    };
+    const onCont = () => {
+      if (finished) return;
+      term.enter();
+      stdin.resume();
+      sendSize();
+    };
+    const onStopSignal = () => suspend();
+    const onKill = (sig: NodeJS.Signals) => {
+      finish(SIGNAL_EXIT[sig] ?? 1, `berth: ${sig}: closing the session\r\n`);
+    };
+    const onExitRestore = () => term.restore();
+    const onStdinEnd = () => {
+      if (!tty) ch.end();
+    };
+
+    const finish = (status: number, note?: string) => {
+      if (finished) return;
+      finished = true;
+      term.restore();
+      stdin.off("data", onInput);
+      stdin.off("end", onStdinEnd);
+      stdin.pause();
+      process.off("SIGWINCH", sendSize);
+      process.off("SIGCONT", onCont);
+      process.off("SIGTSTP", onStopSignal);
+      for (const s of ["SIGTERM", "SIGHUP", "SIGINT"] as const) process.off(s, onKill);
+      process.off("exit", onExitRestore);
+      if (note) process.stderr.write(note);
+      try {
+        ch.close();
+      } catch {
+        /* already closed */
+      }
+      client.end();
+      resolveStatus(status);
+    };
+
+    ch.on("data", (b: Buffer) => stdout.write(b));
+    ch.stderr.on("data", (b: Buffer) => process.stderr.write(b));
+    ch.on("exit", (c: number | null, sig?: string) => {
+      gotStatus = true;
+      if (typeof c === "number") code = c;
+      else signal = sig ?? null;
+    });
+    ch.on("close", () => {
+      if (gotStatus) finish(exitStatusOf(code, signal));
+      else finish(255, "berth: the session ended without an exit status (the connection was cut, or access ended)\r\n");
+    });
+    client.on("error", (e: Error) => finish(255, `berth: SSH connection failed: ${e.message}\r\n`));
+    client.on("close", () => {
+      if (gotStatus) finish(exitStatusOf(code, signal));
+      else finish(255, "berth: the SSH connection closed without an exit status\r\n");
+    });
+
+    process.on("exit", onExitRestore);
+    for (const s of ["SIGTERM", "SIGHUP", "SIGINT"] as const) process.on(s, onKill);
+    if (tty) {
+      process.on("SIGWINCH", sendSize);
+      process.on("SIGCONT", onCont);
+      process.on("SIGTSTP", onStopSignal);
+      term.enter();
+    }
+    stdin.on("data", onInput);
+    stdin.on("end", onStdinEnd);
+    stdin.resume();
+  });
+}
+
+/** Heartbeat the borrow while the session runs; returns a stop function. Refusals are reported once. */
+function keepAlive(plan: SshPlan): () => void {
+  const api = plan.api;
+  if (!api) return () => {};
+  let warned = false;
+  const t = setInterval(() => {
+    heartbeat(api, plan.receipt).catch((e: unknown) => {
+      if (warned) return;
+      warned = true;
+      process.stderr.write(`\r\nberth: heartbeat refused: ${describeError(e)}\r\n`);
+    });
+  }, Math.max(1000, Math.floor(plan.receipt.heartbeatMs / 3)));
+  t.unref();
+  return () => clearInterval(t);
+}
+
+export function register(program: Command): void {
+  program
+    .command("ssh")
+    .description("Open a terminal on a borrowed machine (or run one command with a PTY); exits with the remote status")
+    .argument("[target...]", "ALLOCATION, or after `--` a command to run with a PTY")
+    .option("--receipt <file>", "the borrow's receipt (from `berth borrow`)")
+    .option("--print", "print the equivalent system `ssh` command line (writes a pinned known_hosts file next to the receipt)", false)
+    .option("--url <url>", "coordinator URL (or BERTH_URL; default: the receipt's)")
+    .option("--token-file <file>", "API token file (or BERTH_TOKEN_FILE)")
+    .option("--config <file>", "client config file (keeper borrows: its keeperKeyFile is the key)")
+    .addHelpText(
+      "after",
+      `
+Ctrl-Z suspends berth itself (the terminal is restored first; \`fg\` resumes it and
+resends the window size). Ctrl-C goes to the remote terminal.
+Exit status: the remote shell's or command's; 255 if the session ended without one;
+2 for usage errors.
+
+Examples:
+  berth ssh --receipt b.json
+  berth ssh --receipt b.json -- top
+  $(berth ssh --print --receipt b.json)`,
+    )
+    .action(async (target: string[], o: { receipt?: string; print: boolean; url?: string; tokenFile?: string; config?: string }) => {
+      let status: number;
+      let plan: SshPlan | null = null;
+      try {
+        if (!o.receipt) {
+          if (target.length === 0) throw new BerthError("invalid_request", "invalid_request: say what to connect to: berth ssh --receipt FILE");
+          process.stderr.write(
+            `berth: allocations are not implemented in berth yet, so there is no allocation ${JSON.stringify(target[0])} to connect to; use a borrow instead: berth borrow POOL --receipt FILE, then berth ssh --receipt FILE\n`,
+          );
+          process.exit(EXIT.usage);
+        }
+        plan = planFromReceipt(o.receipt, o);
+        if (o.print) {
+          process.stdout.write(shellQuote(systemSshCommand(plan, target)) + "\n");
+          status = 0;
+        } else {
+          const client = await connect({ host: plan.host, port: plan.port, user: plan.user, hostKey: plan.hostKey, privateKey: readKey(plan.keyFile) });
+          const stop = keepAlive(plan);
+          try {
+            status = await interactive(client, target.length > 0 ? shellQuote(target) : null, {});
+          } finally {
+            stop();
+          }
+        }
+      } catch (e) {
+        process.stderr.write(`berth: ${describeError(e)}\n`);
+        status = exitCodeOf(e);
+      }
+      await plan?.api?.close().catch(() => undefined);
+      // stdin may still hold a TTY handle open; the session is over, so exit now.
+      process.exit(status);
+    });
+}
+
+function readKey(file: string): string {
+  try {
+    return readFileSync(file, "utf8");
+  } catch (e) {
+    throw new BerthError("invalid_request", `invalid_request: cannot read the private key ${file}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+  }
+}
