@@ -396,9 +396,8 @@ export class GvisorRuntime implements Runtime {
           { mode: 0o600 },
         );
         const args = ["--root", this.runscRoot, "exec", "--internal-pid-file", ipidPath, "--process", specPath, c.id];
-        let line!: Promise<string | null>;
         let setLine!: (l: string | null) => void;
-        line = new Promise((r) => (setLine = r));
+        const line = new Promise<string | null>((r) => (setLine = r));
         let plumbing: Plumbing;
         let clientPid: number;
         let p: pty.IPty | null = null;
