@@ -48,7 +48,9 @@ export async function authenticate(store: Store, header: string | undefined, now
   }
   const raw = header.slice(7).trim();
   const hash = hashToken("api", raw);
-  const row = await store.transaction((tx) => tx.get<TokenRow>("SELECT id, org, role, expires_at, revoked_at FROM api_tokens WHERE hash = ?", [hash]), { name: "auth" });
+  // A committed read outside the transaction queue: a revocation is refused
+  // from the request after its commit on, without a transaction per request.
+  const row = await store.readCommitted<TokenRow>("SELECT id, org, role, expires_at, revoked_at FROM api_tokens WHERE hash = ?", [hash]);
   if (!row) throw new BerthError("unauthorized", "unauthorized: the API token is not known to this coordinator");
   if (row.revoked_at !== null) throw new BerthError("unauthorized", "unauthorized: the API token was revoked");
   if (row.expires_at !== null && now >= row.expires_at) throw new BerthError("unauthorized", "unauthorized: the API token has expired; create a new one");

@@ -38,6 +38,13 @@ export interface TransactionOptions {
 export interface Store {
   readonly dialect: Dialect;
   transaction<T>(fn: (tx: Tx) => Promise<T>, opts?: TransactionOptions): Promise<T>;
+  /**
+   * One read-only statement against the latest committed state, outside the
+   * transaction queue (no BEGIN/COMMIT, no wait behind writers): for
+   * per-request checks such as API-token lookup, where a separate
+   * transaction would cost more than the read. It never sees uncommitted writes.
+   */
+  readCommitted<T = Record<string, unknown>>(sql: string, params?: readonly Param[]): Promise<T | undefined>;
   /** Statistics for metrics: how many transactions were retried after a conflict. */
   readonly stats: { retries: number; transactions: number };
   close(): Promise<void>;

@@ -7,7 +7,7 @@ import { test, describe } from "node:test";
 import assert from "node:assert/strict";
 import { PG_SKIP, PG_URL, dropSchema, openStore, startTestCoordinator, tempDir, TestClock, type Engine } from "../helpers/env.js";
 import { PostgresStore } from "../../src/store/postgres/postgres-store.js";
-import type { Store, Tx } from "../../src/store/store.js";
+import type { Param, Store, Tx } from "../../src/store/store.js";
 import { ApiError } from "../../src/cli/api.js";
 import {
   ackBody,
@@ -53,6 +53,9 @@ class FaultyStore implements Store {
       };
       return fn(wrapped);
     }, opts);
+  }
+  readCommitted<T>(sql: string, params?: readonly Param[]): Promise<T | undefined> {
+    return this.inner.readCommitted<T>(sql, params);
   }
   close(): Promise<void> {
     return this.inner.close();

@@ -139,6 +139,11 @@ export class PostgresStore implements Store {
     }
   }
 
+  async readCommitted<T>(sql: string, params: readonly Param[] = []): Promise<T | undefined> {
+    // A single autocommit statement: one round trip instead of BEGIN, SELECT, COMMIT.
+    return (await this.pool.query(toPg(sql, this.#sqlCache), params as Param[])).rows[0] as T | undefined;
+  }
+
   async close(): Promise<void> {
     await this.pool.end();
   }

@@ -52,6 +52,9 @@ export class SqliteStore implements Store {
   readonly #idle: Array<() => void> = [];
   readonly #stmts: Record<"begin" | "commit" | "rollback" | "savepoint" | "release" | "rollbackTo", Statement>;
   readonly #tx: Tx;
+  /** A second, read-only connection: each statement on it sees the last committed state (WAL snapshot), never the open group. */
+  readonly #reader: Database.Database;
+  readonly #readerStatements = new Map<string, Statement>();
   /** After-commit callbacks of the transaction now running (only one runs at a time). */
   #afterCommit: Array<() => void> = [];
 
@@ -81,6 +84,9 @@ export class SqliteStore implements Store {
       },
     };
     this.migrate();
+    const memory = opts.path === ":memory:" || opts.path.startsWith("file::memory");
+    this.#reader = memory ? this.db : new Database(opts.path, { readonly: true, fileMustExist: true });
+    if (!memory) this.#reader.pragma(`busy_timeout = ${opts.busyTimeoutMs ?? 2000}`);
     this.#stmts = {
       begin: this.db.prepare("BEGIN IMMEDIATE"),
       commit: this.db.prepare("COMMIT"),
@@ -223,8 +229,18 @@ export class SqliteStore implements Store {
     this.#pending.unshift(...keep);
   }
 
+  async readCommitted<T>(sql: string, params: readonly Param[] = []): Promise<T | undefined> {
+    let s = this.#readerStatements.get(sql);
+    if (!s) {
+      s = this.#reader.prepare(sql);
+      this.#readerStatements.set(sql, s);
+    }
+    return s.get(...params) as T | undefined;
+  }
+
   async close(): Promise<void> {
     if (this.#draining) await new Promise<void>((r) => this.#idle.push(r));
+    if (this.#reader !== this.db) this.#reader.close();
     this.db.close();
   }
 }
