@@ -50,9 +50,10 @@ export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string): Pr
       [borrowId, p.org, poolName, m.id, p.tokenId, tokenHash, applied.machine.generation, now, heartbeatDeadline, expiresAt],
     );
     await setDue(tx, "heartbeat", borrowId, heartbeatDeadline);
-    // The pool may now be short of minReady: let the reconciler look soon.
+    // The pool may now be short of minReady: the reconciler's next pass looks
+    // (no wake-up per borrow; one fill visit serves every borrow before it).
     await setDueNoLater(tx, "fill", poolRef(p.org, poolName), now);
-    return { miss: false as const, pool: pool.name, machine: applied.machine, readySince: m.ready_since, heartbeatMs: pool.heartbeatMs, heartbeatDeadline, expiresAt };
+    return { miss: false as const, pool: pool.name, machine: applied.machine, readySince: m.ready_since, heartbeatMs: pool.heartbeatMs, heartbeatDeadline, expiresAt, work: applied.opIds.length > 0 };
   }, { name: "borrow" });
   if (out.miss) {
     ctx.metrics.warm.inc({ pool: out.pool, result: "miss" });
@@ -60,7 +61,7 @@ export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string): Pr
     ctx.kick();
     throw new BerthError("pool_exhausted", `pool_exhausted: pool ${poolName} has no ready machine right now; try again shortly (the pool is being refilled)`);
   }
-  ctx.kick();
+  if (out.work) ctx.kick();
   ctx.metrics.warm.inc({ pool: out.pool, result: "hit" });
   ctx.metrics.borrowRequests.inc({ pool: out.pool, access: "keeper", outcome: "ok" });
   if (out.readySince !== null) ctx.metrics.readyAge.observe(Math.max(0, now - out.readySince) / 1000);
