@@ -35,12 +35,15 @@ interface Row {
   borrow: Dist;
   return: Dist;
   errors: number;
+  /** Coordinator CPU time per cycle (ms): steadier than latency on a busy machine. */
+  serverCpuMsPerCycle: number;
 }
 
 type Borrowed = { borrowId: string; borrowToken: string };
 
 /** Runs `clients` loops of borrow → return for `secs`; latencies only from after the warm-up. */
-async function level(apis: Api[], clients: number, secs: number, record: boolean): Promise<Omit<Row, "engine" | "mode" | "clients">> {
+async function level(apis: Api[], clients: number, secs: number, record: boolean, cpuMs: () => number): Promise<Omit<Row, "engine" | "mode" | "clients">> {
+  const cpu0 = cpuMs();
   const borrowMs: number[] = [];
   const returnMs: number[] = [];
   let errors = 0;
@@ -70,7 +73,8 @@ async function level(apis: Api[], clients: number, secs: number, record: boolean
     }),
   );
   const elapsed = ms(t0) / 1000;
-  return { cycles, cyclesPerSec: round(cycles / elapsed, 1), borrow: dist(borrowMs), return: dist(returnMs), errors };
+  const cpu = cpuMs() - cpu0;
+  return { cycles, cyclesPerSec: round(cycles / elapsed, 1), borrow: dist(borrowMs), return: dist(returnMs), errors, serverCpuMsPerCycle: round(cpu / Math.max(1, cycles)) };
 }
 
 const rows: Row[] = [];
@@ -85,8 +89,8 @@ for (const engine of engines) {
       const maxClients = Math.max(...levels);
       for (let i = 0; i < maxClients; i++) apis.push(new Api(c.url, await c.token("member"), { connections: 1 }));
       for (const clients of levels) {
-        await level(apis, clients, warmupSeconds, false);
-        const r = await level(apis, clients, seconds, true);
+        await level(apis, clients, warmupSeconds, false, () => c.cpuMs());
+        const r = await level(apis, clients, seconds, true, () => c.cpuMs());
         rows.push({ engine, mode, clients, ...r });
         process.stderr.write(`${engine} ${mode} ${clients} client(s): ${r.cyclesPerSec} cycles/s\n`);
       }
@@ -108,6 +112,7 @@ printTable(
     "return p50": r.return.p50,
     "return p99": r.return.p99,
     "cycles/s": r.cyclesPerSec,
+    "cpu ms/cycle": r.serverCpuMsPerCycle,
     cycles: r.cycles,
     errors: r.errors,
   })),

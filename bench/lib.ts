@@ -6,7 +6,7 @@
  * a printed table and a JSON result under bench/results/.
  */
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir, cpus } from "node:os";
 import { join, resolve } from "node:path";
 import { randomBytes } from "node:crypto";
@@ -37,8 +37,19 @@ export interface BenchCoordinator {
   /** The bench's own handle on the same store (tokens, state polls). */
   store: Store;
   token(role?: Role, org?: string): Promise<string>;
+  /** CPU time (user + system, ms) the coordinator has used so far: the server process, or this process when in-process. */
+  cpuMs(): number;
   close(): Promise<void>;
 }
+
+/** CPU time of a process from /proc (Linux), in ms. */
+export function processCpuMs(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+  const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  // utime and stime are fields 14 and 15 (1-based) of the whole line: 12 and 13 after "pid (comm) ".
+  return ((Number(fields[11]) + Number(fields[12])) * 1000) / CLK_TCK;
+}
+const CLK_TCK = 100;
 
 async function openBenchStore(engine: Engine, dir: string, schema: string): Promise<Store> {
   if (engine === "sqlite") return new SqliteStore({ path: join(dir, "berth.db") });
@@ -101,6 +112,11 @@ export async function startBenchCoordinator(o: { engine: Engine; mode: Mode; por
     mode: o.mode,
     dir,
     store,
+    cpuMs() {
+      if (child) return processCpuMs(child.pid!);
+      const u = process.cpuUsage();
+      return (u.user + u.system) / 1000;
+    },
     async token(role: Role = "admin", org = "bench") {
       return (await createToken(store, { org, role, expiresAt: null, label: "bench" }, Date.now(), (n) => randomBytes(n))).token;
     },
