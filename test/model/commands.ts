@@ -62,6 +62,8 @@ export const commandArbs = [
   idx.map((i) => mk(`advanceToDeadline(${i})`, (w) => w.advanceToDeadline(i))),
   idx.map((i) => mk(`advanceToDeadline(${i})`, (w) => w.advanceToDeadline(i))),
   fc.constant(mk("crash()", (w) => w.crash())),
+  fc.tuple(pool, idx).map(([p, k]) => mk(`cycle(${p})`, (w) => w.cycle(p, k))),
+  fc.tuple(pool, idx).map(([p, k]) => mk(`cycle(${p})`, (w) => w.cycle(p, k))),
   fc.tuple(fc.constantFrom<PoolName>("kp", "pp"), fc.boolean()).map(([p, force]) => mk(`drain(${p},${force})`, (w) => w.drain(p, force))),
 ];
 

@@ -88,7 +88,7 @@ interface InFlight {
 /** Refusals a client may legitimately get; anything else is a defect. */
 const EXPECTED = new Set([
   "pool_exhausted", "borrow_not_active", "borrow_expired", "generation_mismatch", "claim_consumed", "claim_expired", "claim_not_found",
-  "namespace_conflict", "grant_expired", "grant_not_pending", "token_mismatch", "key_mismatch", "conflict", "not_found", "forbidden",
+  "namespace_conflict", "portable_unsupported", "grant_expired", "grant_not_pending", "token_mismatch", "key_mismatch", "conflict", "not_found", "forbidden",
 ]);
 
 export class World {
@@ -362,6 +362,17 @@ export class World {
       this.note(`${s.op.kind}@${s.op.generation} duplicate completion`);
       await executeOp(this.coord.ctx, s);
     }
+  }
+
+  /** A whole borrow cycle at once (borrow, ack, return, the ticks that clean up), so machines reach newer generations within a short sequence. */
+  async cycle(pool: PoolName, keyIdx: number): Promise<void> {
+    const before = this.borrows.length;
+    await this.borrow(pool, false, keyIdx, null);
+    if (this.borrows.length === before) return;
+    const b = this.borrows[this.borrows.length - 1]!;
+    if (b.kind === "portable") await this.ack(this.borrows.filter((x) => x.kind === "portable" && !x.done).indexOf(b), "none", false);
+    await this.return(this.borrows.filter((x) => !x.done).indexOf(b), false);
+    for (let i = 0; i < 4; i++) await this.tick([], false);
   }
 
   async deliver(idx: number): Promise<void> {
