@@ -67,10 +67,10 @@ const MUTANTS = [
   },
   {
     name: "fresh-op-id-per-attempt",
-    what: "a retried operation reaches the provider under a new operation id (blind second install)",
+    what: "a retried operation (after a timeout or lost reply) reaches the provider under a new operation id: a blind second install",
     file: "src/coordinator/executor.js",
     from: "provider.run({ opId: op.id,",
-    to: "provider.run({ opId: op.id + '-' + op.attempts,",
+    to: "provider.run({ opId: op.attempts > 1 ? op.id + '-' + op.attempts : op.id,",
   },
   {
     name: "late-heartbeat-revives",

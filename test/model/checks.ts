@@ -165,6 +165,9 @@ export class Checks {
       }
     }
 
+    // I4: a lost reply never causes a blind second install.
+    for (const [k, ops] of w.provider.installs) if (ops.size > 1) fail("I4", `two different install operations acted on ${k}`);
+
     for (const g of grants) {
       const m = byId.get(g.machine_id);
       // I10: grants only on portable machines.
@@ -188,8 +191,6 @@ export class Checks {
         if (now < Number(g.expires_at) && (!key || key.generation !== Number(g.generation))) fail("I4", `grant ${g.id} is active but its key is not installed at generation ${g.generation}`);
       }
     }
-    // I4: a lost reply never causes a blind second install.
-    for (const [k, ops] of w.provider.installs) if (ops.size > 1) fail("I4", `two different install operations acted on ${k}`);
 
     for (const b of borrows) {
       const m = byId.get(b.machine_id);
