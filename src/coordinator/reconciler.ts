@@ -36,7 +36,10 @@ export interface TickResult {
 export async function tick(ctx: Ctx, limit = 256): Promise<TickResult> {
   const now = ctx.now();
   const result: TickResult = { visited: 0, started: [] };
-  const skipped = new Set<string>();
+  // A row re-armed to "now" by another row's handling (a fill after a quarantine) is
+  // legitimately due again in the same tick; a row coming back a third time means its
+  // handler keeps re-arming it, and the rest of the tick waits for the next pass.
+  const seen = new Map<string, number>();
   while (result.visited < limit) {
     const seed = ctx.randomBytes(32);
     const r = await ctx.store.transaction(async (tx) => {
@@ -49,8 +52,9 @@ export async function tick(ctx: Ctx, limit = 256): Promise<TickResult> {
     result.visited++;
     ctx.metrics.reconcileVisits.inc();
     const key = `${r.row.kind}:${r.row.ref}`;
-    if (skipped.has(key)) break;
-    skipped.add(key);
+    const visits = (seen.get(key) ?? 0) + 1;
+    seen.set(key, visits);
+    if (visits >= 3) break;
     if (r.started) result.started.push(r.started);
   }
   return result;
