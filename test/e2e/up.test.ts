@@ -6,22 +6,10 @@
  */
 import { test, describe } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
 import { join } from "node:path";
-import { BIN, berthSync, startProcess, stopProcess } from "../helpers/cluster.js";
+import { berth, berthSync, startProcess, stopProcess } from "../helpers/cluster.js";
 import { tempDir } from "../helpers/env.js";
 import { allPids, readEnviron } from "../../src/agent/runtime/procfs.js";
-
-function run(args: string[], cwd: string): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    const c = spawn(process.execPath, [BIN, ...args], { cwd, stdio: ["ignore", "pipe", "pipe"] });
-    let stdout = "";
-    let stderr = "";
-    c.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
-    c.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
-    c.on("exit", (code) => resolve({ code, stdout, stderr }));
-  });
-}
 
 /** Processes tagged with a machine marker whose workspace lies under `dir` (process runtime). */
 function leftovers(dir: string): number[] {
@@ -35,14 +23,14 @@ describe("berth up", { timeout: 120_000 }, () => {
   test("`berth up -- echo hello` prints hello and exits 0; `-- sh -c 'exit 7'` exits 7; nothing is left running", async () => {
     const d = tempDir("berth-up-");
     try {
-      const hello = await run(["up", "--state-dir", join(d.path, "s1"), "--listen", "127.0.0.1:0", "--runtime", "process", "--", "echo", "hello"], d.path);
+      const hello = await berth(["up", "--state-dir", join(d.path, "s1"), "--listen", "127.0.0.1:0", "--runtime", "process", "--", "echo", "hello"], { cwd: d.path });
       assert.equal(hello.stdout, "hello\n", hello.stderr);
-      assert.equal(hello.code, 0);
+      assert.equal(hello.status, 0);
       assert.match(hello.stderr, /NO isolation/);
-      const seven = await run(["up", "--state-dir", join(d.path, "s2"), "--listen", "127.0.0.1:0", "--runtime", "process", "-q", "--", "sh", "-c", "echo out; exit 7"], d.path);
+      const seven = await berth(["up", "--state-dir", join(d.path, "s2"), "--listen", "127.0.0.1:0", "--runtime", "process", "-q", "--", "sh", "-c", "echo out; exit 7"], { cwd: d.path });
       assert.equal(seven.stdout, "out\n");
       assert.equal(seven.stderr, "");
-      assert.equal(seven.code, 7);
+      assert.equal(seven.status, 7);
       assert.deepEqual(leftovers(d.path), []);
     } finally {
       d.cleanup();

@@ -18,7 +18,7 @@ export interface Proc {
 }
 
 export function startProcess(args: string[], env: Record<string, string> = {}, readyPattern: RegExp): Promise<Proc & { match: RegExpMatchArray }> {
-  const child = spawn(process.execPath, [BIN, ...args], { env: { ...process.env, BERTH_LOG_LEVEL: "warn", ...env }, stdio: ["ignore", "pipe", "pipe"] });
+  const child = spawn(process.execPath, [BIN, ...args], { env: { ...process.env, BERTH_LOG_LEVEL: "warn", BERTH_PG_URL: "", ...env }, stdio: ["ignore", "pipe", "pipe"] });
   let out = "";
   child.stdout!.on("data", (d: Buffer) => (out += d.toString()));
   child.stderr!.on("data", (d: Buffer) => (out += d.toString()));
@@ -49,9 +49,26 @@ export async function stopProcess(p: Proc | null, signal: NodeJS.Signals = "SIGT
   clearTimeout(t);
 }
 
-export function berthSync(args: string[], env: Record<string, string> = {}): { status: number | null; stdout: string; stderr: string } {
-  const r = spawnSync(process.execPath, [BIN, ...args], { env: { ...process.env, ...env }, encoding: "utf8", timeout: 60_000 });
+export interface Result {
+  status: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+export function berthSync(args: string[], env: Record<string, string> = {}): Result {
+  const r = spawnSync(process.execPath, [BIN, ...args], { env: { ...process.env, BERTH_PG_URL: "", ...env }, encoding: "utf8", timeout: 60_000 });
   return { status: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+/** Runs the CLI to completion asynchronously, so the test can watch it meanwhile. */
+export function berth(args: string[], opts: { cwd?: string; env?: Record<string, string>; onSpawn?: (c: ChildProcess) => void } = {}): Promise<Result> {
+  const child = spawn(process.execPath, [BIN, ...args], { cwd: opts.cwd, env: { ...process.env, BERTH_LOG_LEVEL: "warn", BERTH_PG_URL: "", ...opts.env }, stdio: ["ignore", "pipe", "pipe"] });
+  opts.onSpawn?.(child);
+  let stdout = "";
+  let stderr = "";
+  child.stdout!.on("data", (d: Buffer) => (stdout += d.toString()));
+  child.stderr!.on("data", (d: Buffer) => (stderr += d.toString()));
+  return new Promise((r) => child.once("close", (status) => r({ status, stdout, stderr })));
 }
 
 export interface ClusterOptions {

@@ -5,72 +5,17 @@
  * config), SSH through ssh2, and /proc scans. close() drains the pool,
  * waits for every machine to be destroyed, and stops both processes.
  */
-import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
-import { join, resolve } from "node:path";
+import { join } from "node:path";
 import ssh2 from "ssh2";
 import { Api } from "../../src/cli/api.js";
+import { startProcess, stopProcess as stop, berthSync, type Proc } from "./cluster.js";
 import { tempDir } from "./env.js";
 
-export const BIN = resolve("bin/berth");
+export { BIN, berth, berthSync, stopProcess as stop, type Proc, type Result } from "./cluster.js";
 
-export interface Proc {
-  child: ChildProcess;
-  output: () => string;
-}
-
-export function start(args: string[], ready: RegExp, env: Record<string, string> = {}): Promise<Proc & { match: RegExpMatchArray }> {
-  const child = spawn(process.execPath, [BIN, ...args], { env: { ...process.env, BERTH_LOG_LEVEL: "warn", BERTH_PG_URL: "", ...env }, stdio: ["ignore", "pipe", "pipe"] });
-  let out = "";
-  child.stdout!.on("data", (d: Buffer) => (out += d.toString()));
-  child.stderr!.on("data", (d: Buffer) => (out += d.toString()));
-  return new Promise((resolveReady, reject) => {
-    const timer = setTimeout(() => reject(new Error(`timed out waiting for ${ready} from berth ${args[0]}:\n${out}`)), 30_000);
-    const check = () => {
-      const m = out.match(ready);
-      if (!m) return;
-      clearTimeout(timer);
-      child.stdout!.off("data", check);
-      resolveReady({ child, output: () => out, match: m });
-    };
-    child.stdout!.on("data", check);
-    child.once("exit", (code) => {
-      clearTimeout(timer);
-      reject(new Error(`berth ${args[0]} exited ${code} before it was ready:\n${out}`));
-    });
-  });
-}
-
-export async function stop(p: Proc | null, signal: NodeJS.Signals = "SIGTERM"): Promise<void> {
-  if (!p || p.child.exitCode !== null || p.child.signalCode !== null) return;
-  const exited = new Promise((r) => p.child.once("exit", r));
-  p.child.kill(signal);
-  const t = setTimeout(() => p.child.kill("SIGKILL"), 15_000);
-  await exited;
-  clearTimeout(t);
-}
-
-export interface Result {
-  status: number | null;
-  stdout: string;
-  stderr: string;
-}
-
-/** Runs the CLI to completion (asynchronously, so the test can watch it meanwhile). */
-export function berth(args: string[], opts: { cwd?: string; env?: Record<string, string>; onSpawn?: (c: ChildProcess) => void } = {}): Promise<Result> {
-  const child = spawn(process.execPath, [BIN, ...args], { cwd: opts.cwd, env: { ...process.env, BERTH_LOG_LEVEL: "warn", ...opts.env }, stdio: ["ignore", "pipe", "pipe"] });
-  opts.onSpawn?.(child);
-  let stdout = "";
-  let stderr = "";
-  child.stdout!.on("data", (d: Buffer) => (stdout += d.toString()));
-  child.stderr!.on("data", (d: Buffer) => (stderr += d.toString()));
-  return new Promise((r) => child.once("close", (status) => r({ status, stdout, stderr })));
-}
-
-export function berthSync(args: string[]): Result {
-  const r = spawnSync(process.execPath, [BIN, ...args], { encoding: "utf8", timeout: 60_000, env: { ...process.env, BERTH_PG_URL: "" } });
-  return { status: r.status, stdout: r.stdout, stderr: r.stderr };
-}
+/** Starts `berth <args>` and resolves once its output matches `ready` (see cluster.ts startProcess). */
+export const start = (args: string[], ready: RegExp, env: Record<string, string> = {}) => startProcess(args, env, ready);
 
 /** Every process's argv (NULs as spaces), read from /proc. */
 export function allCmdlines(): string[] {
