@@ -267,6 +267,22 @@ for (const target of targets) {
       assert.ok(proof.evidence.length > 0);
     });
 
+    it("the return path, fence then scrub, leaves nothing the borrower wrote; a command between them forces a full scrub", async (t) => {
+      if (skip) return t.skip(skip);
+      const m = await machine();
+      const layer = target.name === "gvisor" ? " && echo layer > /usr/local/berth-return-test" : "";
+      await run(rt, m.id, ["sh", "-c", `echo secret > "$HOME/borrowed.txt"${layer}`]);
+      const fenced = await rt.fence(m.id);
+      await rt.scrub(m.id);
+      const after = await run(rt, m.id, ["sh", "-c", 'find "$HOME" -mindepth 1; cat /usr/local/berth-return-test 2>/dev/null; echo "$BERTH_INCARNATION"']);
+      assert.equal(after.stdout, `${fenced.incarnation}\n`, "workspace and writable layer are empty, in the fenced incarnation");
+      // Something ran after the fence (the command above): this scrub must throw the writable layer away again.
+      if (target.name === "gvisor") await run(rt, m.id, ["sh", "-c", "echo again > /usr/local/berth-return-test"]);
+      await rt.scrub(m.id);
+      const again = await run(rt, m.id, ["sh", "-c", 'find "$HOME" -mindepth 1; cat /usr/local/berth-return-test 2>/dev/null; true']);
+      assert.equal(again.stdout, "");
+    });
+
     it("fence kills background, setsid and nohup processes and starts a new incarnation", async (t) => {
       if (skip) return t.skip(skip);
       const m = await machine();

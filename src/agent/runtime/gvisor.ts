@@ -129,6 +129,13 @@ export class GvisorRuntime implements Runtime {
   private readonly garbage = new Map<string, Promise<void>>();
   /** Exec clients per machine (to reap them when their sandbox is stopped). */
   private readonly clients = new Map<string, Set<ProcessIdentity>>();
+  /**
+   * Machines whose sandbox was (re)started by this process and has run no
+   * command since: its writable layer is fresh, so a scrub only needs to wipe
+   * the workspace. Kept in memory only: after an agent restart every scrub
+   * restarts the sandbox again.
+   */
+  private readonly untouched = new Set<string>();
 
   constructor(opts: GvisorRuntimeOptions) {
     this.stateDir = resolve(opts.stateDir);
@@ -365,6 +372,7 @@ export class GvisorRuntime implements Runtime {
         if (!this.isRunning(c)) {
           throw new BerthError("conflict", `conflict: machine ${machineId} has no running sandbox; fence or create it again`);
         }
+        this.untouched.delete(machineId);
         if (req.pty) validatePty(req.pty.cols, req.pty.rows);
         const shell = loginShell();
         const env = cleanEnv(req.env, {
@@ -534,6 +542,7 @@ export class GvisorRuntime implements Runtime {
       wiped = `; workspace wiped (${wipeDirectory(ws)} entries), writable layer discarded`;
     }
     const started = await this.start(stopped);
+    this.untouched.add(machineId);
     return {
       incarnation: started.incarnation as string,
       evidence: `sandbox restarted: incarnation ${before ?? "none"} -> ${started.incarnation}; ${evidence}${wiped}`,
@@ -544,9 +553,21 @@ export class GvisorRuntime implements Runtime {
     return this.lock.run(machineId, () => this.restart(machineId, false));
   }
 
-  /** The writable layer lives in sandbox memory, so scrub is a restart with a wiped workspace (and therefore also a fence). */
+  /**
+   * The writable layer lives in sandbox memory, so scrub is a restart with a
+   * wiped workspace (and therefore also a fence) — unless the sandbox was
+   * restarted by this process (a fence) and has run no command since: then its
+   * writable layer is already fresh and only the workspace is wiped.
+   */
   scrub(machineId: string): Promise<void> {
     return this.lock.run(machineId, async () => {
+      const rec = this.mustRecord(machineId);
+      if (this.untouched.has(machineId) && this.isRunning(rec.container)) {
+        const ws = join(this.dir(machineId), "workspace");
+        mkdirSync(ws, { recursive: true, mode: 0o700 });
+        wipeDirectory(ws);
+        return;
+      }
       await this.restart(machineId, true);
     });
   }
@@ -574,6 +595,7 @@ export class GvisorRuntime implements Runtime {
       rmSync(dir, { recursive: true, force: true, maxRetries: 3 });
       if (existsSync(dir)) throw new BerthError("operation_failed", `operation_failed: ${dir} still exists after destroy`);
       this.clients.delete(machineId);
+      this.untouched.delete(machineId);
     });
   }
 
