@@ -36,4 +36,10 @@ export interface SessionRegistry {
   closeMachine(machineId: string, why: string): Promise<number>;
   /** Live sessions of a machine. */
   count(machineId: string): number;
+  /**
+   * Clean session records a release had to retain (their process group could
+   * not be shown absent then) once the runtime shows them gone — after a fence
+   * or destroy has removed every process of the machine.
+   */
+  sweep?(): Promise<unknown>;
 }

@@ -442,7 +442,15 @@ export class AgentOps {
     const after: MachineRecord = { ...this.#machine(ctx.machineId), incarnation: proof.incarnation, mismatch: null };
     store.transaction(this.#commit(ctx, after, result));
     this.#attachIfNeeded(ctx.machineId);
+    this.#sweepSessions();
     return result;
+  }
+
+  /** After a fence or destroy every process of the machine is gone: retained session records can be cleaned (in the background; a failure only leaves them for the next sweep). */
+  #sweepSessions(): void {
+    const sweep = this.#deps.sessions.sweep;
+    if (!sweep) return;
+    sweep.call(this.#deps.sessions).catch((e: unknown) => this.#deps.log.warn({ error: errorMessage(e) }, "session record sweep failed; retried after the next fence"));
   }
 
   async #scrub(ctx: OpContext): Promise<ScrubResult> {
@@ -495,6 +503,7 @@ export class AgentOps {
       processesRemaining: 0,
     };
     store.transaction(this.#commit(ctx, { ...this.#machine(ctx.machineId), state: "destroyed" }, result));
+    this.#sweepSessions();
     return result;
   }
 

@@ -10,6 +10,8 @@ import { join } from "node:path";
 import { berth, berthSync, startProcess, stopProcess } from "../helpers/cluster.js";
 import { tempDir } from "../helpers/env.js";
 import { allPids, readEnviron } from "../../src/agent/runtime/procfs.js";
+import { gvisorAvailability } from "../../src/agent/runtime/index.js";
+import Database from "better-sqlite3";
 
 /** Processes tagged with a machine marker whose workspace lies under `dir` (process runtime). */
 function leftovers(dir: string): number[] {
@@ -32,6 +34,25 @@ describe("berth up", { timeout: 120_000 }, () => {
       assert.equal(seven.stderr, "");
       assert.equal(seven.status, 7);
       assert.deepEqual(leftovers(d.path), []);
+    } finally {
+      d.cleanup();
+    }
+  });
+
+  const gv = gvisorAvailability();
+  test("on gvisor: the command runs in a sandbox, and no session record is left retained once the machines are destroyed", { skip: gv.ok ? false : `gvisor runtime unavailable: ${(gv as { why: string }).why}` }, async () => {
+    const d = tempDir("berth-up-");
+    try {
+      const r = await berth(["up", "--state-dir", join(d.path, "s"), "--listen", "127.0.0.1:0", "--runtime", "gvisor", "-q", "--", "sh", "-c", "cat /run/berth/incarnation >/dev/null && echo sandboxed"], { cwd: d.path });
+      assert.equal(r.stdout, "sandboxed\n", r.stderr);
+      assert.equal(r.status, 0);
+      const db = new Database(join(d.path, "s", "agent", "agent.db"), { readonly: true });
+      try {
+        const rows = db.prepare("SELECT state, COUNT(*) AS n FROM agent_sessions GROUP BY state").all() as { state: string; n: number }[];
+        assert.deepEqual(rows, [{ state: "clean", n: 1 }]);
+      } finally {
+        db.close();
+      }
     } finally {
       d.cleanup();
     }
