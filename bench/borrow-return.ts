@@ -12,19 +12,14 @@
  * bench/results/borrow-return-<timestamp>.json.
  */
 import { Api } from "../src/cli/api.js";
-import { arg, dist, ms, pgSkipReason, printTable, round, startBenchCoordinator, keeperPool, writeResult, type Engine, type Mode, type Dist } from "./lib.js";
+import { arg, dist, ms, enginesArg, pgSkipReason, printTable, round, startBenchCoordinator, keeperPool, writeResult, type Engine, type Mode, type Dist } from "./lib.js";
 
 const seconds = Number(arg("seconds", "5"));
 const warmupSeconds = Number(arg("warmup", "1"));
 const levels = arg("clients", "1,8,32").split(",").map(Number);
 const machines = Number(arg("machines", "64"));
 const modes = arg("modes", "serve,inproc").split(",") as Mode[];
-let engines = arg("engines", "sqlite,postgres").split(",") as Engine[];
-const skip = pgSkipReason();
-if (skip && engines.includes("postgres")) {
-  process.stdout.write(`${skip}\n`);
-  engines = engines.filter((e) => e !== "postgres");
-}
+const engines = enginesArg();
 
 interface Row {
   engine: Engine;
@@ -117,5 +112,5 @@ printTable(
     errors: r.errors,
   })),
 );
-const path = writeResult("borrow-return", { seconds, warmupSeconds, machines, skipped: skip && !engines.includes("postgres") ? skip : null, rows });
+const path = writeResult("borrow-return", { seconds, warmupSeconds, machines, skipped: engines.includes("postgres") ? null : pgSkipReason(), rows });
 process.stdout.write(`\nwrote ${path}\n`);

@@ -24,6 +24,17 @@ export type Mode = "serve" | "inproc";
 export const PG_URL = process.env.BERTH_PG_URL ?? null;
 export const BIN = resolve("bin/berth");
 
+/** The --engines list, without PostgreSQL (and saying why) when BERTH_PG_URL is unset. */
+export function enginesArg(): Engine[] {
+  const engines = arg("engines", "sqlite,postgres").split(",") as Engine[];
+  const skip = pgSkipReason();
+  if (skip && engines.includes("postgres")) {
+    process.stdout.write(`${skip}\n`);
+    return engines.filter((e) => e !== "postgres");
+  }
+  return engines;
+}
+
 export function pgSkipReason(): string | null {
   return PG_URL ? null : "PostgreSQL skipped: set BERTH_PG_URL (e.g. postgres://postgres:berth@127.0.0.1:5432/berth_test) to include it";
 }

@@ -17,7 +17,7 @@
  *
  * Usage: node dist/bench/portable-vs-keeper.js [--seconds 5] [--clients 1,8,32] [--machines 40] [--engines sqlite,postgres]
  */
-import { arg, dist, pgSkipReason, printTable, round, writeResult, type Dist, type Engine } from "./lib.js";
+import { arg, dist, enginesArg, pgSkipReason, printTable, round, writeResult, type Dist, type Engine } from "./lib.js";
 import { ensureHostsPool, firstByte, sleep, sshTo, startCluster, type BenchCluster, type Borrowed } from "./cluster.js";
 import { Api, ApiError } from "../src/cli/api.js";
 import { generateSshKeyPair } from "../src/agent/ssh-keys.js";
@@ -26,12 +26,7 @@ type Access = "keeper" | "portable";
 const seconds = Number(arg("seconds", "5"));
 const levels = arg("clients", "1,8,32").split(",").map(Number);
 const machines = Number(arg("machines", "40"));
-let engines = arg("engines", "sqlite,postgres").split(",") as Engine[];
-const skip = pgSkipReason();
-if (skip && engines.includes("postgres")) {
-  process.stdout.write(`${skip}\n`);
-  engines = engines.filter((e) => e !== "postgres");
-}
+const engines = enginesArg();
 
 interface Row {
   engine: Engine;
@@ -141,5 +136,5 @@ printTable(
     errors: r.errors,
   })),
 );
-const path = writeResult("portable-vs-keeper", { seconds, machines, skipped: skip && !engines.includes("postgres") ? skip : null, rows });
+const path = writeResult("portable-vs-keeper", { seconds, machines, skipped: engines.includes("postgres") ? null : pgSkipReason(), rows });
 process.stdout.write(`\nwrote ${path}\n`);
