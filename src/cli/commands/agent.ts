@@ -30,7 +30,7 @@ function defaultStateDir(): string {
 export function register(program: Command): void {
   program
     .command("agent")
-    .summary("run the host agent: sandboxes, the SSH gateway, and the API the coordinator calls")
+    .summary("Run the host agent: sandboxes, the SSH gateway, and the API the coordinator calls")
     .description(
       [
         "Run the host agent. It owns the machines (sandboxes) of this host, serves SSH to them with",
