@@ -28,9 +28,10 @@ Start here:
   berth up                         keep it running; then: berth run --pool default -- CMD`,
   );
 
-for (const m of [up, serve, agent, token, pool, borrow, run, ssh]) m.register(program);
-
+// Set before the commands are added: subcommands inherit it, so every usage error exits 2.
 program.exitOverride((err) => {
   process.exit(err.exitCode === 0 ? 0 : 2);
 });
+
+for (const m of [up, serve, agent, token, pool, borrow, run, ssh]) m.register(program);
 await program.parseAsync(process.argv);
