@@ -267,6 +267,17 @@ for (const target of targets) {
       assert.ok(proof.evidence.length > 0);
     });
 
+    it("a quick command's output and status always arrive, even when its client exits before its identity line is read", async (t) => {
+      if (skip) return t.skip(skip);
+      const m = await machine();
+      const results = await Promise.all(Array.from({ length: 12 }, (_, i) => run(rt, m.id, ["sh", "-c", `echo out-${i}; echo err-${i} >&2; exit ${i % 4}`])));
+      results.forEach((r, i) => {
+        assert.equal(r.stdout, `out-${i}\n`);
+        assert.equal(r.stderr, `err-${i}\n`);
+        assert.equal(r.status.code, i % 4);
+      });
+    });
+
     it("the return path, fence then scrub, leaves nothing the borrower wrote; a command between them forces a full scrub", async (t) => {
       if (skip) return t.skip(skip);
       const m = await machine();

@@ -435,9 +435,12 @@ export class GvisorRuntime implements Runtime {
         return { rec, c, client, plumbing, p, line, specPath, ipidPath };
       })
       .then(async ({ rec, c, client, plumbing, p, line, specPath, ipidPath }) => {
-        // Outside the lock: wait for the wrapper's identity line (or the client's early exit).
+        // Outside the lock: wait for the wrapper's identity line. A quick command's
+        // client can exit before its stderr is read, so an early exit only bounds the
+        // wait: the line (or the end of stderr, which resolves it as null) still decides.
         const timeout = sleep(15_000).then(() => "timeout" as const);
-        const first = await Promise.race([line, plumbing.exited.then(() => null), timeout]);
+        const afterExit = plumbing.exited.then(() => Promise.race([line, sleep(2_000).then(() => null)]));
+        const first = await Promise.race([line, afterExit, timeout]);
         rmSync(specPath, { force: true });
         const fail = (why: string): never => {
           signalExact(client, "SIGKILL");
