@@ -87,7 +87,7 @@ export async function createToken(
  * the same transaction, leaves a due row so the coordinator invalidates the
  * token's live portable grants and cleans their machines up.
  */
-export async function revokeTokenWithGrants(store: Store, id: string, now: number, _randomBytes: (n: number) => Uint8Array): Promise<{ revoked: boolean; grants: number }> {
+export async function revokeTokenWithGrants(store: Store, id: string, now: number): Promise<{ revoked: boolean; grants: number }> {
   return store.transaction(async (tx) => {
     const n = await tx.run("UPDATE api_tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", [now, id]);
     if (n !== 1) return { revoked: false, grants: 0 };

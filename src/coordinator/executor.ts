@@ -17,7 +17,6 @@
  * learn what happened; after the attempts run out, a machine whose cleanup
  * could not be proven is quarantined (then destroyed), never made ready.
  */
-import { BerthError } from "../core/errors.js";
 import type { Ctx } from "./context.js";
 import type { Tx } from "../store/store.js";
 import { audit, setDue, clearDue, poolRef, setDueNoLater, type MachineRow } from "../store/rows.js";
@@ -197,9 +196,4 @@ async function onGiveUp(tx: Tx, ctx: Ctx, op: OpRow, m: MachineRow, error: strin
 
 async function releaseHostSlot(tx: Tx, m: MachineRow): Promise<void> {
   if (m.host_id) await tx.run("UPDATE hosts SET used_slots = used_slots - 1 WHERE id = ? AND used_slots > 0", [m.host_id]);
-}
-
-export function assertOpKind(kind: string): OperationKind {
-  if (["provision", "install_key", "remove_key", "fence", "scrub", "destroy"].includes(kind)) return kind as OperationKind;
-  throw new BerthError("internal", `unknown operation kind ${kind}`);
 }

@@ -46,16 +46,6 @@ export const MACHINE_STATES: readonly MachineState[] = [
   "destroyed",
 ];
 
-/** States that hold capacity against maxReady (everything not yet gone). */
-export function holdsCapacity(s: MachineState): boolean {
-  return s !== "destroyed" && s !== "destroying" && s !== "draining" && s !== "quarantined";
-}
-
-/** States in which the machine is lent or on its way back (a borrower may still have access). */
-export function isInCleanup(s: MachineState): boolean {
-  return s === "revoking" || s === "fencing" || s === "scrubbing";
-}
-
 export type MachineEvent =
   | { kind: "registered" }
   | { kind: "reserve"; mode: "keeper" | "portable" }

@@ -32,8 +32,3 @@ export function sameHash(a: string, b: string): boolean {
   if (a.length !== b.length) return false;
   return timingSafeEqual(Buffer.from(a), Buffer.from(b));
 }
-
-/** A token is well-formed for a domain when it has that domain's prefix and length. */
-export function looksLikeToken(domain: TokenDomain, raw: unknown): raw is string {
-  return typeof raw === "string" && raw.startsWith(PREFIX[domain] + "_") && raw.length === PREFIX[domain].length + 1 + 43;
-}

@@ -178,7 +178,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
           const a = await borrowPortable(apiA);
           const b = await borrowPortable(apiB, "agents", { durationMs: 20 * 60_000 });
           // Revoked between issue and ack.
-          await revokeTokenWithGrants(env.t.store, tokA.id, env.clock.now(), () => new Uint8Array(8));
+          await revokeTokenWithGrants(env.t.store, tokA.id, env.clock.now());
           await refused(apiA.call("POST", `/v1/borrows/${a.borrowId}/ack`, ackBody(a)), "unauthorized", 401);
           await settle(env.t.coord.ctx);
           assert.equal((await grantRow(env.t, a.borrowId)).state, "closed");

@@ -47,7 +47,7 @@ export function register(program: Command): void {
       runCommand(async () => {
         const store = await openStoreFromFlags(o);
         try {
-          const r = await revokeTokenWithGrants(store, id, Date.now(), (n) => randomBytes(n));
+          const r = await revokeTokenWithGrants(store, id, Date.now());
           if (!r.revoked) throw new BerthError("not_found", `not_found: no live token ${id}`);
           process.stdout.write(`revoked ${id}${r.grants ? `; ${r.grants} live grant(s) invalidated` : ""}\n`);
           return 0;
