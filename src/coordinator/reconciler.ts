@@ -18,8 +18,7 @@ import { fillPool, lockPool } from "./actions/fill.js";
 import { executeOp, startOp, type StartedOp } from "./executor.js";
 import { rotationMarginMs, fillDecision } from "../core/pool.js";
 import { countCapacity } from "./actions/capacity.js";
-import { handleGrantDue } from "./actions/grant-due.js";
-import { invalidateGrantsOfBorrower } from "./actions/grants.js";
+import { handleGrantDueRow, invalidateGrantsOfBorrower } from "./actions/grants.js";
 
 interface DueRow {
   kind: string;
@@ -81,11 +80,11 @@ async function handle(tx: Tx, ctx: Ctx, row: DueRow, now: number, seed: Uint8Arr
       return null;
     case "revoke":
       await clearDue(tx, "revoke", row.ref);
-      if (await invalidateGrantsOfBorrower(tx, ctx, row.ref, now, nonceOf(seed))) ctx.kick();
+      if (await invalidateGrantsOfBorrower(tx, ctx, row.ref, now, nonceOf(seed))) tx.afterCommit(() => ctx.kick());
       return null;
     case "ack":
     case "grant":
-      await handleGrantDue(tx, ctx, row.kind, row.ref, now, seed);
+      if (await handleGrantDueRow(tx, ctx, row.kind, row.ref, now, nonceOf(seed))) tx.afterCommit(() => ctx.kick());
       return null;
     default:
       // An unknown kind (a newer coordinator's) is left for it, pushed back so it does not block the index.
@@ -143,7 +142,7 @@ async function onFillDue(tx: Tx, ctx: Ctx, ref: string, now: number, seed: Uint8
   if (excess > 0) {
     const extra = await tx.all<MachineRow>(`SELECT * FROM machines WHERE org = ? AND pool = ? AND state = 'ready' ORDER BY ready_since, id LIMIT ?${tx.forUpdate}`, [org, name, excess]);
     for (const m of extra) await applyTransition(tx, ctx, m, { kind: "drain", reason: "above maxReady" }, now, { nonce: `${nonceOf(seed)}:${m.id}` });
-    if (extra.length > 0) ctx.kick();
+    if (extra.length > 0) tx.afterCommit(() => ctx.kick());
   }
   const provider = ctx.providers.get(pool.provider);
   if (!provider?.capabilities.provision) {
