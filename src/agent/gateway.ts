@@ -31,7 +31,8 @@ import { envDecision, validWindow } from "./sessions-events.js";
 import { memorySessionStore, type SessionStore } from "./sessions-store.js";
 import { recoverSessions, type RecoveryReport } from "./sessions-recovery.js";
 import { DEFAULT_TIMING, Session, type Log, type SessionTiming } from "./sessions.js";
-import { fingerprintOfBlob, loadOrCreateHostKey } from "./ssh-keys.js";
+import { loadOrCreateHostKey } from "./ssh-keys.js";
+import { fingerprintOf } from "../core/ssh-public-key.js";
 
 export interface GatewayOptions {
   /** Where the Ed25519 host key lives (created 0600 on first start, reused after). */
@@ -164,7 +165,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       if (ctx.method !== "publickey") return ctx.reject(["publickey"]);
       const pk = ctx as PublicKeyAuthContext;
       if (!isId(pk.username)) return pk.reject(["publickey"]);
-      const fp = fingerprintOfBlob(pk.key.data);
+      const fp = fingerprintOf(pk.key.data);
       const t = now();
       const key = keys.authorize(pk.username, fp, t);
       // Belt and braces: the authority's answer must be for exactly this machine and key, and unexpired at t.

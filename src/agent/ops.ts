@@ -35,7 +35,7 @@ import { parseId, type Id } from "../core/ids.js";
 import type { SessionRegistry } from "./contracts.js";
 import { supersededAt, type AgentKeys, type KeySelector } from "./keys.js";
 import { errorMessage, type AgentLog } from "./log.js";
-import { parsePublicKey } from "./pubkey.js";
+import { parsePublicKey } from "../core/ssh-public-key.js";
 import type { Runtime } from "./runtime/types.js";
 import type { AgentStore, MachineRecord, OpRecord, StoredKey } from "./store.js";
 

@@ -10,10 +10,11 @@
  * existing file that cannot be parsed is an error, not a reason to make a
  * new key.
  */
-import { createHash, createPrivateKey, generateKeyPairSync, randomBytes, type KeyObject } from "node:crypto";
+import { createPrivateKey, generateKeyPairSync, randomBytes, type KeyObject } from "node:crypto";
 import { closeSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, writeSync, unlinkSync } from "node:fs";
 import { dirname, basename, join } from "node:path";
 import ssh2 from "ssh2";
+import { fingerprintOf } from "../core/ssh-public-key.js";
 
 export interface SshKeyPair {
   /** "-----BEGIN OPENSSH PRIVATE KEY-----…" (unencrypted). */
@@ -51,17 +52,6 @@ export function ed25519PublicBlob(pub: Buffer): Buffer {
   return Buffer.concat([sshString("ssh-ed25519"), sshString(pub)]);
 }
 
-/** OpenSSH fingerprint of a public key blob (the SSH wire encoding). */
-export function fingerprintOfBlob(blob: Buffer): string {
-  return "SHA256:" + createHash("sha256").update(blob).digest("base64").replace(/=+$/, "");
-}
-
-/** Fingerprint of one OpenSSH public key line ("ssh-ed25519 AAAA… [comment]"). */
-export function fingerprintOfPublicLine(line: string): string {
-  const b64 = line.trim().split(/\s+/)[1];
-  if (!b64) throw new Error("not an OpenSSH public key line");
-  return fingerprintOfBlob(Buffer.from(b64, "base64"));
-}
 
 /** Encode an Ed25519 private key in the "openssh-key-v1" format, unencrypted. */
 export function toOpenSshPrivateKey(priv: KeyObject, comment = ""): string {
@@ -104,7 +94,7 @@ function keyPairFromPrivate(priv: KeyObject, comment: string): SshKeyPair {
   return {
     privateKey: toOpenSshPrivateKey(priv, comment),
     publicKey: `ssh-ed25519 ${blob.toString("base64")}${comment ? " " + comment : ""}`,
-    fingerprint: fingerprintOfBlob(blob),
+    fingerprint: fingerprintOf(blob),
   };
 }
 
@@ -130,7 +120,7 @@ export function parseOpenSshEd25519(text: string): SshKeyPair {
   return {
     privateKey: text,
     publicKey: `ssh-ed25519 ${blob.toString("base64")}${comment ? " " + comment : ""}`,
-    fingerprint: fingerprintOfBlob(blob),
+    fingerprint: fingerprintOf(blob),
   };
 }
 

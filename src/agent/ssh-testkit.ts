@@ -6,7 +6,7 @@
 import ssh2 from "ssh2";
 import type { ClientChannel, PseudoTtyOptions } from "ssh2";
 import type { InstalledKey, KeyAuthority } from "./contracts.js";
-import { fingerprintOfBlob, fingerprintOfPublicLine } from "./ssh-keys.js";
+import { fingerprintOf, parsePublicKey } from "../core/ssh-public-key.js";
 
 /** Keys per machine and a current generation per machine; `now < expiresAt` authorizes. */
 export class MemoryKeys implements KeyAuthority {
@@ -61,7 +61,7 @@ export interface ConnectOptions {
 
 /** Connect and authenticate; rejects with the client's error (e.g. "All configured authentication methods failed"). */
 export function connect(o: ConnectOptions): Promise<ssh2.Client> {
-  const pinned = o.hostKey ? fingerprintOfPublicLine(o.hostKey) : null;
+  const pinned = o.hostKey ? parsePublicKey(o.hostKey).fingerprint : null;
   return new Promise((resolve, reject) => {
     const c = new ssh2.Client();
     c.once("ready", () => resolve(c));
@@ -74,7 +74,7 @@ export function connect(o: ConnectOptions): Promise<ssh2.Client> {
       readyTimeout: 10_000,
       hostVerifier: (key: Buffer) => {
         if (!pinned) return true;
-        return fingerprintOfBlob(key) === pinned;
+        return fingerprintOf(key) === pinned;
       },
     });
   });

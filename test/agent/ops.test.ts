@@ -12,7 +12,7 @@ import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import { isBerthError } from "../../src/core/errors.js";
 import { startAgent, type RunningAgent } from "../../src/agent/agent.js";
-import { fingerprintOf } from "../../src/agent/pubkey.js";
+import { fingerprintOf } from "../../src/core/ssh-public-key.js";
 import { gvisorAvailability } from "../../src/agent/runtime/index.js";
 
 const dirs: string[] = [];

@@ -17,7 +17,7 @@ import { fileURLToPath } from "node:url";
 import { after, before, describe, it } from "node:test";
 import Database from "better-sqlite3";
 import { startAgent } from "../../src/agent/agent.js";
-import { fingerprintOf } from "../../src/agent/pubkey.js";
+import { fingerprintOf } from "../../src/core/ssh-public-key.js";
 import { argsHashOf } from "../../src/agent/ops.js";
 import { AgentStore } from "../../src/agent/store.js";
 import { ProcessRuntime } from "../../src/agent/runtime/process.js";

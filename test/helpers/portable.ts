@@ -10,7 +10,7 @@
  */
 import assert from "node:assert/strict";
 import type { OperationOutcome, OperationRequest, Provider, ProviderCapabilities } from "../../src/providers/provider.js";
-import { parsePublicKey } from "../../src/agent/pubkey.js";
+import { parsePublicKey } from "../../src/core/ssh-public-key.js";
 import { generateSshKeyPair } from "../../src/agent/ssh-keys.js";
 import { tick } from "../../src/coordinator/reconciler.js";
 import { executeOp } from "../../src/coordinator/executor.js";

@@ -7,7 +7,7 @@
  */
 import type { World, ClientBorrow } from "./world.js";
 import type { MachineRow } from "../../src/store/rows.js";
-import { parsePublicKey } from "../../src/agent/pubkey.js";
+import { parsePublicKey } from "../../src/core/ssh-public-key.js";
 
 export class InvariantViolation extends Error {
   constructor(readonly check: string, message: string) {

@@ -23,7 +23,7 @@
  * sessions of each machine, and a log of every effect with a logical time.
  */
 import type { OperationOutcome, OperationRequest, Provider, ProviderCapabilities } from "../../src/providers/provider.js";
-import { parsePublicKey } from "../../src/agent/pubkey.js";
+import { parsePublicKey } from "../../src/core/ssh-public-key.js";
 
 export type Fault = "none" | "fail" | "fail_permanent" | "timeout_applied" | "timeout_lost" | "lost_reply" | "park_applied" | "park_unapplied";
 

@@ -316,7 +316,7 @@ export class World {
     if (!b) return;
     const m = await this.checks.machine(b.machineId);
     if (!m) return;
-    const fingerprint = b.kind === "keeper" ? "keeper" : (await import("../../src/agent/pubkey.js")).parsePublicKey(b.publicKey).fingerprint;
+    const fingerprint = b.kind === "keeper" ? "keeper" : (await import("../../src/core/ssh-public-key.js")).parsePublicKey(b.publicKey).fingerprint;
     const opened = this.provider.openSession(m.resource_id, fingerprint);
     this.note(`connect ${b.id}: ${opened ? "session open" : "refused"}`);
     if (opened && b.kind === "portable") await this.checks.onSession(b);

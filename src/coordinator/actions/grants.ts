@@ -25,7 +25,7 @@ import { BerthError } from "../../core/errors.js";
 import { newId } from "../../core/ids.js";
 import { hashToken, newToken, sameHash } from "../../core/tokens.js";
 import { ackDecision, afterInvalidation, grantExpiresAt, isExpired, type GrantState, type InvalidationReason } from "../../core/grant.js";
-import { parsePublicKey } from "../../agent/pubkey.js";
+import { parsePublicKey } from "../../core/ssh-public-key.js";
 import type { Tx } from "../../store/store.js";
 import { audit, clearDue, poolRef, setDue, setDueNoLater, type MachineRow } from "../../store/rows.js";
 import type { Ctx } from "../context.js";

@@ -5,7 +5,7 @@
  * indexes and the one the SSH gateway computes from a client's key agree.
  */
 import { createHash } from "node:crypto";
-import { BerthError } from "../core/errors.js";
+import { BerthError } from "./errors.js";
 
 const KEY_TYPES = new Set([
   "ssh-ed25519",
