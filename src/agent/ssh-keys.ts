@@ -11,9 +11,9 @@
  * new key.
  */
 import { createPrivateKey, generateKeyPairSync, randomBytes, type KeyObject } from "node:crypto";
-import { closeSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, writeSync, unlinkSync } from "node:fs";
-import { dirname, basename, join } from "node:path";
+import { readFileSync } from "node:fs";
 import ssh2 from "ssh2";
+import { writeFileDurable } from "../store/durable-file.js";
 import { fingerprintOf } from "../core/ssh-public-key.js";
 
 export interface SshKeyPair {
@@ -122,36 +122,6 @@ export function parseOpenSshEd25519(text: string): SshKeyPair {
     publicKey: `ssh-ed25519 ${blob.toString("base64")}${comment ? " " + comment : ""}`,
     fingerprint: fingerprintOf(blob),
   };
-}
-
-/** Write a file whole: temp file in the same directory, fsync, rename, fsync of the directory. */
-export function writeFileDurable(path: string, data: string | Buffer, mode = 0o600): void {
-  const dir = dirname(path);
-  mkdirSync(dir, { recursive: true, mode: 0o700 });
-  const tmp = join(dir, `.${basename(path)}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`);
-  const fd = openSync(tmp, "wx", mode);
-  try {
-    const buf = typeof data === "string" ? Buffer.from(data, "utf8") : data;
-    let off = 0;
-    while (off < buf.length) off += writeSync(fd, buf, off, buf.length - off);
-    fsyncSync(fd);
-  } catch (e) {
-    closeSync(fd);
-    try {
-      unlinkSync(tmp);
-    } catch {
-      /* best effort: the temp file is never read */
-    }
-    throw e;
-  }
-  closeSync(fd);
-  renameSync(tmp, path);
-  const dfd = openSync(dir, "r");
-  try {
-    fsyncSync(dfd);
-  } finally {
-    closeSync(dfd);
-  }
 }
 
 /**

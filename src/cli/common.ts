@@ -16,7 +16,7 @@ import { PostgresStore } from "../store/postgres/postgres-store.js";
 import type { Store } from "../store/store.js";
 import { Api, ApiError } from "./api.js";
 import { loadConfig, type ClientConfig, type ConfigFlags } from "./config.js";
-import { writeFileDurable } from "../agent/ssh-keys.js";
+import { writeFileDurable } from "../store/durable-file.js";
 
 export const EXIT = { ok: 0, error: 1, usage: 2, unavailable: 69, cleanup: 75, expired: 124 } as const;
 

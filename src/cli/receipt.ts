@@ -8,7 +8,7 @@ import { readFileSync, statSync, unlinkSync } from "node:fs";
 import { z } from "zod";
 import { BerthError } from "../core/errors.js";
 import { ID_PATTERN } from "../core/ids.js";
-import { writeFileDurable } from "../agent/ssh-keys.js";
+import { writeFileDurable } from "../store/durable-file.js";
 
 const receiptSchema = z.strictObject({
   version: z.literal(1),

@@ -4,27 +4,13 @@
  * temp file, fsync, rename, fsync of the directory. A record that cannot be
  * parsed is reported as an error, never read as "no machine".
  */
-import { closeSync, fsyncSync, openSync, readFileSync, renameSync, rmSync, writeFileSync, readdirSync, lstatSync } from "node:fs";
-import { dirname, join } from "node:path";
-import { randomBytes } from "node:crypto";
+import { readFileSync, rmSync, readdirSync, lstatSync } from "node:fs";
+import { join } from "node:path";
 import { BerthError } from "../../core/errors.js";
+import { writeFileDurable } from "../../store/durable-file.js";
 
 export function writeRecord(path: string, value: unknown): void {
-  const tmp = `${path}.${randomBytes(4).toString("hex")}.tmp`;
-  const fd = openSync(tmp, "w", 0o600);
-  try {
-    writeFileSync(fd, JSON.stringify(value, null, 2) + "\n");
-    fsyncSync(fd);
-  } finally {
-    closeSync(fd);
-  }
-  renameSync(tmp, path);
-  const dfd = openSync(dirname(path), "r");
-  try {
-    fsyncSync(dfd);
-  } finally {
-    closeSync(dfd);
-  }
+  writeFileDurable(path, JSON.stringify(value, null, 2) + "\n", 0o600);
 }
 
 /** The record, or null if the file does not exist. Unreadable or corrupt → BerthError. */

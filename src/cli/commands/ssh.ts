@@ -31,7 +31,7 @@ import { resolve } from "node:path";
 import type { ClientChannel } from "ssh2";
 import type ssh2 from "ssh2";
 import { BerthError } from "../../core/errors.js";
-import { writeFileDurable } from "../../agent/ssh-keys.js";
+import { writeFileDurable } from "../../store/durable-file.js";
 import { Api } from "../api.js";
 import { heartbeat } from "../borrowing.js";
 import { loadConfig, type ConfigFlags } from "../config.js";
