@@ -18,14 +18,14 @@
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
-import { z } from "zod";
 import { BerthError, isBerthError } from "../core/errors.js";
 import { parseId } from "../core/ids.js";
 import { hashToken, sameHash } from "../core/tokens.js";
 import type { SessionRegistry } from "./contracts.js";
 import type { AgentKeys } from "./keys.js";
 import { errorMessage, type AgentLog } from "./log.js";
-import { OP_KINDS, type AgentOps } from "./ops.js";
+import type { AgentOps } from "./ops.js";
+import { operationRequestSchema as opEnvelope } from "../protocol/operations.js";
 import type { AgentStore, MachineRecord } from "./store.js";
 
 export const DEFAULT_BODY_LIMIT = 64 * 1024;
@@ -74,15 +74,6 @@ export interface AgentHttp {
   close(): Promise<void>;
 }
 
-const opEnvelope = z
-  .object({
-    opId: z.string(),
-    kind: z.enum(OP_KINDS),
-    machineId: z.string(),
-    generation: z.number().int().nonnegative(),
-    args: z.unknown().optional(),
-  })
-  .strict();
 
 export async function startHttp(deps: AgentHttpDeps, listen: { host: string; port: number }): Promise<AgentHttp> {
   const server = createServer((req, res) => {

@@ -1,5 +1,6 @@
 /**
- * Agent operations: create, install_key, remove_key, fence, scrub, destroy.
+ * Agent operations: provision, install_key, remove_key, fence, scrub, destroy
+ * (the contract, shared with the coordinator, is src/protocol/operations.ts).
  *
  * Protocol, per request `{opId, kind, machineId, generation, args}`:
  *   1. A known opId with a different kind, machine, generation or arguments
@@ -9,7 +10,7 @@
  *      changes nothing and is not recorded, so a retry is refused the same way
  *      (generations only grow).
  *   3. The operation row is written `started` BEFORE anything acts (for
- *      create, together with the machine's `creating` record), so a crash
+ *      provision, together with the machine's `creating` record), so a crash
  *      leaves a durable trace that recovery reads as "mid-operation".
  *   4. The action runs (runtime calls outside any transaction).
  *   5. The state change and the result are committed in ONE transaction,
@@ -28,19 +29,33 @@
  * never a fence: only `fence` closes sessions and restarts the machine's
  * processes (new incarnation), and proves none of the old ones remain.
  */
-import { createHash } from "node:crypto";
-import { z } from "zod";
 import { BerthError, assertNever } from "../core/errors.js";
 import { parseId, type Id } from "../core/ids.js";
+import {
+  OPERATION_KINDS,
+  hashNormalizedArgs,
+  normalizeArgs,
+  type DestroyResult,
+  type FenceResult,
+  type InstallKeyResult,
+  type KeySelector,
+  type NormalizedArgs,
+  type OperationKind,
+  type OperationResponse,
+  type OperationResult,
+  type ProvisionResult,
+  type RemoveKeyResult,
+  type ScrubResult,
+} from "../protocol/operations.js";
 import type { SessionRegistry } from "./contracts.js";
-import { supersededAt, type AgentKeys, type KeySelector } from "./keys.js";
+import { supersededAt, type AgentKeys } from "./keys.js";
 import { errorMessage, type AgentLog } from "./log.js";
-import { parsePublicKey } from "../core/ssh-public-key.js";
 import type { Runtime } from "./runtime/types.js";
 import type { AgentStore, MachineRecord, OpRecord, StoredKey } from "./store.js";
 
-export const OP_KINDS = ["create", "install_key", "remove_key", "fence", "scrub", "destroy"] as const;
-export type OpKind = (typeof OP_KINDS)[number];
+/** The operation kinds (the protocol's words). */
+export const OP_KINDS = OPERATION_KINDS;
+export type OpKind = OperationKind;
 
 export interface OpRequest {
   opId: string;
@@ -50,85 +65,8 @@ export interface OpRequest {
   args?: unknown;
 }
 
-export interface OpResponse {
-  opId: Id;
-  kind: OpKind;
-  machineId: Id;
-  generation: number;
-  status: "done";
-  result: OpResult;
-}
-
-export interface CreateResult {
-  incarnation: string;
-  runtime: string;
-  /** True when the runtime already had the machine (a create retried under a new opId). */
-  existed: boolean;
-}
-export interface InstallKeyResult {
-  fingerprint: string;
-  grantId: string;
-  mode: "grant" | "keeper";
-  expiresAt: number | null;
-  /** Fingerprints of keys of older generations removed by this install. */
-  superseded: string[];
-}
-export interface RemoveKeyResult {
-  /** Keys removed now; empty when none was installed (the key is absent either way). */
-  removed: Array<{ fingerprint: string; grantId: string }>;
-  /** Keys of the machine still installed (other grants, a keeper key). */
-  keysRemaining: number;
-  /** Sessions closed because no key of the machine is left (else the gateway cuts the key's own sessions). */
-  sessionsClosed: number;
-  /** Live sessions of the machine once that is done. */
-  sessionsRemaining: number;
-}
-export interface FenceResult {
-  incarnationBefore: string | null;
-  incarnationAfter: string;
-  sessionsClosed: number;
-  processesRemaining: number;
-  evidence: string;
-}
-export interface ScrubResult {
-  incarnationBefore: string | null;
-  /** The incarnation after the scrub (gVisor restarts the sandbox; process keeps it). */
-  incarnation: string | null;
-  scrubbed: true;
-}
-export interface DestroyResult {
-  existed: boolean;
-  incarnationBefore: string | null;
-  sessionsClosed: number;
-  keysRemoved: number;
-  processesRemaining: 0;
-}
-export type OpResult = CreateResult | InstallKeyResult | RemoveKeyResult | FenceResult | ScrubResult | DestroyResult;
-
-const installKeyArgs = z
-  .object({
-    publicKey: z.string().max(16_384),
-    mode: z.enum(["grant", "keeper"]),
-    grantId: z.string(),
-    expiresAt: z.number().int().nonnegative().nullable(),
-  })
-  .strict();
-const removeKeyArgs = z
-  .object({
-    grantId: z.string().optional(),
-    fingerprint: z.string().regex(/^SHA256:[A-Za-z0-9+/]{43}$/).optional(),
-  })
-  .strict();
-/** create, fence, scrub and destroy take no arguments; an object sent anyway is ignored. */
-const noArgs = z.union([z.record(z.string(), z.unknown()), z.undefined(), z.null()]);
-
-type Normalized =
-  | { kind: "create" }
-  | { kind: "install_key"; publicKey: string; fingerprint: string; mode: "grant" | "keeper"; grantId: Id; expiresAt: number | null }
-  | { kind: "remove_key"; which: KeySelector }
-  | { kind: "fence" }
-  | { kind: "scrub" }
-  | { kind: "destroy" };
+export type OpResponse = OperationResponse;
+type Normalized = NormalizedArgs;
 
 export interface AgentOpsDeps {
   /** The durable record of machines, keys and operation results. */
@@ -165,7 +103,7 @@ export class AgentOps {
       throw new BerthError("invalid_request", "invalid_request: generation must be a non-negative integer");
     }
     const args = normalizeArgs(kind, req.args);
-    const argsHash = hashArgs(args);
+    const argsHash = hashNormalizedArgs(args);
     return this.#serialized(machineId, () => this.#execute(opId, kind, machineId, generation, args, argsHash));
   }
 
@@ -213,7 +151,7 @@ export class AgentOps {
       if (existing === null) {
         store.transaction(() => {
           store.insertOp({ opId, kind, machineId, generation, argsHash, now: this.#deps.now() });
-          if (kind === "create" && machine === null) {
+          if (kind === "provision" && machine === null) {
             // The intent record, before the runtime creates anything: after a
             // crash, "no record" means "never ours".
             const now = this.#deps.now();
@@ -260,8 +198,8 @@ export class AgentOps {
 
   #checkPreconditions(opId: Id, kind: OpKind, machineId: Id, generation: number, m: MachineRecord | null): void {
     if (m === null) {
-      if (kind === "create" || kind === "destroy") return;
-      throw new BerthError("not_found", `not_found: machine ${machineId} is not on this host; create it first`);
+      if (kind === "provision" || kind === "destroy") return;
+      throw new BerthError("not_found", `not_found: machine ${machineId} is not on this host; provision it first`);
     }
     if (generation < m.generation) {
       throw new BerthError(
@@ -273,8 +211,8 @@ export class AgentOps {
       case "running":
         return;
       case "creating":
-        if (kind === "create" || kind === "destroy") return;
-        throw new BerthError("conflict", `conflict: machine ${machineId} is still being created; finish its create operation first`);
+        if (kind === "provision" || kind === "destroy") return;
+        throw new BerthError("conflict", `conflict: machine ${machineId} is still being created; finish its provision operation first`);
       case "destroying":
         if (kind === "destroy") return;
         throw new BerthError("conflict", `conflict: machine ${machineId} is being destroyed; only destroy can finish it`);
@@ -292,10 +230,10 @@ export class AgentOps {
     }
   }
 
-  async #act(ctx: OpContext, args: Normalized): Promise<OpResult> {
+  async #act(ctx: OpContext, args: Normalized): Promise<OperationResult> {
     switch (args.kind) {
-      case "create":
-        return this.#create(ctx);
+      case "provision":
+        return this.#provision(ctx);
       case "install_key":
         return this.#installKey(ctx, args);
       case "remove_key":
@@ -319,7 +257,7 @@ export class AgentOps {
   }
 
   /** Commits `m` (generation possibly advanced) and the result, in one transaction, with the keys' change. */
-  #commit(ctx: OpContext, m: MachineRecord, result: OpResult): () => void {
+  #commit(ctx: OpContext, m: MachineRecord, result: OperationResult): () => void {
     return () => {
       const now = this.#deps.now();
       this.#deps.store.putMachine({ ...m, generation: Math.max(m.generation, ctx.generation), updatedAt: now });
@@ -327,12 +265,12 @@ export class AgentOps {
     };
   }
 
-  async #create(ctx: OpContext): Promise<CreateResult> {
+  async #provision(ctx: OpContext): Promise<ProvisionResult> {
     const { runtime, store, keys } = this.#deps;
     const before = this.#machine(ctx.machineId);
     const existed = before.state === "running";
     const rm = await runtime.create(ctx.machineId);
-    const result: CreateResult = { incarnation: rm.incarnation, runtime: runtime.kind, existed };
+    const result: ProvisionResult = { incarnation: rm.incarnation, runtime: runtime.kind, existed };
     const m: MachineRecord = {
       ...before,
       state: "running",
@@ -473,7 +411,7 @@ export class AgentOps {
     const m = store.getMachine(ctx.machineId);
     if (m === null || m.state === "destroyed") {
       // Never created here (or already gone): record it destroyed, so a
-      // delayed create for this id can never bring it back.
+      // delayed provision for this id can never bring it back.
       const result: DestroyResult = {
         existed: false, incarnationBefore: m?.incarnation ?? null, sessionsClosed: 0, keysRemoved: 0, processesRemaining: 0,
       };
@@ -528,68 +466,6 @@ function respond(op: OpRecord): OpResponse {
     machineId: op.machineId as Id,
     generation: op.generation,
     status: "done",
-    result: op.result as OpResult,
+    result: op.result as OperationResult,
   };
-}
-
-function invalidArgs(kind: OpKind, error: z.ZodError): BerthError {
-  const issue = error.issues[0];
-  const where = issue && issue.path.length > 0 ? `args.${issue.path.join(".")}` : "args";
-  return new BerthError("invalid_request", `invalid_request: ${where} of ${kind}: ${issue?.message ?? "invalid"}`);
-}
-
-/** Validates and canonicalises the arguments of an operation (ids through parseId). */
-export function normalizeArgs(kind: OpKind, raw: unknown): Normalized {
-  switch (kind) {
-    case "install_key": {
-      const p = installKeyArgs.safeParse(raw);
-      if (!p.success) throw invalidArgs(kind, p.error);
-      const key = parsePublicKey(p.data.publicKey);
-      const grantId = parseId(p.data.grantId, "args.grantId");
-      if (p.data.mode === "grant" && p.data.expiresAt === null) {
-        throw new BerthError("invalid_request", "invalid_request: args.expiresAt is required for a grant key (only keeper keys may have no expiry)");
-      }
-      return { kind, publicKey: key.line, fingerprint: key.fingerprint, mode: p.data.mode, grantId, expiresAt: p.data.expiresAt };
-    }
-    case "remove_key": {
-      const p = removeKeyArgs.safeParse(raw);
-      if (!p.success || (p.data.grantId === undefined && p.data.fingerprint === undefined)) {
-        throw new BerthError("invalid_request", "invalid_request: args of remove_key must name {grantId} and/or {fingerprint: \"SHA256:…\"}");
-      }
-      const which: KeySelector = {};
-      if (p.data.grantId !== undefined) which.grantId = parseId(p.data.grantId, "args.grantId");
-      if (p.data.fingerprint !== undefined) which.fingerprint = p.data.fingerprint;
-      return { kind, which };
-    }
-    case "create":
-    case "fence":
-    case "scrub":
-    case "destroy": {
-      const p = noArgs.safeParse(raw);
-      if (!p.success) throw invalidArgs(kind, p.error);
-      return { kind };
-    }
-    default:
-      return assertNever(kind, "operation kind");
-  }
-}
-
-/** The hash an operation's record keeps of its (validated, canonical) arguments. */
-export function argsHashOf(kind: OpKind, rawArgs: unknown): string {
-  return hashArgs(normalizeArgs(kind, rawArgs));
-}
-
-function hashArgs(args: Normalized): string {
-  return createHash("sha256").update(canonicalJson(args)).digest("hex");
-}
-
-function canonicalJson(v: unknown): string {
-  if (v === null || typeof v !== "object") return JSON.stringify(v);
-  if (Array.isArray(v)) return `[${v.map(canonicalJson).join(",")}]`;
-  const o = v as Record<string, unknown>;
-  return `{${Object.keys(o)
-    .sort()
-    .filter((k) => o[k] !== undefined)
-    .map((k) => `${JSON.stringify(k)}:${canonicalJson(o[k])}`)
-    .join(",")}}`;
 }

@@ -92,7 +92,7 @@ export async function recover(deps: RecoveryDeps): Promise<RecoveryReport> {
       mismatch(`unreadable: the runtime could not say what machine ${m.id} is (${errorMessage(e)})`);
       continue;
     }
-    const explained = unfinished.some((o) => o.kind === "fence" || o.kind === "scrub" || o.kind === "create");
+    const explained = unfinished.some((o) => o.kind === "fence" || o.kind === "scrub" || o.kind === "provision");
     if (!seen.exists) {
       if (unfinished.some((o) => o.kind === "destroy")) pending();
       else mismatch(`missing: the runtime has no machine ${m.id} (recorded incarnation ${m.incarnation ?? "none"})`);

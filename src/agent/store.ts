@@ -14,14 +14,16 @@
  * crash of the process or the host. Every operation result is committed
  * before the agent replies (see ops.ts).
  *
- * Schema changes are named migrations applied once each, in order; other
- * parts of the agent (the gateway's session records) add theirs by passing
- * `migrations` to `AgentStore.open` or appending to `AGENT_MIGRATIONS`.
+ * Schema changes are versioned migrations run by the same runner and scheme
+ * as the coordinator's stores (src/store/migrate.ts); other parts of the
+ * agent add theirs by appending to `AGENT_MIGRATIONS` (or, in tests, passing
+ * `migrations` to `AgentStore.open`).
  */
 import { chmodSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import Database from "better-sqlite3";
 import type { InstalledKey } from "./contracts.js";
+import { runMigrations, sqliteMigrationDriver, SCHEMA_VERSION_TABLE, type Migration } from "../store/migrate.js";
 
 export const STORE_FILE = "agent.db";
 
@@ -36,71 +38,77 @@ export class AgentLockedError extends Error {
   }
 }
 
-export interface Migration {
-  /** Unique, stable name; applied once, recorded in schema_migrations. */
-  name: string;
-  up(db: Database.Database): void;
-}
-
 /** The agent daemon's own tables. Append only; never edit an applied entry. */
 export const AGENT_MIGRATIONS: Migration[] = [
   {
-    name: "001_agent_core",
-    up(db) {
-      db.exec(`
-        CREATE TABLE meta (
-          key   TEXT PRIMARY KEY,
-          value TEXT NOT NULL
-        );
-        CREATE TABLE machines (
-          id          TEXT PRIMARY KEY,
-          generation  INTEGER NOT NULL,
-          state       TEXT NOT NULL,      -- creating | running | destroying | destroyed | mismatch
-          incarnation TEXT,
-          workspace   TEXT,
-          identity    TEXT,               -- runtime identity JSON (RuntimeMachine.identity)
-          mismatch    TEXT,               -- why recovery refused to adopt it
-          created_at  INTEGER NOT NULL,
-          updated_at  INTEGER NOT NULL
-        );
-        CREATE TABLE keys (
-          machine_id  TEXT NOT NULL,
-          fingerprint TEXT NOT NULL,
-          public_key  TEXT NOT NULL,
-          generation  INTEGER NOT NULL,
-          mode        TEXT NOT NULL,      -- grant | keeper
-          grant_id    TEXT NOT NULL,
-          expires_at  INTEGER,            -- epoch ms; NULL = no expiry (keeper)
-          installed_at INTEGER NOT NULL,
-          PRIMARY KEY (machine_id, fingerprint)
-        );
-        -- Keys removed by remove_key, so that a delayed install_key of the same
-        -- grant or key at the same generation never restores it.
-        CREATE TABLE removed_keys (
-          machine_id  TEXT NOT NULL,
-          generation  INTEGER NOT NULL,
-          grant_id    TEXT,
-          fingerprint TEXT,
-          removed_at  INTEGER NOT NULL
-        );
-        CREATE INDEX removed_keys_machine ON removed_keys (machine_id, generation);
-        CREATE TABLE operations (
-          op_id       TEXT PRIMARY KEY,
-          kind        TEXT NOT NULL,
-          machine_id  TEXT NOT NULL,
-          generation  INTEGER NOT NULL,
-          args_hash   TEXT NOT NULL,
-          status      TEXT NOT NULL,      -- started | done | failed
-          result      TEXT,               -- JSON, once done
-          error       TEXT,               -- last failure message, when failed
-          created_at  INTEGER NOT NULL,
-          finished_at INTEGER
-        );
-        CREATE INDEX operations_machine ON operations (machine_id, status);
-      `);
-    },
+    version: 1,
+    name: "agent core",
+    sql: `
+      CREATE TABLE meta (
+        key   TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+      );
+      CREATE TABLE machines (
+        id          TEXT PRIMARY KEY,
+        generation  INTEGER NOT NULL,
+        state       TEXT NOT NULL,      -- creating | running | destroying | destroyed | mismatch
+        incarnation TEXT,
+        workspace   TEXT,
+        identity    TEXT,               -- runtime identity JSON (RuntimeMachine.identity)
+        mismatch    TEXT,               -- why recovery refused to adopt it
+        created_at  INTEGER NOT NULL,
+        updated_at  INTEGER NOT NULL
+      );
+      CREATE TABLE keys (
+        machine_id  TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        public_key  TEXT NOT NULL,
+        generation  INTEGER NOT NULL,
+        mode        TEXT NOT NULL,      -- grant | keeper
+        grant_id    TEXT NOT NULL,
+        expires_at  INTEGER,            -- epoch ms; NULL = no expiry (keeper)
+        installed_at INTEGER NOT NULL,
+        PRIMARY KEY (machine_id, fingerprint)
+      );
+      -- Keys removed by remove_key, so that a delayed install_key of the same
+      -- grant or key at the same generation never restores it.
+      CREATE TABLE removed_keys (
+        machine_id  TEXT NOT NULL,
+        generation  INTEGER NOT NULL,
+        grant_id    TEXT,
+        fingerprint TEXT,
+        removed_at  INTEGER NOT NULL
+      );
+      CREATE INDEX removed_keys_machine ON removed_keys (machine_id, generation);
+      CREATE TABLE operations (
+        op_id       TEXT PRIMARY KEY,
+        kind        TEXT NOT NULL,
+        machine_id  TEXT NOT NULL,
+        generation  INTEGER NOT NULL,
+        args_hash   TEXT NOT NULL,
+        status      TEXT NOT NULL,      -- started | done | failed
+        result      TEXT,               -- JSON, once done
+        error       TEXT,               -- last failure message, when failed
+        created_at  INTEGER NOT NULL,
+        finished_at INTEGER
+      );
+      CREATE INDEX operations_machine ON operations (machine_id, status);
+    `,
+  },
+  {
+    // The agent's "create" is the protocol's "provision" (one word on both
+    // sides). Its arguments are none, so the kept hash is that of {"kind":"provision"}.
+    version: 2,
+    name: "one word per operation",
+    sql: `
+      UPDATE operations SET kind = 'provision', args_hash = 'c6143d9041dff78179887d3720161c11460f1c85c3caa167dbea1807bdb9de41'
+        WHERE kind = 'create';
+    `,
   },
 ];
+
+/** Named migrations of the scheme before `schema_version` (adopted once, by version). */
+const LEGACY_NAMES: Record<string, number> = { "001_agent_core": 1 };
 
 export type MachineState = "creating" | "running" | "destroying" | "destroyed" | "mismatch";
 
@@ -212,7 +220,7 @@ function opFromRow(r: OpRow): OpRecord {
 }
 
 export interface OpenOptions {
-  /** Extra migrations (e.g. the gateway's session table), applied after the agent's own. */
+  /** Extra migrations (tests), versioned after the agent's own. */
   migrations?: Migration[];
 }
 
@@ -257,17 +265,24 @@ export class AgentStore {
   }
 
   #migrate(list: Migration[]): void {
-    this.db.exec("CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY, applied_at INTEGER NOT NULL)");
-    const applied = new Set(
-      (this.db.prepare("SELECT name FROM schema_migrations").all() as Array<{ name: string }>).map((r) => r.name),
-    );
-    for (const m of list) {
-      if (applied.has(m.name)) continue;
-      this.transaction(() => {
-        m.up(this.db);
-        this.db.prepare("INSERT INTO schema_migrations (name, applied_at) VALUES (?, ?)").run(m.name, Date.now());
-      });
-    }
+    this.#adoptLegacySchema();
+    runMigrations(sqliteMigrationDriver(this.db), list);
+  }
+
+  /** A store written before `schema_version`: record its named migrations by version, once. */
+  #adoptLegacySchema(): void {
+    const legacy = this.db.prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'").get();
+    if (!legacy) return;
+    this.transaction(() => {
+      this.db.exec(SCHEMA_VERSION_TABLE);
+      const rows = this.db.prepare("SELECT name, applied_at FROM schema_migrations").all() as Array<{ name: string; applied_at: number }>;
+      for (const r of rows) {
+        const version = LEGACY_NAMES[r.name];
+        if (version === undefined) throw new Error(`agent store: unknown migration ${r.name} recorded; it was written by another berth build`);
+        this.db.prepare("INSERT OR IGNORE INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)").run(version, r.name, r.applied_at);
+      }
+      this.db.exec("DROP TABLE schema_migrations");
+    });
   }
 
   /** Runs `fn` in one immediate write transaction (all or nothing). */

@@ -7,32 +7,48 @@
  * moves it to its next time. A tick costs O(due rows), never O(machines).
  *
  * Provider operations found due are started in their row's transaction and
- * executed after its commit (see executor.ts).
+ * executed after its commit, by the executor the reconciler is given (see
+ * executor.ts; the wiring is in server.ts).
  */
 import type { Ctx } from "./context.js";
 import type { Tx } from "../store/store.js";
-import { audit, clearDue, setDue, setDueNoLater, poolRef, type BorrowRow, type ClaimRow, type MachineRow } from "../store/rows.js";
+import { audit } from "../store/audit.js";
+import { clearDue, poolRef, setDue, setDueNoLater, takeDueRow, type DueRow } from "../store/due.js";
+import { deleteEndedBorrow, endBorrow, lockBorrow } from "../store/borrows.js";
+import { deleteExpiredClaim, expireClaim, lockClaim } from "../store/claims.js";
+import { deleteClosedGrant } from "../store/grants.js";
+import { deleteMachine, lockMachine, lockReadyMachines } from "../store/machines.js";
+import { countOpenOps, deleteOpsOfMachine } from "../store/operations.js";
+import { lockPool } from "../store/pools.js";
 import { liveDecision } from "../core/borrow.js";
 import { applyTransition } from "./actions/transition.js";
-import { fillPool, lockPool } from "./actions/fill.js";
-import { executeOp, startOp, type StartedOp } from "./executor.js";
+import { fillPool } from "./actions/fill.js";
+import type { OperationExecutor, StartedOp } from "./executor.js";
 import { rotationMarginMs, fillDecision } from "../core/pool.js";
 import { countCapacity } from "./actions/capacity.js";
 import { handleGrantDueRow, invalidateGrantsOfBorrower } from "./actions/grants.js";
-
-interface DueRow {
-  kind: string;
-  ref: string;
-  due_at: number;
-}
 
 export interface TickResult {
   visited: number;
   started: StartedOp[];
 }
 
-/** One pass over what is due now; starts due operations without waiting for them. */
-export async function tick(ctx: Ctx, limit = 256): Promise<TickResult> {
+export interface ReconcilerDeps {
+  ctx: Ctx;
+  /** Leases due operations (in the due row's transaction); the loop then carries them out. */
+  executor: Pick<OperationExecutor, "start" | "execute">;
+}
+
+export class Reconciler {
+  constructor(readonly deps: ReconcilerDeps) {}
+
+  /** One pass over what is due now; starts due operations without waiting for them. */
+  tick(limit = 256): Promise<TickResult> {
+    return tick(this.deps, limit);
+  }
+}
+
+async function tick({ ctx, executor }: ReconcilerDeps, limit: number): Promise<TickResult> {
   const now = ctx.now();
   const result: TickResult = { visited: 0, started: [] };
   // A row re-armed to "now" by another row's handling (a fill after a quarantine) is
@@ -42,9 +58,9 @@ export async function tick(ctx: Ctx, limit = 256): Promise<TickResult> {
   while (result.visited < limit) {
     const seed = ctx.randomBytes(32);
     const r = await ctx.store.transaction(async (tx) => {
-      const row = await tx.get<DueRow>(`SELECT kind, ref, due_at FROM due WHERE due_at <= ? ORDER BY due_at, kind, ref LIMIT 1${tx.skipLocked}`, [now]);
+      const row = await takeDueRow(tx, now);
       if (!row) return null;
-      const started = await handle(tx, ctx, row, now, seed);
+      const started = await handle(tx, ctx, executor, row, now, seed);
       return { row, started };
     }, { name: "reconcile" });
     if (!r) break;
@@ -59,10 +75,10 @@ export async function tick(ctx: Ctx, limit = 256): Promise<TickResult> {
   return result;
 }
 
-async function handle(tx: Tx, ctx: Ctx, row: DueRow, now: number, seed: Uint8Array): Promise<StartedOp | null> {
+async function handle(tx: Tx, ctx: Ctx, executor: ReconcilerDeps["executor"], row: DueRow, now: number, seed: Uint8Array): Promise<StartedOp | null> {
   switch (row.kind) {
     case "op":
-      return startOp(tx, ctx, row.ref, now);
+      return executor.start(tx, row.ref, now);
     case "heartbeat":
       await onHeartbeatDue(tx, ctx, row.ref, now, seed);
       return null;
@@ -98,7 +114,7 @@ function nonceOf(seed: Uint8Array): string {
 }
 
 async function onHeartbeatDue(tx: Tx, ctx: Ctx, borrowId: string, now: number, seed: Uint8Array): Promise<void> {
-  const b = await tx.get<BorrowRow>(`SELECT * FROM borrows WHERE id = ?${tx.forUpdate}`, [borrowId]);
+  const b = await lockBorrow(tx, borrowId);
   if (!b) return clearDue(tx, "heartbeat", borrowId);
   const d = liveDecision({ state: b.state, heartbeatDeadline: b.heartbeat_deadline, expiresAt: b.expires_at }, now);
   if (d.kind === "ended") return clearDue(tx, "heartbeat", borrowId);
@@ -106,11 +122,11 @@ async function onHeartbeatDue(tx: Tx, ctx: Ctx, borrowId: string, now: number, s
   // Missed or expired: the borrow ends and its machine is quarantined, never made ready by time passing.
   const state = d.kind === "expired" ? "expired" : "abandoned";
   const reason = d.kind === "expired" ? "hard deadline reached" : "heartbeat deadline missed";
-  await tx.run("UPDATE borrows SET state = ?, ended_at = ?, reason = ? WHERE id = ?", [state, now, reason, b.id]);
+  await endBorrow(tx, b.id, state, reason, now);
   await clearDue(tx, "heartbeat", borrowId);
   await setDue(tx, "retention", `b:${b.id}`, now + ctx.config.retentionMs);
   tx.afterCommit(() => ctx.metrics.heartbeats.inc({ outcome: "missed" }));
-  const m = await tx.get<MachineRow>(`SELECT * FROM machines WHERE id = ?${tx.forUpdate}`, [b.machine_id]);
+  const m = await lockMachine(tx, b.machine_id);
   if (m && m.generation === b.generation && m.state === "busy") {
     tx.afterCommit(() => ctx.metrics.quarantined.inc({ pool: m.pool, reason: d.kind === "expired" ? "expired" : "abandoned" }));
     await applyTransition(tx, ctx, m, { kind: "quarantine", reason: `borrow ${b.id}: ${reason}` }, now, { subject: b.id, nonce: nonceOf(seed) });
@@ -119,11 +135,11 @@ async function onHeartbeatDue(tx: Tx, ctx: Ctx, borrowId: string, now: number, s
 }
 
 async function onClaimDue(tx: Tx, ctx: Ctx, claimId: string, now: number): Promise<void> {
-  const c = await tx.get<ClaimRow>(`SELECT * FROM claims WHERE id = ?${tx.forUpdate}`, [claimId]);
+  const c = await lockClaim(tx, claimId);
   await clearDue(tx, "claim", claimId);
   if (!c || c.state !== "open") return;
   if (now < c.expires_at) return setDue(tx, "claim", claimId, c.expires_at);
-  await tx.run("UPDATE claims SET state = 'expired' WHERE id = ?", [claimId]);
+  await expireClaim(tx, claimId);
   await setDue(tx, "retention", `c:${claimId}`, now + ctx.config.retentionMs);
   tx.afterCommit(() => ctx.metrics.claims.inc({ pool: c.pool, event: "expired" }));
   await setDueNoLater(tx, "fill", poolRef(c.org, c.pool), now);
@@ -140,7 +156,7 @@ async function onFillDue(tx: Tx, ctx: Ctx, ref: string, now: number, seed: Uint8
   const counts = await countCapacity(tx, org, name, now);
   const excess = Math.min(counts.ready, counts.ready + counts.lent + counts.cleanup - pool.maxReady);
   if (excess > 0) {
-    const extra = await tx.all<MachineRow>(`SELECT * FROM machines WHERE org = ? AND pool = ? AND state = 'ready' ORDER BY ready_since, id LIMIT ?${tx.forUpdate}`, [org, name, excess]);
+    const extra = await lockReadyMachines(tx, org, name, excess);
     for (const m of extra) await applyTransition(tx, ctx, m, { kind: "drain", reason: "above maxReady" }, now, { nonce: `${nonceOf(seed)}:${m.id}` });
     if (extra.length > 0) tx.afterCommit(() => ctx.kick());
   }
@@ -160,7 +176,7 @@ async function onFillDue(tx: Tx, ctx: Ctx, ref: string, now: number, seed: Uint8
 }
 
 async function onTtlDue(tx: Tx, ctx: Ctx, machineId: string, now: number, seed: Uint8Array): Promise<void> {
-  const m = await tx.get<MachineRow>(`SELECT * FROM machines WHERE id = ?${tx.forUpdate}`, [machineId]);
+  const m = await lockMachine(tx, machineId);
   if (!m) return clearDue(tx, "ttl", machineId);
   const pool = await lockPool(tx, m.org, m.pool);
   const margin = rotationMarginMs(pool?.hardTtlMs ?? 0);
@@ -182,23 +198,22 @@ async function onRetentionDue(tx: Tx, ctx: Ctx, ref: string, now: number): Promi
   const kind = ref.slice(0, 2);
   const id = ref.slice(2);
   if (kind === "b:") {
-    const n = await tx.run("DELETE FROM borrows WHERE id = ? AND state <> 'active' AND ended_at <= ?", [id, now - ctx.config.retentionMs]);
+    const n = await deleteEndedBorrow(tx, id, now - ctx.config.retentionMs);
     if (n) tx.afterCommit(() => ctx.metrics.pruned.inc({ kind: "borrow" }));
   } else if (kind === "g:") {
     // A closed grant's cleanup is proven (scrubbed, or its machine destroyed): only a display record is left.
-    const n = await tx.run("DELETE FROM grants WHERE id = ? AND state = 'closed' AND ended_at <= ?", [id, now - ctx.config.retentionMs]);
+    const n = await deleteClosedGrant(tx, id, now - ctx.config.retentionMs);
     if (n) tx.afterCommit(() => ctx.metrics.pruned.inc({ kind: "grant" }));
   } else if (kind === "c:") {
-    const n = await tx.run("DELETE FROM claims WHERE id = ? AND state = 'expired'", [id]);
+    const n = await deleteExpiredClaim(tx, id);
     if (n) tx.afterCommit(() => ctx.metrics.pruned.inc({ kind: "claim" }));
   } else if (kind === "m:") {
     // Only a destroyed machine with no unfinished operation is pruned: never the only record of a resource that may still exist.
-    const m = await tx.get<MachineRow>(`SELECT * FROM machines WHERE id = ?${tx.forUpdate}`, [id]);
+    const m = await lockMachine(tx, id);
     if (!m || m.state !== "destroyed") return;
-    const open = await tx.get<{ n: number }>("SELECT COUNT(*) AS n FROM operations WHERE machine_id = ? AND state IN ('pending','running')", [id]);
-    if (Number(open?.n ?? 0) > 0) return setDue(tx, "retention", ref, now + ctx.config.retentionMs);
-    await tx.run("DELETE FROM operations WHERE machine_id = ?", [id]);
-    await tx.run("DELETE FROM machines WHERE id = ?", [id]);
+    if ((await countOpenOps(tx, id)) > 0) return setDue(tx, "retention", ref, now + ctx.config.retentionMs);
+    await deleteOpsOfMachine(tx, id);
+    await deleteMachine(tx, id);
     await audit(tx, { at: now, machineId: id, subject: null, event: "pruned", from: "destroyed", to: "pruned", generation: m.generation, actor: ctx.actor });
     tx.afterCommit(() => ctx.metrics.pruned.inc({ kind: "machine" }));
   }
@@ -217,7 +232,15 @@ export class ReconcilerLoop {
   #stopped = true;
   readonly #inflight = new Set<Promise<void>>();
 
-  constructor(private readonly ctx: Ctx, private readonly intervalMs = 250) {}
+  readonly #reconciler: Reconciler;
+
+  constructor(reconciler: Reconciler, private readonly intervalMs = 250) {
+    this.#reconciler = reconciler;
+  }
+
+  private get ctx(): Ctx {
+    return this.#reconciler.deps.ctx;
+  }
 
   start(): void {
     this.#stopped = false;
@@ -244,9 +267,9 @@ export class ReconcilerLoop {
     this.#running = true;
     this.#again = false;
     try {
-      const r = await tick(this.ctx);
+      const r = await this.#reconciler.tick();
       for (const s of r.started) {
-        const p = executeOp(this.ctx, s)
+        const p = this.#reconciler.deps.executor.execute(s)
           .catch((e: unknown) => this.ctx.log.error({ err: String(e), op: s.op.id }, "operation completion failed; it will be retried from its due row"))
           .finally(() => this.#inflight.delete(p));
         this.#inflight.add(p);

@@ -11,13 +11,18 @@ import { Metrics } from "./metrics.js";
 import { DEFAULT_CONFIG, type CoordinatorConfig, type Ctx } from "./context.js";
 import { buildRouter } from "./http/routes.js";
 import { parseJson, readBody, send, sendError } from "./http/router.js";
-import { ReconcilerLoop } from "./reconciler.js";
+import { Reconciler, ReconcilerLoop } from "./reconciler.js";
+import { OperationExecutor } from "./executor.js";
 import { providerRegistry, type Provider } from "../providers/provider.js";
 import { HostsProvider } from "../providers/hosts/hosts-provider.js";
-import type { HostRow } from "./actions/hosts.js";
-import { createPortable } from "./actions/grants.js";
+import { readHost } from "../store/hosts.js";
+import { machineCounts } from "../store/machines.js";
+import { createPortable, grantHooks } from "./actions/grants.js";
+import { registerProvisioned } from "./actions/register.js";
+import type { PortableApi } from "./actions/portable-api.js";
+import { VERSION } from "../core/version.js";
 
-export const VERSION = "0.1.0";
+export { VERSION };
 
 export interface CoordinatorOptions {
   store: Store;
@@ -41,6 +46,12 @@ export interface Coordinator {
   url: string;
   port: number;
   ctx: Ctx;
+  /** Carries out durable provider operations (tests drive it step by step). */
+  executor: OperationExecutor;
+  /** Visits due rows (tests drive it step by step; `loop` runs it in the background). */
+  reconciler: Reconciler;
+  /** The portable access surface, when enabled. */
+  portable: PortableApi | null;
   loop: ReconcilerLoop;
   server: Server;
   stop(): Promise<void>;
@@ -52,7 +63,7 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
   const config: CoordinatorConfig = { ...DEFAULT_CONFIG, ...o.config };
   const hosts = new HostsProvider({
     secret: o.secret,
-    host: (id) => o.store.transaction((tx) => tx.get<HostRow>("SELECT * FROM hosts WHERE id = ?", [id])),
+    host: (id) => o.store.transaction((tx) => readHost(tx, id)),
   });
   let loop: ReconcilerLoop | null = null;
   const ctx: Ctx = {
@@ -66,13 +77,22 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
     providers: providerRegistry([hosts, ...(o.providers ?? [])]),
     kick: () => loop?.kick(),
   };
-  loop = new ReconcilerLoop(ctx, o.reconcileIntervalMs ?? 250);
+  // The order of construction is the dependency graph: the executor is given
+  // the grant and registration steps its proofs drive; the portable API (the
+  // ack runs the install it leased) and the reconciler are given the executor.
+  const executor = new OperationExecutor({
+    ctx,
+    grants: grantHooks(ctx),
+    registerProvisioned: (tx, m, found, now) => registerProvisioned(tx, ctx, m, found, now),
+  });
+  const portable = config.portable ? createPortable(ctx, { runLeased: (s) => executor.execute(s) }) : null;
+  const reconciler = new Reconciler({ ctx, executor });
+  loop = new ReconcilerLoop(reconciler, o.reconcileIntervalMs ?? 250);
   const metricsText = async () => {
-    const rows = await ctx.store.transaction((tx) => tx.all<{ pool: string; state: string; n: number }>("SELECT pool, state, COUNT(*) AS n FROM machines GROUP BY pool, state"));
-    metrics.setMachineCounts(rows.map((r) => ({ ...r, n: Number(r.n) })));
+    metrics.setMachineCounts(await ctx.store.transaction((tx) => machineCounts(tx)));
     return metrics.registry.metrics();
   };
-  const router = buildRouter({ ctx, secret: o.secret, metricsText, portable: config.portable ? createPortable(ctx) : null, version: VERSION });
+  const router = buildRouter({ ctx, secret: o.secret, metricsText, portable, version: VERSION });
   const server = createServer((req, res) => {
     const url = req.url ?? "/";
     const q = url.indexOf("?");
@@ -102,6 +122,9 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
     url: `http://${host}:${addr.port}`,
     port: addr.port,
     ctx,
+    executor,
+    reconciler,
+    portable,
     loop,
     server,
     async stop() {

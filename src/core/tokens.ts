@@ -4,7 +4,7 @@
  * is a domain-separated SHA-256 hash, so a hash of one kind can never be
  * replayed as another kind (invariant 8).
  */
-import { createHash, timingSafeEqual } from "node:crypto";
+import { createHash, createHmac, timingSafeEqual } from "node:crypto";
 
 export type TokenDomain = "api" | "borrow" | "grant" | "claim" | "agent" | "enroll" | "host-call";
 
@@ -31,4 +31,13 @@ export function hashToken(domain: TokenDomain, raw: string): string {
 export function sameHash(a: string, b: string): boolean {
   if (a.length !== b.length) return false;
   return timingSafeEqual(Buffer.from(a), Buffer.from(b));
+}
+
+/**
+ * The token the coordinator presents to one enrolled host: an HMAC of the host
+ * id under the coordinator's secret, so the database holds no credential (the
+ * agent stores only its hash).
+ */
+export function hostCallToken(secret: Uint8Array, hostId: string): string {
+  return `${PREFIX["host-call"]}_` + createHmac("sha256", secret).update(`host-call:${hostId}`).digest("base64url");
 }

@@ -7,7 +7,10 @@
  * A provider declares its capabilities. Portable pools need every portable
  * capability; a provider lacking one is refused for them (fail closed).
  */
-import type { MachineRow } from "../store/rows.js";
+import type { MachineRow } from "../store/machines.js";
+import type { OperationKind } from "../protocol/operations.js";
+
+export type { OperationKind };
 
 export interface ProviderCapabilities {
   /** Creates machines itself to fill claims. */
@@ -32,8 +35,6 @@ export function missingPortableCapabilities(c: ProviderCapabilities): string[] {
   return PORTABLE_CAPABILITIES.filter((k) => !c[k]);
 }
 
-export type OperationKind = "provision" | "install_key" | "remove_key" | "fence" | "scrub" | "destroy";
-
 export interface OperationRequest {
   opId: string;
   kind: OperationKind;
@@ -42,9 +43,24 @@ export interface OperationRequest {
   args: Record<string, unknown>;
 }
 
+/**
+ * What a done operation proved. The executor reads the named fields; the
+ * whole object is kept on the operation row (for the hosts provider, the
+ * agent's result as src/protocol/operations.ts types it).
+ */
+export interface OperationEvidence {
+  /** The machine's incarnation after the operation (provision, scrub), when the provider reports it. */
+  incarnation?: string | null;
+  /** provision: where the new machine's SSH gateway listens, and its host key. */
+  sshHost?: string;
+  sshPort?: number;
+  hostKey?: string;
+  [detail: string]: unknown;
+}
+
 export type OperationOutcome =
   /** The provider proved the operation done; `result` is its evidence. */
-  | { kind: "done"; result: Record<string, unknown> }
+  | { kind: "done"; result: OperationEvidence }
   /** The provider refused or failed, and nothing was changed. */
   | { kind: "failed"; error: string; retryable: boolean }
   /** The outcome is unknown (timeout, lost reply): retry with the same op id to learn it. */

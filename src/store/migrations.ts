@@ -1,16 +1,12 @@
 /**
- * Versioned schema migrations, one portable SQL script per version, applied
- * in order inside one transaction each; `schema_version` records what ran.
+ * The coordinator's schema: one portable SQL script per version, applied by
+ * the one runner (`migrate.ts`) on SQLite and PostgreSQL alike.
  * Integer columns hold epoch milliseconds. Portable and keeper records live
  * in separate tables (invariant 10): `borrows` for keeper borrows, `grants`
  * for portable ones; a machine's `access` column is fixed at registration and
  * both registration paths refuse a resource that is live under the other.
  */
-export interface Migration {
-  version: number;
-  name: string;
-  sql: string;
-}
+import type { Migration } from "./migrate.js";
 
 export const MIGRATIONS: readonly Migration[] = [
   {

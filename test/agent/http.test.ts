@@ -68,7 +68,7 @@ describe("agent HTTP API", () => {
         if (t !== null) assert.equal(r.text.includes(t), false, "the presented token is never echoed");
       }
     }
-    const post = await call(agent.url, "/v1/agent/ops", { body: { opId: "op_x", kind: "create", machineId: "m_x", generation: 0 } });
+    const post = await call(agent.url, "/v1/agent/ops", { body: { opId: "op_x", kind: "provision", machineId: "m_x", generation: 0 } });
     assert.equal(post.status, 401);
     assert.deepEqual(agent.store.listMachines(), [], "an unauthenticated operation changed nothing");
   });
@@ -97,8 +97,8 @@ describe("agent HTTP API", () => {
       assert.equal(r.json.error.code, "invalid_id");
     }
     for (const body of [
-      { opId: "../etc", kind: "create", machineId: "m_1", generation: 0 },
-      { opId: "op_1", kind: "create", machineId: "m 1", generation: 0 },
+      { opId: "../etc", kind: "provision", machineId: "m_1", generation: 0 },
+      { opId: "op_1", kind: "provision", machineId: "m 1", generation: 0 },
       { opId: "op_2", kind: "remove_key", machineId: "m_1", generation: 0, args: { grantId: "g/1" } },
     ]) {
       const r = await call(agent.url, "/v1/agent/ops", { token, body });
@@ -109,7 +109,7 @@ describe("agent HTTP API", () => {
   });
 
   it("refuses a body over the limit with 413 body_too_large", async () => {
-    const big = JSON.stringify({ opId: "op_big", kind: "create", machineId: "m_big", generation: 0, args: { pad: "x".repeat(200_000) } });
+    const big = JSON.stringify({ opId: "op_big", kind: "provision", machineId: "m_big", generation: 0, args: { pad: "x".repeat(200_000) } });
     const r = await call(agent.url, "/v1/agent/ops", { token, raw: big });
     assert.equal(r.status, 413);
     assert.equal(r.json.error.code, "body_too_large");
@@ -123,7 +123,7 @@ describe("agent HTTP API", () => {
     const kind = await call(agent.url, "/v1/agent/ops", { token, body: { opId: "op_k", kind: "reboot", machineId: "m_1", generation: 0 } });
     assert.equal(kind.status, 400);
     assert.equal(kind.json.error.code, "invalid_request");
-    const gen = await call(agent.url, "/v1/agent/ops", { token, body: { opId: "op_g", kind: "create", machineId: "m_1", generation: -1 } });
+    const gen = await call(agent.url, "/v1/agent/ops", { token, body: { opId: "op_g", kind: "provision", machineId: "m_1", generation: -1 } });
     assert.equal(gen.json.error.code, "invalid_request");
     const key = await call(agent.url, "/v1/agent/ops", {
       token,
@@ -135,12 +135,12 @@ describe("agent HTTP API", () => {
   });
 
   it("runs an operation, answers its retry with the first result, and shows the machine", async () => {
-    const body = { opId: "op_create_h", kind: "create", machineId: "m_h", generation: 0 };
+    const body = { opId: "op_create_h", kind: "provision", machineId: "m_h", generation: 0 };
     const first = await call(agent.url, "/v1/agent/ops", { token, body });
     assert.equal(first.status, 200, first.text);
     assert.equal(first.json.status, "done");
     assert.deepEqual((await call(agent.url, "/v1/agent/ops", { token, body })).json, first.json);
-    const badArgs = await call(agent.url, "/v1/agent/ops", { token, body: { opId: "op_conf", kind: "create", machineId: "m_h", generation: 0, args: "x" } });
+    const badArgs = await call(agent.url, "/v1/agent/ops", { token, body: { opId: "op_conf", kind: "provision", machineId: "m_h", generation: 0, args: "x" } });
     assert.equal(badArgs.status, 400);
     assert.equal(badArgs.json.error.code, "invalid_request");
     const op = await call(agent.url, "/v1/agent/ops/op_create_h", { token });

@@ -69,8 +69,8 @@ describe("agent operations", () => {
   it("answers a retried opId with the first result and never acts twice; other uses of the opId are refused", async () => {
     const a = await agentAt(tempDir());
     const m = id("m");
-    const first = await a.ops.run({ opId: "op-create-1", kind: "create", machineId: m, generation: 1 });
-    const again = await a.ops.run({ opId: "op-create-1", kind: "create", machineId: m, generation: 1 });
+    const first = await a.ops.run({ opId: "op-provision-1", kind: "provision", machineId: m, generation: 1 });
+    const again = await a.ops.run({ opId: "op-provision-1", kind: "provision", machineId: m, generation: 1 });
     assert.deepEqual(again, first);
     assert.equal(first.status, "done");
 
@@ -101,7 +101,7 @@ describe("agent operations", () => {
     const m = id("m");
     const k = sshKey();
     let a = await agentAt(dir);
-    const created = await a.ops.run({ opId: "c1", kind: "create", machineId: m, generation: 3 });
+    const created = await a.ops.run({ opId: "c1", kind: "provision", machineId: m, generation: 3 });
     const installed = await a.ops.run({
       opId: "i1", kind: "install_key", machineId: m, generation: 3,
       args: { publicKey: k.line, mode: "grant", grantId: "grant_1", expiresAt: Date.now() + 600_000 },
@@ -110,7 +110,7 @@ describe("agent operations", () => {
 
     a = await agentAt(dir);
     assert.deepEqual(a.recovery.reattached, [m]);
-    assert.deepEqual(await a.ops.run({ opId: "c1", kind: "create", machineId: m, generation: 3 }), created);
+    assert.deepEqual(await a.ops.run({ opId: "c1", kind: "provision", machineId: m, generation: 3 }), created);
     assert.deepEqual(
       await a.ops.run({
         opId: "i1", kind: "install_key", machineId: m, generation: 3,
@@ -126,7 +126,7 @@ describe("agent operations", () => {
     const a = await agentAt(tempDir());
     const m = id("m");
     const k = sshKey();
-    await a.ops.run({ opId: id("op"), kind: "create", machineId: m, generation: 1 });
+    await a.ops.run({ opId: id("op"), kind: "provision", machineId: m, generation: 1 });
     await a.ops.run({
       opId: id("op"), kind: "install_key", machineId: m, generation: 2,
       args: { publicKey: k.line, mode: "grant", grantId: "grant_2", expiresAt: Date.now() + 600_000 },
@@ -140,7 +140,7 @@ describe("agent operations", () => {
       ["fence", undefined],
       ["scrub", undefined],
       ["destroy", undefined],
-      ["create", undefined],
+      ["provision", undefined],
     ] as const) {
       const r = await refusal(a.ops.run({ opId: id("op"), kind, machineId: m, generation: 1, args }));
       assert.equal(r.code, "generation_mismatch", `${kind} at a stale generation`);
@@ -163,7 +163,7 @@ describe("agent operations", () => {
     a.keys.onRevoked((machineId, fingerprint) => {
       if (machineId === m) revoked.push(fingerprint);
     });
-    await a.ops.run({ opId: id("op"), kind: "create", machineId: m, generation: 1 });
+    await a.ops.run({ opId: id("op"), kind: "provision", machineId: m, generation: 1 });
     await a.ops.run({
       opId: id("op"), kind: "install_key", machineId: m, generation: 1,
       args: { publicKey: old.line, mode: "grant", grantId: "grant_a", expiresAt: Date.now() + 600_000 },
@@ -195,7 +195,7 @@ describe("agent operations", () => {
     const a = await agentAt(tempDir(), clock);
     const m = id("m");
     const k = sshKey();
-    await a.ops.run({ opId: id("op"), kind: "create", machineId: m, generation: 1 });
+    await a.ops.run({ opId: id("op"), kind: "provision", machineId: m, generation: 1 });
     const expiresAt = clock.t + 60_000;
     await a.ops.run({
       opId: id("op"), kind: "install_key", machineId: m, generation: 1,
@@ -220,7 +220,7 @@ describe("agent operations", () => {
     const a = await agentAt(tempDir());
     const m = id("m");
     const k = sshKey();
-    await a.ops.run({ opId: id("op"), kind: "create", machineId: m, generation: 1 });
+    await a.ops.run({ opId: id("op"), kind: "provision", machineId: m, generation: 1 });
     const revoked = new Promise<string>((resolve) => {
       a.keys.onRevoked((machineId, fingerprint, grantId) => {
         if (machineId === m && fingerprint === k.fingerprint) resolve(grantId);
@@ -242,7 +242,7 @@ describe("agent operations", () => {
     const m = id("m");
     const keep = sshKey();
     const gone = sshKey();
-    await a.ops.run({ opId: id("op"), kind: "create", machineId: m, generation: 1 });
+    await a.ops.run({ opId: id("op"), kind: "provision", machineId: m, generation: 1 });
     const installGone = { publicKey: gone.line, mode: "grant", grantId: "grant_gone", expiresAt: Date.now() + 600_000 };
     await a.ops.run({ opId: id("op"), kind: "install_key", machineId: m, generation: 1, args: { publicKey: keep.line, mode: "keeper", grantId: "keeper_1", expiresAt: null } });
     await a.ops.run({ opId: id("op"), kind: "install_key", machineId: m, generation: 1, args: installGone });
@@ -262,7 +262,7 @@ describe("agent operations", () => {
   it("fence kills every process of the machine (a background one too) and proves none remain", async () => {
     const a = await agentAt(tempDir());
     const m = id("m");
-    const created = await a.ops.run({ opId: id("op"), kind: "create", machineId: m, generation: 1 });
+    const created = await a.ops.run({ opId: id("op"), kind: "provision", machineId: m, generation: 1 });
     const h = await a.runtime.exec(m, { argv: ["/bin/sh", "-c", "sleep 1000 >/dev/null 2>&1 & echo $!"], env: {} });
     let out = "";
     h.stdout.on("data", (b: Buffer) => (out += b.toString()));
@@ -278,23 +278,23 @@ describe("agent operations", () => {
     assert.equal(a.store.getMachine(m)?.incarnation, result.incarnationAfter);
   });
 
-  it("destroy removes the machine and its keys; a late create of the same id is refused", async () => {
+  it("destroy removes the machine and its keys; a late provision of the same id is refused", async () => {
     const a = await agentAt(tempDir());
     const m = id("m");
     const k = sshKey();
-    await a.ops.run({ opId: id("op"), kind: "create", machineId: m, generation: 1 });
+    await a.ops.run({ opId: id("op"), kind: "provision", machineId: m, generation: 1 });
     await a.ops.run({ opId: id("op"), kind: "install_key", machineId: m, generation: 1, args: { publicKey: k.line, mode: "grant", grantId: "grant_d", expiresAt: Date.now() + 600_000 } });
     const d = await a.ops.run({ opId: "destroy-1", kind: "destroy", machineId: m, generation: 1 });
     assert.deepEqual(d.result, { existed: true, incarnationBefore: a.store.getMachine(m)?.incarnation, sessionsClosed: 0, keysRemoved: 1, processesRemaining: 0 });
     assert.deepEqual(await a.ops.run({ opId: "destroy-1", kind: "destroy", machineId: m, generation: 1 }), d);
     assert.equal((await a.runtime.inspect(m)).exists, false);
     assert.equal(a.keys.authorize(m, k.fingerprint, Date.now()), null);
-    assert.equal((await refusal(a.ops.run({ opId: id("op"), kind: "create", machineId: m, generation: 1 }))).code, "conflict");
-    // Destroying a machine this host never had is recorded, and blocks its late create.
+    assert.equal((await refusal(a.ops.run({ opId: id("op"), kind: "provision", machineId: m, generation: 1 }))).code, "conflict");
+    // Destroying a machine this host never had is recorded, and blocks its late provision.
     const never = id("m");
     const d2 = await a.ops.run({ opId: id("op"), kind: "destroy", machineId: never, generation: 0 });
     assert.equal((d2.result as { existed: boolean }).existed, false);
-    assert.equal((await refusal(a.ops.run({ opId: id("op"), kind: "create", machineId: never, generation: 0 }))).code, "conflict");
+    assert.equal((await refusal(a.ops.run({ opId: id("op"), kind: "provision", machineId: never, generation: 0 }))).code, "conflict");
     assert.deepEqual(await a.runtime.list(), []);
   });
 });
@@ -302,14 +302,14 @@ describe("agent operations", () => {
 const gvisor = gvisorAvailability();
 describe("agent operations on the gvisor runtime", () => {
   it(
-    "create, fence (new incarnation, 0 processes), scrub, restart re-attaches the scrubbed sandbox, destroy leaves nothing",
+    "provision, fence (new incarnation, 0 processes), scrub, restart re-attaches the scrubbed sandbox, destroy leaves nothing",
     { skip: gvisor.ok ? false : `gvisor unavailable here: ${gvisor.why}` },
     async () => {
       const dir = tempDir();
       const m = id("m");
       let a = await startAgent({ stateDir: dir, runtime: "gvisor" });
       agents.push(a);
-      const created = await a.ops.run({ opId: id("op"), kind: "create", machineId: m, generation: 1 });
+      const created = await a.ops.run({ opId: id("op"), kind: "provision", machineId: m, generation: 1 });
       const fence = await a.ops.run({ opId: id("op"), kind: "fence", machineId: m, generation: 1 });
       const f = fence.result as { incarnationBefore: string; incarnationAfter: string; processesRemaining: number };
       assert.equal(f.incarnationBefore, (created.result as { incarnation: string }).incarnation);

@@ -18,7 +18,7 @@ import { after, before, describe, it } from "node:test";
 import Database from "better-sqlite3";
 import { startAgent } from "../../src/agent/agent.js";
 import { fingerprintOf } from "../../src/core/ssh-public-key.js";
-import { argsHashOf } from "../../src/agent/ops.js";
+import { argsHashOf } from "../../src/protocol/operations.js";
 import { AgentStore } from "../../src/agent/store.js";
 import { ProcessRuntime } from "../../src/agent/runtime/process.js";
 import type { ExecHandle } from "../../src/agent/runtime/types.js";
@@ -137,7 +137,7 @@ describe("agent crash recovery", () => {
     assert.equal(enrollments.length, 1);
     const live = sshKey();
     const short = sshKey();
-    const createM1 = { opId: "op_c1", kind: "create", machineId: "m_kept", generation: 1 };
+    const createM1 = { opId: "op_c1", kind: "provision", machineId: "m_kept", generation: 1 };
     const installLive = {
       opId: "op_i1", kind: "install_key", machineId: "m_kept", generation: 1,
       args: { publicKey: live.line, mode: "grant", grantId: "grant_live", expiresAt: Date.now() + 600_000 },
@@ -147,7 +147,7 @@ describe("agent crash recovery", () => {
       opId: "op_i2", kind: "install_key", machineId: "m_kept", generation: 1,
       args: { publicKey: short.line, mode: "keeper", grantId: "keeper_short", expiresAt: shortExpiry },
     };
-    const createM2 = { opId: "op_c2", kind: "create", machineId: "m_forged", generation: 1 };
+    const createM2 = { opId: "op_c2", kind: "provision", machineId: "m_forged", generation: 1 };
     const c1 = await call(agent, "/v1/agent/ops", createM1);
     assert.equal(c1.status, 200, JSON.stringify(c1.json));
     const i1 = await call(agent, "/v1/agent/ops", installLive);
@@ -221,7 +221,7 @@ describe("agent recovery of an operation cut short", () => {
     // intent and the runtime created the machine, before recording the result.
     const store = AgentStore.open(stateDir);
     store.transaction(() => {
-      store.insertOp({ opId: "op_mid", kind: "create", machineId: "m_mid", generation: 4, argsHash: argsHashOf("create", undefined), now: Date.now() });
+      store.insertOp({ opId: "op_mid", kind: "provision", machineId: "m_mid", generation: 4, argsHash: argsHashOf("provision", undefined), now: Date.now() });
       store.putMachine({
         id: "m_mid", generation: 4, state: "creating", incarnation: null, workspace: null, identity: null,
         mismatch: null, createdAt: Date.now(), updatedAt: Date.now(),
@@ -235,11 +235,11 @@ describe("agent recovery of an operation cut short", () => {
       assert.deepEqual(agent.recovery.pending, [{ machineId: "m_mid", ops: ["op_mid"] }]);
       assert.deepEqual(agent.recovery.mismatched, []);
       assert.deepEqual(agent.recovery.unrecorded, []);
-      const done = await agent.ops.run({ opId: "op_mid", kind: "create", machineId: "m_mid", generation: 4 });
+      const done = await agent.ops.run({ opId: "op_mid", kind: "provision", machineId: "m_mid", generation: 4 });
       assert.equal((done.result as { incarnation: string }).incarnation, made.incarnation, "the runtime's machine, not a second one");
       assert.equal(agent.store.getMachine("m_mid")?.state, "running");
       assert.deepEqual(await agent.runtime.list(), ["m_mid"]);
-      assert.deepEqual(await agent.ops.run({ opId: "op_mid", kind: "create", machineId: "m_mid", generation: 4 }), done);
+      assert.deepEqual(await agent.ops.run({ opId: "op_mid", kind: "provision", machineId: "m_mid", generation: 4 }), done);
     } finally {
       await agent.stop();
     }

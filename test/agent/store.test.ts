@@ -80,16 +80,16 @@ describe("agent store lock", () => {
     assert.equal(stopped.code, 0, stopped.stderr);
   });
 
-  it("refuses a second open in the same process, and applies a named migration once", () => {
+  it("refuses a second open in the same process, and applies a versioned migration once", () => {
     const dir = tempDir();
-    let applied = 0;
-    const extra = [{ name: "test_extra_table", up: (db: AgentStore["db"]) => (applied++, db.exec("CREATE TABLE extra (x INTEGER)")) }];
+    // Not idempotent on purpose: a second run would fail (table exists) and lose the row.
+    const extra = [{ version: 100, name: "test extra table", sql: "CREATE TABLE extra (x INTEGER)" }];
     const store = AgentStore.open(dir, { migrations: extra });
     assert.throws(() => AgentStore.open(dir), (e: unknown) => e instanceof AgentLockedError && e.code === "agent_locked");
     store.db.prepare("INSERT INTO extra (x) VALUES (1)").run();
     store.close();
     const again = AgentStore.open(dir, { migrations: extra });
-    assert.equal(applied, 1);
+    assert.deepEqual((again.db.prepare("SELECT version FROM schema_version ORDER BY version").all() as Array<{ version: number }>).map((r) => r.version), [1, 2, 100]);
     assert.equal((again.db.prepare("SELECT count(*) AS n FROM extra").get() as { n: number }).n, 1);
     assert.equal(again.db.pragma("journal_mode", { simple: true }), "wal");
     assert.equal(again.db.pragma("synchronous", { simple: true }), 2, "synchronous=FULL");

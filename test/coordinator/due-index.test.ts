@@ -7,7 +7,6 @@
 import { test, describe } from "node:test";
 import assert from "node:assert/strict";
 import { startTestCoordinator, TestClock, PG_SKIP, type Engine } from "../helpers/env.js";
-import { tick } from "../../src/coordinator/reconciler.js";
 import type { Param, Tx } from "../../src/store/store.js";
 
 const IDLE = 10_000;
@@ -60,7 +59,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         });
         const metricBefore = await visitedMetric((await api.raw("GET", "/metrics")).text);
 
-        const r = await tick(t.coord.ctx);
+        const r = await t.coord.reconciler.tick();
 
         assert.equal(r.visited, 3);
         assert.equal((await visitedMetric((await api.raw("GET", "/metrics")).text)) - metricBefore, 3);
@@ -77,7 +76,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         // The idle machines and their deadlines are untouched.
         assert.deepEqual([left.ttl!.n, Number(left.ttl!.first), left.ready!.n], [IDLE, now + HOUR, IDLE]);
         // Nothing else is due: the next tick visits nothing.
-        assert.equal((await tick(t.coord.ctx)).visited, 0);
+        assert.equal((await t.coord.reconciler.tick()).visited, 0);
       } finally {
         await t.close();
       }

@@ -7,7 +7,6 @@ import { test, describe } from "node:test";
 import assert from "node:assert/strict";
 import { startTestCoordinator, TestClock, PG_SKIP, type Engine } from "../helpers/env.js";
 import { ApiError, type Api } from "../../src/cli/api.js";
-import { tick } from "../../src/coordinator/reconciler.js";
 
 type Claim = { id: string; token: string; expiresAt: number };
 
@@ -94,7 +93,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         assert.equal(lowered.counts.openClaims, 2);
         await register(api, "ci", e.claims[0]!, "vm-1");
         clock.advance(60_000);
-        await tick(t.coord.ctx);
+        await t.coord.reconciler.tick();
         await refused(register(api, "ci", e.claims[1]!, "vm-2"), "claim_expired", 409);
         const claims = await t.store.transaction((tx) => tx.all<{ state: string }>("SELECT state FROM claims ORDER BY state"));
         assert.deepEqual(claims.map((c) => c.state), ["consumed", "expired"]);
@@ -135,18 +134,18 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         const before = await t.store.transaction((tx) => tx.all("SELECT * FROM borrows"));
         await refused(api.call("POST", `/v1/borrows/${b.borrowId}/heartbeat`, { token: b.borrowToken }), "borrow_expired", 409);
         assert.deepEqual(await t.store.transaction((tx) => tx.all("SELECT * FROM borrows")), before);
-        await tick(t.coord.ctx);
+        await t.coord.reconciler.tick();
         const m = await t.store.transaction((tx) => tx.get<{ state: string }>("SELECT state FROM machines WHERE id = ?", [machineId]));
         assert.equal(m!.state, "quarantined");
         const borrow = await api.call<{ state: string }>("GET", `/v1/borrows/${b.borrowId}`);
         assert.equal(borrow.state, "abandoned");
         // Time passing never makes it ready again.
         clock.advance(7 * 86_400_000);
-        await tick(t.coord.ctx);
+        await t.coord.reconciler.tick();
         assert.equal((await t.store.transaction((tx) => tx.get<{ state: string }>("SELECT state FROM machines WHERE id = ?", [machineId])))!.state, "quarantined");
         await api.call("POST", `/v1/machines/${machineId}/destroyed`, {});
         clock.advance(3_600_000);
-        await tick(t.coord.ctx);
+        await t.coord.reconciler.tick();
         assert.equal(await t.store.transaction((tx) => tx.get("SELECT * FROM machines WHERE id = ?", [machineId])), undefined);
         const metrics = (await api.raw("GET", "/metrics")).text;
         assert.equal(metricValue(metrics, "berth_machines_quarantined_total", 'reason="abandoned"'), 1);

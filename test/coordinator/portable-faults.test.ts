@@ -80,7 +80,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         // The borrower gives up while the install is in flight: invalidated first, then removal, fence, scrub.
         const back = await member.call<{ state: string }>("POST", `/v1/borrows/${b.borrowId}/return`, tokens(b));
         assert.equal(back.state, "invalidated");
-        await settle(env.t.coord.ctx);
+        await settle(env.t.coord);
         assert.equal((await machineRow(env.t, b.machine.id))!.state, "ready");
         // Now the delayed install lands (this provider does not fence its own late work).
         env.provider.release("install_key");
@@ -91,7 +91,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         assert.deepEqual(env.provider.keysOn("vm-agents-1"), [b.fingerprint], "the provider says the key is there now");
         // Doubt: the machine is quarantined and destroyed, never lent with that key.
         assert.equal((await machineRow(env.t, b.machine.id))!.state, "quarantined");
-        await settle(env.t.coord.ctx);
+        await settle(env.t.coord);
         assert.equal((await machineRow(env.t, b.machine.id))!.state, "destroyed");
         assert.ok(env.provider.destroyed.has("vm-agents-1"));
         assert.ok((await auditEvents(env.t, b.machine.id)).includes("late_install"));
@@ -112,7 +112,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         await env.provider.heldOne("install_key");
         // The borrow is returned and cleaned up while the install is still in flight.
         await member.call("POST", `/v1/borrows/${a.borrowId}/return`, tokens(a));
-        await settle(env.t.coord.ctx);
+        await settle(env.t.coord);
         const b = await borrowPortable(member);
         assert.equal(b.machine.id, a.machine.id);
         assert.equal(b.generation, a.generation + 1);
@@ -140,7 +140,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
           await member.call("POST", `/v1/borrows/${b.borrowId}/ack`, ackBody(b));
           env.provider.on(step, "fail");
           await member.call("POST", `/v1/borrows/${b.borrowId}/return`, tokens(b));
-          await settle(env.t.coord.ctx);
+          await settle(env.t.coord);
           const events = await auditEvents(env.t, b.machine.id);
           assert.ok(events.includes("quarantine"), events.join(","));
           assert.equal((await machineRow(env.t, b.machine.id))!.state, "destroyed");
@@ -167,7 +167,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         env.provider.on("fence", "throw", 100);
         await member.call("POST", `/v1/borrows/${b.borrowId}/return`, tokens(b));
         for (let i = 0; i < 10; i++) {
-          await settle(env.t.coord.ctx);
+          await settle(env.t.coord);
           env.clock.advance(60_000);
           assert.notEqual((await machineRow(env.t, b.machine.id))!.state, "ready");
         }
@@ -251,9 +251,9 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         assert.equal(pA.callsOf("install_key").length + pB.callsOf("install_key").length, 3, "one install per grant across both coordinators");
         assert.equal(await liveGrantsPerMachine(a.store), 1);
         // Returns race with the reconcilers of both coordinators.
-        await Promise.all([...won.map((w) => apiOf(w).call("POST", `/v1/borrows/${w.borrowId}/return`, tokens(w))), settle(a.coord.ctx), settle(b.coord.ctx)]);
-        await Promise.all([settle(a.coord.ctx), settle(b.coord.ctx)]);
-        await settle(a.coord.ctx);
+        await Promise.all([...won.map((w) => apiOf(w).call("POST", `/v1/borrows/${w.borrowId}/return`, tokens(w))), settle(a.coord), settle(b.coord)]);
+        await Promise.all([settle(a.coord), settle(b.coord)]);
+        await settle(a.coord);
         const states = await a.store.transaction((tx) => tx.all<{ state: string }>("SELECT state FROM machines"));
         assert.deepEqual(states.map((s) => s.state), ["ready", "ready", "ready"]);
         for (const w of won) assert.equal((await grantRow(a, w.borrowId)).state, "closed");

@@ -33,7 +33,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         await member.call("POST", `/v1/borrows/${b.borrowId}/ack`, ackBody(b));
         await member.call("POST", `/v1/borrows/${b.borrowId}/heartbeat`, tokens(b));
         await member.call("POST", `/v1/borrows/${b.borrowId}/return`, tokens(b));
-        await settle(env.t.coord.ctx);
+        await settle(env.t.coord);
         const g = await env.t.store.transaction((tx) => tx.get<{ token_hash: string; grant_token_hash: string }>("SELECT * FROM grants WHERE id = ?", [b.borrowId]));
         assert.equal(g!.token_hash, hashToken("borrow", b.borrowToken));
         assert.equal(g!.grant_token_hash, hashToken("grant", b.grantToken));
@@ -102,7 +102,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         const hard = start + 3_600_000 - 1; // registered one ms after start
         assert.ok(b.expiresAt <= start + 3_600_000 && b.expiresAt >= hard - 1, `expiresAt ${b.expiresAt} is the machine's hard expiry`);
         await member.call("POST", `/v1/borrows/${b.borrowId}/return`, tokens(b));
-        await settle(env.t.coord.ctx);
+        await settle(env.t.coord);
         env.clock.advance(16 * 60_000); // inside the 5-minute margin
         await refused(borrowPortable(member), "pool_exhausted", 503);
       } finally {
@@ -132,7 +132,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         const first = await member.call<{ state: string }>("POST", `/v1/borrows/${c.borrowId}/ack`, ackBody(c));
         assert.equal(first.state, "installing", "not active until the provider confirms");
         env.clock.advance(1_000);
-        await settle(env.t.coord.ctx);
+        await settle(env.t.coord);
         const installs = env.provider.callsOf("install_key").filter((x) => x.resourceId !== env.provider.callsOf("install_key")[0]!.resourceId);
         assert.equal(installs.length, 2, "the install was asked again to learn its outcome");
         assert.equal(new Set(installs.map((x) => x.opId)).size, 1, "with the same operation id (no blind second install)");
@@ -180,7 +180,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
           // Revoked between issue and ack.
           await revokeTokenWithGrants(env.t.store, tokA.id, env.clock.now());
           await refused(apiA.call("POST", `/v1/borrows/${a.borrowId}/ack`, ackBody(a)), "unauthorized", 401);
-          await settle(env.t.coord.ctx);
+          await settle(env.t.coord);
           assert.equal((await grantRow(env.t, a.borrowId)).state, "closed");
           assert.equal((await grantRow(env.t, a.borrowId)).reason, "token_revoked");
           // Authorization shortened so that it now ends before the grant's deadline.
@@ -191,7 +191,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
           assert.equal(g.reason, "revalidation_failed");
           assert.equal((await machineRow(env.t, b.machine.id))!.state, "quarantined");
           assert.equal(env.provider.callsOf("install_key").length, 0, "no key was ever installed");
-          await settle(env.t.coord.ctx);
+          await settle(env.t.coord);
           assert.equal((await machineRow(env.t, b.machine.id))!.state, "destroyed");
           const metrics = (await env.admin.raw("GET", "/metrics")).text;
           assert.equal(metricValue(metrics, "berth_grants_total", 'event="revoked"'), 1);
@@ -214,15 +214,15 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
           env.clock.advance(9_999);
           const hb = await member.call<{ expiresAt: number }>("POST", `/v1/borrows/${b.borrowId}/heartbeat`, tokens(b));
           assert.equal(hb.expiresAt, b.expiresAt, "a heartbeat never moves the hard deadline");
-          await settle(env.t.coord.ctx);
+          await settle(env.t.coord);
         }
         env.clock.t = b.expiresAt - 1;
-        await settle(env.t.coord.ctx);
+        await settle(env.t.coord);
         assert.equal((await grantRow(env.t, b.borrowId)).state, "active", "usable one millisecond before");
         env.clock.t = b.expiresAt;
         await refused(member.call("POST", `/v1/borrows/${b.borrowId}/heartbeat`, tokens(b)), "grant_expired", 409);
         assert.equal((await grantRow(env.t, b.borrowId)).expires_at, b.expiresAt);
-        await settle(env.t.coord.ctx);
+        await settle(env.t.coord);
         const g = await grantRow(env.t, b.borrowId);
         assert.equal(g.reason, "expired");
         assert.equal(g.state, "closed", "expired -> key removed, fenced, scrubbed");
@@ -256,7 +256,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         const member = await env.t.api("member");
         const a = await borrowPortable(member);
         env.clock.advance(10_000); // exactly the ack deadline
-        await settle(env.t.coord.ctx);
+        await settle(env.t.coord);
         assert.equal((await grantRow(env.t, a.borrowId)).reason, "ack_timeout");
         assert.equal((await machineRow(env.t, a.machine.id))!.state, "destroyed", "quarantined, then destroyed: never ready by time passing");
         await refused(member.call("POST", `/v1/borrows/${a.borrowId}/ack`, ackBody(a)), "grant_not_pending", 409);
@@ -266,11 +266,11 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         await member.call("POST", `/v1/borrows/${b.borrowId}/ack`, ackBody(b));
         env.clock.advance(10_000); // heartbeat interval 10 s: deadline reached
         await refused(member.call("POST", `/v1/borrows/${b.borrowId}/heartbeat`, tokens(b)), "borrow_expired", 409);
-        await settle(env.t.coord.ctx);
+        await settle(env.t.coord);
         assert.equal((await grantRow(env.t, b.borrowId)).reason, "heartbeat_missed");
         await refused(member.call("POST", `/v1/borrows/${b.borrowId}/heartbeat`, tokens(b)), "borrow_not_active", 409);
         env.clock.advance(7 * 86_400_000);
-        await settle(env.t.coord.ctx);
+        await settle(env.t.coord);
         const m = await machineRow(env.t, b.machine.id);
         assert.ok(m === undefined || m.state === "destroyed", `machine is ${m?.state}`);
         assert.ok(!(await auditEvents(env.t, b.machine.id)).includes("scrubbed"), "never went through cleanup back to ready");
@@ -291,7 +291,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         assert.ok(b.expiresAt <= env.clock.now() + 600_000, "the grant cannot outlive its machine");
         // Margin is 60 s: at 540 s the idle machine rotates out; the lent one stays with its grant.
         env.clock.advance(540_000);
-        await settle(env.t.coord.ctx);
+        await settle(env.t.coord);
         const idle = env.machines.find((id) => id !== b.machine.id)!;
         assert.equal((await machineRow(env.t, idle))!.state, "destroyed");
         assert.equal((await machineRow(env.t, b.machine.id))!.state, "busy");
@@ -304,10 +304,10 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         assert.ok(c.ready + c.lent + c.cleanup + c.openClaims <= e.maxReady, JSON.stringify(c));
         // At the hard TTL the grant expires; its machine goes through cleanup and, being past its TTL, is rotated out.
         env.clock.t = b.expiresAt;
-        await settle(env.t.coord.ctx);
+        await settle(env.t.coord);
         assert.equal((await grantRow(env.t, b.borrowId)).reason, "expired");
         env.clock.advance(10_000);
-        await settle(env.t.coord.ctx);
+        await settle(env.t.coord);
         assert.equal((await machineRow(env.t, b.machine.id))!.state, "destroyed");
         const metrics = (await env.admin.raw("GET", "/metrics")).text;
         assert.equal(metricValue(metrics, "berth_ttl_rotations_total", 'pool="agents"'), 2);
@@ -323,16 +323,16 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         const a = await borrowPortable(member);
         await member.call("POST", `/v1/borrows/${a.borrowId}/ack`, ackBody(a));
         await member.call("POST", `/v1/borrows/${a.borrowId}/return`, tokens(a));
-        await settle(env.t.coord.ctx);
+        await settle(env.t.coord);
         assert.equal((await grantRow(env.t, a.borrowId)).state, "closed");
         // The second machine is abandoned, and its destruction keeps failing.
         const b = await borrowPortable(member);
         env.provider.on("destroy", "ambiguous", 1000);
         env.clock.advance(10_000);
-        await settle(env.t.coord.ctx);
+        await settle(env.t.coord);
         for (let i = 0; i < 12; i++) {
           env.clock.advance(3_600_000);
-          await settle(env.t.coord.ctx);
+          await settle(env.t.coord);
         }
         const rows = await env.t.store.transaction((tx) => tx.all<{ id: string }>("SELECT id FROM grants"));
         assert.deepEqual(rows.map((r) => r.id), [b.borrowId], "the returned grant aged out; the one whose machine may still exist stays");
@@ -341,10 +341,10 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         // Once destruction is confirmed, the rest ages out too.
         env.provider.clearRules();
         env.clock.advance(60_000);
-        await settle(env.t.coord.ctx);
+        await settle(env.t.coord);
         assert.equal((await machineRow(env.t, b.machine.id))!.state, "destroyed");
         env.clock.advance(3_600_000);
-        await settle(env.t.coord.ctx);
+        await settle(env.t.coord);
         assert.equal(await machineRow(env.t, b.machine.id), undefined);
         assert.equal((await env.t.store.transaction((tx) => tx.all("SELECT id FROM grants"))).length, 0);
         const metrics = (await env.admin.raw("GET", "/metrics")).text;

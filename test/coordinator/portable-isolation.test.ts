@@ -123,7 +123,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         assert.equal((await t2.store.transaction((tx) => tx.all("SELECT * FROM borrows"))).length, 0);
         // The grant's hard deadline still ends it, and its cleanup is still proven before the machine is ready.
         clock.t = b.expiresAt;
-        await settle(t2.coord.ctx);
+        await settle(t2.coord);
         const g = await grantRow(t2, b.borrowId);
         assert.equal(g.reason, "expired");
         assert.equal(g.state, "closed");

@@ -12,9 +12,7 @@ import assert from "node:assert/strict";
 import type { OperationOutcome, OperationRequest, Provider, ProviderCapabilities } from "../../src/providers/provider.js";
 import { parsePublicKey } from "../../src/core/ssh-public-key.js";
 import { generateSshKeyPair } from "../../src/agent/ssh-keys.js";
-import { tick } from "../../src/coordinator/reconciler.js";
-import { executeOp } from "../../src/coordinator/executor.js";
-import type { Ctx } from "../../src/coordinator/context.js";
+import type { Coordinator } from "../../src/coordinator/server.js";
 import { ApiError, type Api } from "../../src/cli/api.js";
 import { startTestCoordinator, TestClock, type Engine, type TestCoordinator } from "./env.js";
 import type { CoordinatorConfig } from "../../src/coordinator/context.js";
@@ -145,10 +143,10 @@ export class ScriptedProvider implements Provider {
 }
 
 /** Ticks the reconciler and runs what it starts, until nothing is due. */
-export async function settle(ctx: Ctx, rounds = 60): Promise<void> {
+export async function settle(coord: Pick<Coordinator, "reconciler" | "executor">, rounds = 60): Promise<void> {
   for (let i = 0; i < rounds; i++) {
-    const r = await tick(ctx);
-    for (const s of r.started) await executeOp(ctx, s);
+    const r = await coord.reconciler.tick();
+    for (const s of r.started) await coord.executor.execute(s);
     if (r.visited === 0) return;
   }
   throw new Error("the reconciler did not settle");

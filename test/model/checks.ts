@@ -6,7 +6,7 @@
  * scripts/mutants.sh can report which check caught a broken build.
  */
 import type { World, ClientBorrow } from "./world.js";
-import type { MachineRow } from "../../src/store/rows.js";
+import type { MachineRow } from "../../src/store/machines.js";
 import { parsePublicKey } from "../../src/core/ssh-public-key.js";
 
 export class InvariantViolation extends Error {

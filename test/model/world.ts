@@ -17,14 +17,12 @@ import pino from "pino";
 import { SqliteStore } from "../../src/store/sqlite/sqlite-store.js";
 import { startCoordinator, type Coordinator } from "../../src/coordinator/server.js";
 import { authenticate, createToken, type Principal, type Role } from "../../src/coordinator/auth.js";
-import { createPortable } from "../../src/coordinator/actions/grants.js";
 import { ensurePool, type EnsureInput } from "../../src/coordinator/actions/pools.js";
 import { registerMachine } from "../../src/coordinator/actions/register.js";
 import { borrowKeeper, heartbeatKeeper, returnKeeper } from "../../src/coordinator/actions/borrow.js";
 import { enrollHost } from "../../src/coordinator/actions/hosts.js";
 import { drainPool } from "../../src/coordinator/actions/drain.js";
-import { tick } from "../../src/coordinator/reconciler.js";
-import { executeOp, type StartedOp } from "../../src/coordinator/executor.js";
+import type { StartedOp } from "../../src/coordinator/executor.js";
 import { isBerthError } from "../../src/core/errors.js";
 import type { PortableApi } from "../../src/coordinator/actions/portable-api.js";
 import { TestClock } from "../helpers/env.js";
@@ -145,7 +143,7 @@ export class World {
     });
     // No background ticks at all (kicks included): the test schedules every step.
     await this.coord.loop.stop();
-    this.portable = createPortable(this.coord.ctx);
+    this.portable = this.coord.portable!;
   }
 
   /** What a run exercised (audit events and provider effects), so a summary shows the runs are not vacuous. */
@@ -332,7 +330,7 @@ export class World {
     // passes the loop would run, then check that nothing due is left undone.
     const r = { visited: 0, started: [] as StartedOp[] };
     for (let pass = 0; pass < 4; pass++) {
-      const one = await tick(this.coord.ctx);
+      const one = await this.coord.reconciler.tick();
       r.visited += one.visited;
       r.started.push(...one.started);
       const left = await this.store.transaction((tx) => tx.get<{ n: number }>("SELECT COUNT(*) AS n FROM due WHERE due_at <= ?", [this.clock.now()]));
@@ -346,7 +344,7 @@ export class World {
 
   async #execute(s: StartedOp, fault: Fault, duplicate: boolean): Promise<void> {
     this.provider.faults = [fault];
-    const r = await this.#settleOrPark(() => executeOp(this.coord.ctx, s));
+    const r = await this.#settleOrPark(() => this.coord.executor.execute(s));
     this.provider.faults = [];
     const onDone = (x: { ok: true; value: unknown } | { ok: false; error: unknown }) => {
       if (!x.ok) throw new InvariantViolation("crash", `executing ${s.op.kind} ${s.op.id} failed: ${String(x.error)}`);
@@ -360,7 +358,7 @@ export class World {
     if (duplicate) {
       // The same completion delivered twice (a retried reply): the second must change nothing.
       this.note(`${s.op.kind}@${s.op.generation} duplicate completion`);
-      await executeOp(this.coord.ctx, s);
+      await this.coord.executor.execute(s);
     }
   }
 
@@ -437,7 +435,7 @@ export class World {
     while (this.provider.orphans.length > 0) await this.deliverOrphan(0);
     for (let round = 0; round < 80; round++) {
       this.clock.advance(31_000);
-      const r = await tick(this.coord.ctx);
+      const r = await this.coord.reconciler.tick();
       for (const s of r.started) await this.#execute(s, "none", false);
       await this.checks.afterStep();
       const open = await this.store.transaction((tx) => tx.get<{ n: number }>("SELECT COUNT(*) AS n FROM operations WHERE state IN ('pending','running')"));

@@ -12,7 +12,7 @@ import Database from "better-sqlite3";
 import { SqliteStore } from "../../src/store/sqlite/sqlite-store.js";
 import { PostgresStore } from "../../src/store/postgres/postgres-store.js";
 import { MIGRATIONS } from "../../src/store/migrations.js";
-import { clearDue, setDue, setDueNoLater } from "../../src/store/rows.js";
+import { clearDue, setDue, setDueNoLater } from "../../src/store/due.js";
 import type { Store, Tx } from "../../src/store/store.js";
 import { BerthError } from "../../src/core/errors.js";
 import { PG_SKIP, PG_URL, tempDir, type Engine } from "../helpers/env.js";

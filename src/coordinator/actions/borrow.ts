@@ -9,10 +9,13 @@ import { BerthError } from "../../core/errors.js";
 import { newId } from "../../core/ids.js";
 import { hashToken, newToken, sameHash } from "../../core/tokens.js";
 import { liveDecision, nextHeartbeatDeadline } from "../../core/borrow.js";
-import { clearDue, poolRef, setDue, setDueNoLater, type BorrowRow, type MachineRow } from "../../store/rows.js";
+import type { Tx } from "../../store/store.js";
+import { clearDue, poolRef, setDue, setDueNoLater } from "../../store/due.js";
+import { endBorrow, insertBorrow, lockBorrow, readBorrowWithMachineState, setBorrowHeartbeat, type BorrowRow } from "../../store/borrows.js";
+import { lockMachine, takeReadyMachine } from "../../store/machines.js";
+import { readPool } from "../../store/pools.js";
 import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
-import { readPool, takeReadyMachine } from "./pool-read.js";
 import { applyTransition } from "./transition.js";
 
 export interface KeeperBorrowResult {
@@ -45,10 +48,7 @@ export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string): Pr
     const applied = await applyTransition(tx, ctx, m, { kind: "reserve", mode: "keeper" }, now, { subject: borrowId, lentTo: borrowId, nonce: borrowId });
     const expiresAt = m.hard_expires_at;
     const heartbeatDeadline = nextHeartbeatDeadline(now, pool.heartbeatMs, expiresAt);
-    await tx.run(
-      "INSERT INTO borrows (id, org, pool, machine_id, principal, token_hash, state, generation, created_at, heartbeat_deadline, expires_at, ended_at, reason) VALUES (?, ?, ?, ?, ?, ?, 'active', ?, ?, ?, ?, NULL, NULL)",
-      [borrowId, p.org, poolName, m.id, p.tokenId, tokenHash, applied.machine.generation, now, heartbeatDeadline, expiresAt],
-    );
+    await insertBorrow(tx, { id: borrowId, org: p.org, pool: poolName, machineId: m.id, principal: p.tokenId, tokenHash, generation: applied.machine.generation, now, heartbeatDeadline, expiresAt });
     await setDue(tx, "heartbeat", borrowId, heartbeatDeadline);
     // The pool may now be short of minReady: the reconciler's next pass looks
     // (no wake-up per borrow; one fill visit serves every borrow before it).
@@ -78,8 +78,8 @@ export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string): Pr
   };
 }
 
-async function loadBorrow(tx: import("../../store/store.js").Tx, p: Principal, borrowId: string, token: string): Promise<BorrowRow> {
-  const b = await tx.get<BorrowRow>(`SELECT * FROM borrows WHERE id = ?${tx.forUpdate}`, [borrowId]);
+async function loadBorrow(tx: Tx, p: Principal, borrowId: string, token: string): Promise<BorrowRow> {
+  const b = await lockBorrow(tx, borrowId);
   if (!b || b.org !== p.org) throw new BerthError("not_found", `not_found: no borrow ${borrowId} in this organisation`);
   if (!sameHash(b.token_hash, hashToken("borrow", token))) throw new BerthError("token_mismatch", `token_mismatch: the borrow token does not match borrow ${borrowId}`);
   return b;
@@ -107,7 +107,7 @@ export async function heartbeatKeeper(ctx: Ctx, p: Principal, borrowId: string, 
       refuseNotLive(b, now);
       const pool = await readPool(tx, b.org, b.pool);
       const deadline = nextHeartbeatDeadline(now, pool?.heartbeatMs ?? 60_000, b.expires_at);
-      await tx.run("UPDATE borrows SET heartbeat_deadline = ? WHERE id = ? AND state = 'active'", [deadline, b.id]);
+      await setBorrowHeartbeat(tx, b.id, deadline);
       await setDue(tx, "heartbeat", b.id, deadline);
       return { heartbeatDeadline: deadline, expiresAt: b.expires_at };
     });
@@ -126,11 +126,11 @@ export async function returnKeeper(ctx: Ctx, p: Principal, borrowId: string, tok
   const r = await ctx.store.transaction(async (tx) => {
     const b = await loadBorrow(tx, p, borrowId, token);
     refuseNotLive(b, now);
-    const m = await tx.get<MachineRow>(`SELECT * FROM machines WHERE id = ?${tx.forUpdate}`, [b.machine_id]);
+    const m = await lockMachine(tx, b.machine_id);
     if (!m || m.generation !== b.generation || m.state !== "busy") {
       throw new BerthError("generation_mismatch", `generation_mismatch: machine of borrow ${b.id} moved on (generation ${m?.generation ?? "gone"}); nothing was changed`);
     }
-    await tx.run("UPDATE borrows SET state = 'returned', ended_at = ?, reason = ? WHERE id = ?", [now, disposition === "drain" ? "returned for drain" : "returned", b.id]);
+    await endBorrow(tx, b.id, "returned", disposition === "drain" ? "returned for drain" : "returned", now);
     await clearDue(tx, "heartbeat", b.id);
     await setDue(tx, "retention", `b:${b.id}`, now + ctx.config.retentionMs);
     const provider = ctx.providers.get(m.provider);
@@ -150,10 +150,7 @@ export async function returnKeeper(ctx: Ctx, p: Principal, borrowId: string, tok
 
 export async function getBorrow(ctx: Ctx, p: Principal, borrowId: string): Promise<BorrowRow & { machine_state: string | null }> {
   return ctx.store.transaction(async (tx) => {
-    const b = await tx.get<BorrowRow & { machine_state: string | null }>(
-      "SELECT b.*, m.state AS machine_state FROM borrows b LEFT JOIN machines m ON m.id = b.machine_id WHERE b.id = ?",
-      [borrowId],
-    );
+    const b = await readBorrowWithMachineState(tx, borrowId);
     if (!b || b.org !== p.org) throw new BerthError("not_found", `not_found: no borrow ${borrowId} in this organisation`);
     return b;
   });

@@ -8,22 +8,20 @@ import type { Tx } from "../../store/store.js";
 import type { CapacityCounts } from "../../core/pool.js";
 import { createHmac } from "node:crypto";
 import { hashToken } from "../../core/tokens.js";
-import { setDue } from "../../store/rows.js";
+import { setDue } from "../../store/due.js";
+import { countOpenClaims, insertClaim } from "../../store/claims.js";
+import { countHoldingMachines } from "../../store/machines.js";
 
 export async function countCapacity(tx: Tx, org: string, pool: string, now: number): Promise<CapacityCounts> {
-  const rows = await tx.all<{ state: string; n: number }>(
-    "SELECT state, COUNT(*) AS n FROM machines WHERE org = ? AND pool = ? AND state IN ('ready','reserved','installing','busy','revoking','fencing','scrubbing') GROUP BY state",
-    [org, pool],
-  );
+  const rows = await countHoldingMachines(tx, org, pool);
   const c: CapacityCounts = { ready: 0, lent: 0, cleanup: 0, openClaims: 0 };
   for (const r of rows) {
-    const n = Number(r.n);
+    const n = r.n;
     if (r.state === "ready") c.ready += n;
     else if (r.state === "reserved" || r.state === "installing" || r.state === "busy") c.lent += n;
     else c.cleanup += n;
   }
-  const claims = await tx.get<{ n: number }>("SELECT COUNT(*) AS n FROM claims WHERE org = ? AND pool = ? AND state = 'open' AND expires_at > ?", [org, pool, now]);
-  c.openClaims = Number(claims?.n ?? 0);
+  c.openClaims = await countOpenClaims(tx, org, pool, now);
   return c;
 }
 
@@ -54,9 +52,7 @@ export async function insertClaims(
     const id = claimId(input.seed, i);
     const token = claimToken(input.seed, i);
     const expiresAt = input.now + input.ttlMs;
-    await tx.run("INSERT INTO claims (id, org, pool, token_hash, state, created_at, expires_at, machine_id) VALUES (?, ?, ?, ?, 'open', ?, ?, NULL)", [
-      id, input.org, input.pool, hashToken("claim", token), input.now, expiresAt,
-    ]);
+    await insertClaim(tx, { id, org: input.org, pool: input.pool, tokenHash: hashToken("claim", token), now: input.now, expiresAt });
     await setDue(tx, "claim", id, expiresAt);
     out.push({ id, token, expiresAt });
   }

@@ -6,12 +6,14 @@
 import { BerthError } from "../../core/errors.js";
 import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
-import { audit, setDue, poolRef, setDueNoLater, type MachineRow } from "../../store/rows.js";
+import { audit } from "../../store/audit.js";
+import { poolRef, setDue, setDueNoLater } from "../../store/due.js";
+import { lockMachine, markDestroyedByKeeper } from "../../store/machines.js";
 
 export async function confirmDestroyed(ctx: Ctx, p: Principal, machineId: string): Promise<{ machineId: string; state: string }> {
   const now = ctx.now();
   return ctx.store.transaction(async (tx) => {
-    const m = await tx.get<MachineRow>(`SELECT * FROM machines WHERE id = ?${tx.forUpdate}`, [machineId]);
+    const m = await lockMachine(tx, machineId);
     if (!m || m.org !== p.org) throw new BerthError("not_found", `not_found: no machine ${machineId} in this organisation`);
     if (m.state === "destroyed") return { machineId, state: "destroyed" };
     const provider = ctx.providers.get(m.provider);
@@ -21,7 +23,7 @@ export async function confirmDestroyed(ctx: Ctx, p: Principal, machineId: string
     if (m.state !== "quarantined" && m.state !== "draining") {
       throw new BerthError("conflict", `conflict: machine ${machineId} is ${m.state}; only a quarantined or draining machine can be confirmed destroyed`);
     }
-    await tx.run("UPDATE machines SET state = 'destroyed', state_since = ?, ready_since = NULL, lent_to = NULL WHERE id = ? AND generation = ?", [now, machineId, m.generation]);
+    await markDestroyedByKeeper(tx, machineId, m.generation, now);
     await audit(tx, { at: now, machineId, subject: p.tokenId, event: "destroyed_confirmed", from: m.state, to: "destroyed", generation: m.generation, actor: ctx.actor });
     await setDue(tx, "retention", `m:${machineId}`, now + ctx.config.retentionMs);
     await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);

@@ -10,7 +10,11 @@
 import type { Tx } from "../../store/store.js";
 import { fillDecision, type PoolRecord } from "../../core/pool.js";
 import { countCapacity, insertClaims, type IssuedClaim } from "./capacity.js";
-import { audit, poolFromRow, setDue, type PoolRow } from "../../store/rows.js";
+import { audit } from "../../store/audit.js";
+import { setClaimMachine } from "../../store/claims.js";
+import { takeHostSlot } from "../../store/hosts.js";
+import { insertMachine } from "../../store/machines.js";
+import { insertOp } from "../../store/operations.js";
 import { createHmac } from "node:crypto";
 import type { Ctx } from "../context.js";
 
@@ -18,11 +22,6 @@ export interface FillResult {
   pool: PoolRecord;
   issued: IssuedClaim[];
   why: string | null;
-}
-
-export async function lockPool(tx: Tx, org: string, name: string): Promise<PoolRecord | undefined> {
-  const row = await tx.get<PoolRow>(`SELECT * FROM pools WHERE org = ? AND name = ?${tx.forUpdate}`, [org, name]);
-  return row ? poolFromRow(row) : undefined;
 }
 
 function derivedId(seed: Uint8Array, prefix: string, i: number): string {
@@ -39,13 +38,9 @@ export async function fillPool(tx: Tx, ctx: Ctx, pool: PoolRecord, now: number, 
   if (provider?.capabilities.provision) {
     // Reserve a host slot per claim; stop where the hosts are full.
     for (let i = 0; i < count; i++) {
-      const host = await tx.get<{ id: string }>(
-        `SELECT id FROM hosts WHERE org = ? AND used_slots < slots ORDER BY used_slots, id LIMIT 1${tx.forUpdate}`,
-        [pool.org],
-      );
-      if (!host) break;
-      await tx.run("UPDATE hosts SET used_slots = used_slots + 1 WHERE id = ?", [host.id]);
-      hostIds.push(host.id);
+      const hostId = await takeHostSlot(tx, pool.org);
+      if (hostId === null) break;
+      hostIds.push(hostId);
     }
     count = hostIds.length;
     if (count === 0) return { pool, issued: [], why: "no enrolled host has a free slot" };
@@ -58,17 +53,12 @@ export async function fillPool(tx: Tx, ctx: Ctx, pool: PoolRecord, now: number, 
       const claim = issued[i]!;
       const machineId = derivedId(seed, "m", i);
       const opId = derivedId(seed, "op", i);
-      await tx.run(
-        `INSERT INTO machines (id, org, pool, access, provider, resource_id, host_id, state, generation, incarnation, ssh_host, ssh_port, ssh_user, host_key, claim_id, lent_to, created_at, state_since, ready_since, hard_expires_at, reason)
-         VALUES (?, ?, ?, ?, ?, ?, ?, 'provisioning', 0, NULL, NULL, NULL, NULL, NULL, ?, NULL, ?, ?, NULL, ?, NULL)`,
-        [machineId, pool.org, pool.name, pool.access, pool.provider, machineId, hostIds[i]!, claim.id, now, now, now + pool.hardTtlMs],
-      );
-      await tx.run("UPDATE claims SET machine_id = ? WHERE id = ?", [machineId, claim.id]);
-      await tx.run(
-        "INSERT INTO operations (id, kind, machine_id, host_id, generation, state, attempts, args, result, error, created_at, updated_at) VALUES (?, 'provision', ?, ?, 0, 'pending', 0, ?, NULL, NULL, ?, ?)",
-        [opId, machineId, hostIds[i]!, JSON.stringify({ claimId: claim.id, keeperKey: pool.keeperKey }), now, now],
-      );
-      await setDue(tx, "op", opId, now);
+      await insertMachine(tx, {
+        id: machineId, org: pool.org, pool: pool.name, access: pool.access, provider: pool.provider, resourceId: machineId, hostId: hostIds[i]!,
+        state: "provisioning", ssh: { host: null, port: null, user: null, hostKey: null }, claimId: claim.id, now, hardExpiresAt: now + pool.hardTtlMs,
+      });
+      await setClaimMachine(tx, claim.id, machineId);
+      await insertOp(tx, { id: opId, kind: "provision", machineId, hostId: hostIds[i]!, generation: 0, args: { claimId: claim.id, keeperKey: pool.keeperKey }, now });
       await audit(tx, { at: now, machineId, subject: claim.id, event: "provision", from: null, to: "provisioning", generation: 0, actor: ctx.actor });
     }
   }

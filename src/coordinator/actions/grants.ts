@@ -24,38 +24,41 @@
 import { BerthError } from "../../core/errors.js";
 import { newId } from "../../core/ids.js";
 import { hashToken, newToken, sameHash } from "../../core/tokens.js";
-import { ackDecision, afterInvalidation, grantExpiresAt, isExpired, type GrantState, type InvalidationReason } from "../../core/grant.js";
+import { ackDecision, afterInvalidation, grantExpiresAt, isExpired, type InvalidationReason } from "../../core/grant.js";
 import { parsePublicKey } from "../../core/ssh-public-key.js";
 import type { Tx } from "../../store/store.js";
-import { audit, clearDue, poolRef, setDue, setDueNoLater, type MachineRow } from "../../store/rows.js";
+import { audit } from "../../store/audit.js";
+import { clearDue, poolRef, setDue, setDueNoLater } from "../../store/due.js";
+import {
+  activateGrant,
+  advanceGrantCleanup,
+  closeGrantsOfMachineRows,
+  insertGrant,
+  invalidateGrantRow,
+  lockGrant,
+  lockGrantAt,
+  lockLiveGrantsOfBorrower,
+  markGrantInstalling,
+  readGrant,
+  setGrantHeartbeat,
+  type GrantRow,
+} from "../../store/grants.js";
+import { lockMachine, readMachine, takeReadyMachine, type MachineRow } from "../../store/machines.js";
+import { firstRemovalAt, leaseOp, type OpRow } from "../../store/operations.js";
+import { readPool } from "../../store/pools.js";
+import type { InstallKeyArgs, RemoveKeyArgs } from "../../protocol/operations.js";
 import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
-import { readPool, takeReadyMachine } from "./pool-read.js";
 import { applyTransition } from "./transition.js";
 import { checkPortable } from "./pools.js";
-import { executeOp, type OpRow, type StartedOp } from "../executor.js";
 import type { PortableApi } from "./portable-api.js";
 
-export interface GrantRow {
-  id: string;
-  org: string;
-  pool: string;
-  machine_id: string;
-  resource_id: string;
-  borrower: string;
-  token_hash: string;
-  grant_token_hash: string;
-  generation: number;
-  fingerprint: string;
-  public_key: string;
-  state: GrantState;
-  reason: string | null;
-  created_at: number;
-  ack_deadline: number;
-  heartbeat_deadline: number;
-  expires_at: number;
-  activated_at: number | null;
-  ended_at: number | null;
+export type { GrantRow };
+
+/** What the portable API needs from the rest of the coordinator (wired in server.ts). */
+export interface PortableDeps {
+  /** Carries out an operation this code leased itself (the ack's install), outside any transaction. */
+  runLeased(started: { op: OpRow; machine: MachineRow }): Promise<void>;
 }
 
 function presentGrant(g: GrantRow, m: MachineRow | undefined) {
@@ -89,7 +92,7 @@ function cleanupStatus(g: GrantRow, m: MachineRow | undefined): string {
 }
 
 async function loadGrant(tx: Tx, p: Principal, grantId: string, token: string, grantToken?: string): Promise<GrantRow> {
-  const g = await tx.get<GrantRow>(`SELECT * FROM grants WHERE id = ?${tx.forUpdate}`, [grantId]);
+  const g = await lockGrant(tx, grantId);
   if (!g || g.org !== p.org) throw new BerthError("not_found", `not_found: no borrow ${grantId} in this organisation`);
   if (!sameHash(g.token_hash, hashToken("borrow", token))) throw new BerthError("token_mismatch", `token_mismatch: the borrow token does not match borrow ${grantId}`);
   if (grantToken !== undefined && !sameHash(g.grant_token_hash, hashToken("grant", grantToken))) {
@@ -104,15 +107,15 @@ async function loadGrant(tx: Tx, p: Principal, grantId: string, token: string, g
  */
 export async function invalidateGrant(tx: Tx, ctx: Ctx, g: GrantRow, reason: InvalidationReason, now: number, nonce: string): Promise<boolean> {
   if (g.state !== "pending" && g.state !== "installing" && g.state !== "active") return false;
-  await tx.run("UPDATE grants SET state = 'invalidated', reason = ?, ended_at = ? WHERE id = ?", [reason, now, g.id]);
+  await invalidateGrantRow(tx, g.id, reason, now);
   await clearDue(tx, "ack", g.id);
   await clearDue(tx, "grant", g.id);
   tx.afterCommit(() => ctx.metrics.grants.inc({ pool: g.pool, event: reason === "expired" || reason === "ack_timeout" ? "expired" : reason === "token_revoked" ? "revoked" : "invalidated" }));
-  const m = await tx.get<MachineRow>(`SELECT * FROM machines WHERE id = ?${tx.forUpdate}`, [g.machine_id]);
+  const m = await lockMachine(tx, g.machine_id);
   if (!m || m.generation !== g.generation || !["reserved", "installing", "busy"].includes(m.state)) return false;
   const next = afterInvalidation(reason);
   if (next === "cleanup") {
-    const r = await applyTransition(tx, ctx, m, { kind: "return", mode: "portable", scrub: true }, now, { subject: g.id, nonce, opArgs: { grantId: g.id, fingerprint: g.fingerprint } });
+    const r = await applyTransition(tx, ctx, m, { kind: "return", mode: "portable", scrub: true }, now, { subject: g.id, nonce, opArgs: { grantId: g.id, fingerprint: g.fingerprint } satisfies RemoveKeyArgs });
     return r.opIds.length > 0;
   }
   tx.afterCommit(() => ctx.metrics.quarantined.inc({ pool: m.pool, reason }));
@@ -124,16 +127,14 @@ export async function invalidateGrant(tx: Tx, ctx: Ctx, g: GrantRow, reason: Inv
 /** Called by the executor when a machine's cleanup step is proven (keeps the grant's state in step). */
 export async function onCleanupStep(tx: Tx, ctx: Ctx, machineId: string, generation: number, step: "revoked" | "fenced" | "closed", now: number): Promise<void> {
   const from = step === "revoked" ? "invalidated" : step === "fenced" ? "revoked" : "fenced";
-  const ids = await tx.all<{ id: string }>("SELECT id FROM grants WHERE machine_id = ? AND generation = ? AND state = ?", [machineId, generation, from]);
-  await tx.run(`UPDATE grants SET state = ?, ended_at = COALESCE(ended_at, ?) WHERE machine_id = ? AND generation = ? AND state = ?`, [step, now, machineId, generation, from]);
-  if (step === "closed") for (const g of ids) await setDue(tx, "retention", `g:${g.id}`, now + ctx.config.retentionMs);
+  const ids = await advanceGrantCleanup(tx, machineId, generation, from, step, now);
+  if (step === "closed") for (const id of ids) await setDue(tx, "retention", `g:${id}`, now + ctx.config.retentionMs);
 }
 
 /** Closes every unclosed grant of a destroyed machine; closed grants age out after the retention window. */
 export async function closeGrantsOfMachine(tx: Tx, ctx: Ctx, machineId: string, now: number): Promise<void> {
-  const ids = await tx.all<{ id: string }>("SELECT id FROM grants WHERE machine_id = ? AND state <> 'closed'", [machineId]);
-  await tx.run("UPDATE grants SET state = 'closed', ended_at = COALESCE(ended_at, ?) WHERE machine_id = ? AND state <> 'closed'", [now, machineId]);
-  for (const g of ids) await setDue(tx, "retention", `g:${g.id}`, now + ctx.config.retentionMs);
+  const ids = await closeGrantsOfMachineRows(tx, machineId, now);
+  for (const id of ids) await setDue(tx, "retention", `g:${id}`, now + ctx.config.retentionMs);
 }
 
 /**
@@ -144,7 +145,7 @@ export async function closeGrantsOfMachine(tx: Tx, ctx: Ctx, machineId: string, 
  * generation it has already cleaned).
  */
 export async function onInstallConfirmed(tx: Tx, ctx: Ctx, op: OpRow, m: MachineRow, now: number, nonce: string): Promise<void> {
-  const g = await tx.get<GrantRow>(`SELECT * FROM grants WHERE machine_id = ? AND generation = ?${tx.forUpdate}`, [m.id, op.generation]);
+  const g = await lockGrantAt(tx, m.id, op.generation);
   if (!g || g.state !== "installing" || m.state !== "installing" || m.generation !== op.generation) {
     await audit(tx, { at: now, machineId: m.id, subject: op.id, event: "late_install", from: m.state, to: m.state, generation: m.generation, actor: ctx.actor });
     await quarantineIfKeyMayOutliveRemoval(tx, ctx, op, m, now, nonce);
@@ -159,7 +160,7 @@ export async function onInstallConfirmed(tx: Tx, ctx: Ctx, op: OpRow, m: Machine
     return;
   }
   await applyTransition(tx, ctx, m, { kind: "install_confirmed" }, now, { subject: g.id, nonce });
-  await tx.run("UPDATE grants SET state = 'active', activated_at = ? WHERE id = ?", [now, g.id]);
+  await activateGrant(tx, g.id, now);
   await setDue(tx, "grant", g.id, Math.min(g.heartbeat_deadline, g.expires_at));
   tx.afterCommit(() => ctx.metrics.grants.inc({ pool: g.pool, event: "active" }));
 }
@@ -176,7 +177,7 @@ export async function onInstallConfirmed(tx: Tx, ctx: Ctx, op: OpRow, m: Machine
 async function quarantineIfKeyMayOutliveRemoval(tx: Tx, ctx: Ctx, op: OpRow, m: MachineRow, now: number, nonce: string): Promise<void> {
   if (m.generation !== op.generation) return;
   if (m.state === "quarantined" || m.state === "draining" || m.state === "destroying" || m.state === "destroyed") return;
-  const removal = await tx.get<{ attempts: number; state: string }>("SELECT attempts, state FROM operations WHERE machine_id = ? AND generation = ? AND kind = 'remove_key' ORDER BY created_at LIMIT 1", [m.id, op.generation]);
+  const removal = await firstRemovalAt(tx, m.id, op.generation);
   if (m.state === "revoking" && removal && removal.state === "pending" && removal.attempts === 0) return;
   if (m.state === "reserved" || m.state === "installing" || m.state === "busy") return;
   tx.afterCommit(() => ctx.metrics.quarantined.inc({ pool: m.pool, reason: "late_install" }));
@@ -193,12 +194,12 @@ export function onCleanupFailed(tx: Tx, ctx: Ctx, m: MachineRow, kind: string): 
 
 /** A failed or unprovable install: the grant is invalidated and the machine quarantined. */
 export async function onInstallFailed(tx: Tx, ctx: Ctx, op: OpRow, m: MachineRow, now: number, nonce: string): Promise<void> {
-  const g = await tx.get<GrantRow>(`SELECT * FROM grants WHERE machine_id = ? AND generation = ?${tx.forUpdate}`, [m.id, op.generation]);
+  const g = await lockGrantAt(tx, m.id, op.generation);
   if (g) await invalidateGrant(tx, ctx, g, "revalidation_failed", now, nonce);
 }
 
 export async function handleGrantDueRow(tx: Tx, ctx: Ctx, kind: "ack" | "grant", grantId: string, now: number, nonce: string): Promise<boolean> {
-  const g = await tx.get<GrantRow>(`SELECT * FROM grants WHERE id = ?${tx.forUpdate}`, [grantId]);
+  const g = await lockGrant(tx, grantId);
   if (!g) {
     await clearDue(tx, kind, grantId);
     return false;
@@ -221,12 +222,12 @@ export async function handleGrantDueRow(tx: Tx, ctx: Ctx, kind: "ack" | "grant",
 
 /** Token revocation: every live grant of the revoked token is invalidated in the same transaction. */
 export async function invalidateGrantsOfBorrower(tx: Tx, ctx: Ctx, tokenId: string, now: number, nonce: string): Promise<number> {
-  const live = await tx.all<GrantRow>(`SELECT * FROM grants WHERE borrower = ? AND state IN ('pending','installing','active')${tx.forUpdate}`, [tokenId]);
+  const live = await lockLiveGrantsOfBorrower(tx, tokenId);
   for (const g of live) await invalidateGrant(tx, ctx, g, "token_revoked", now, `${nonce}:${g.id}`);
   return live.length;
 }
 
-export function createPortable(ctx: Ctx): PortableApi {
+export function createPortable(ctx: Ctx, deps: PortableDeps): PortableApi {
   return {
     async borrow(p, poolName, body) {
       const started = process.hrtime.bigint();
@@ -252,11 +253,11 @@ export function createPortable(ctx: Ctx): PortableApi {
         const ackDeadline = Math.min(now + ctx.config.ackTimeoutMs, expiresAt);
         const heartbeatDeadline = Math.min(now + pool.heartbeatMs, expiresAt);
         const applied = await applyTransition(tx, ctx, m, { kind: "reserve", mode: "portable" }, now, { subject: grantId, lentTo: grantId, nonce: grantId });
-        await tx.run(
-          `INSERT INTO grants (id, org, pool, machine_id, resource_id, borrower, token_hash, grant_token_hash, generation, fingerprint, public_key, state, reason, created_at, ack_deadline, heartbeat_deadline, expires_at, activated_at, ended_at)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', NULL, ?, ?, ?, ?, NULL, NULL)`,
-          [grantId, p.org, poolName, m.id, m.resource_id, p.tokenId, hashToken("borrow", token), hashToken("grant", grantToken), applied.machine.generation, key.fingerprint, key.line, now, ackDeadline, heartbeatDeadline, expiresAt],
-        );
+        await insertGrant(tx, {
+          id: grantId, org: p.org, pool: poolName, machineId: m.id, resourceId: m.resource_id, borrower: p.tokenId,
+          tokenHash: hashToken("borrow", token), grantTokenHash: hashToken("grant", grantToken), generation: applied.machine.generation,
+          fingerprint: key.fingerprint, publicKey: key.line, now, ackDeadline, heartbeatDeadline, expiresAt,
+        });
         await setDue(tx, "ack", grantId, ackDeadline);
         await setDue(tx, "grant", grantId, expiresAt);
         await setDueNoLater(tx, "fill", poolRef(p.org, poolName), now);
@@ -296,7 +297,7 @@ export function createPortable(ctx: Ctx): PortableApi {
       const now = ctx.now();
       const first = await ctx.store.transaction(async (tx) => {
         const g = await loadGrant(tx, p, grantId, body.token, body.grantToken);
-        const m = await tx.get<MachineRow>(`SELECT * FROM machines WHERE id = ?${tx.forUpdate}`, [g.machine_id]);
+        const m = await lockMachine(tx, g.machine_id);
         const d = ackDecision({
           grant: { state: g.state, ackDeadline: g.ack_deadline, expiresAt: g.expires_at, fingerprint: g.fingerprint, generation: g.generation, borrower: g.borrower, org: g.org },
           machine: m ? { state: m.state, generation: m.generation } : null,
@@ -319,22 +320,20 @@ export function createPortable(ctx: Ctx): PortableApi {
         const applied = await applyTransition(tx, ctx, m!, { kind: "install_started" }, now, {
           subject: g.id,
           nonce: g.id,
-          opArgs: { publicKey: g.public_key, mode: "grant", grantId: g.id, expiresAt: g.expires_at },
+          opArgs: { publicKey: g.public_key, mode: "grant", grantId: g.id, expiresAt: g.expires_at } satisfies InstallKeyArgs,
         });
-        await tx.run("UPDATE grants SET state = 'installing' WHERE id = ?", [g.id]);
+        await markGrantInstalling(tx, g.id);
         tx.afterCommit(() => ctx.metrics.grants.inc({ pool: g.pool, event: "acked" }));
         const opId = applied.opIds[0]!;
-        // Mark the op running here so the reconciler leaves it to this request (lease).
-        await tx.run("UPDATE operations SET state = 'running', attempts = attempts + 1, updated_at = ? WHERE id = ?", [now, opId]);
-        await setDue(tx, "op", opId, now + 30_000);
-        const op = await tx.get<OpRow>("SELECT * FROM operations WHERE id = ?", [opId]);
-        return { kind: "install" as const, started: { op: op!, machine: applied.machine } satisfies StartedOp };
+        // Lease the op here so the reconciler leaves it to this request.
+        const op = await leaseOp(tx, opId, now);
+        return { kind: "install" as const, started: { op, machine: applied.machine } };
       });
       if (first.kind === "refuse") {
         if (first.invalidated) ctx.kick();
         throw new BerthError(first.code, `${first.code}: borrow ${grantId}: ${first.why}`);
       }
-      if (first.kind === "install") await executeOp(ctx, first.started);
+      if (first.kind === "install") await deps.runLeased(first.started);
       return this.show(p, grantId);
     },
 
@@ -352,7 +351,7 @@ export function createPortable(ctx: Ctx): PortableApi {
         const pool = await readPool(tx, g.org, g.pool);
         // A heartbeat proves liveness only: expiresAt is never touched.
         const deadline = Math.min(now + (pool?.heartbeatMs ?? 60_000), g.expires_at);
-        await tx.run("UPDATE grants SET heartbeat_deadline = ? WHERE id = ?", [deadline, g.id]);
+        await setGrantHeartbeat(tx, g.id, deadline);
         if (g.state === "active") await setDue(tx, "grant", g.id, Math.min(deadline, g.expires_at));
         return { heartbeatDeadline: deadline, expiresAt: g.expires_at, state: g.state };
       });
@@ -376,12 +375,23 @@ export function createPortable(ctx: Ctx): PortableApi {
 
     async show(p, grantId) {
       return ctx.store.transaction(async (tx) => {
-        const g = await tx.get<GrantRow>("SELECT * FROM grants WHERE id = ?", [grantId]);
+        const g = await readGrant(tx, grantId);
         if (!g || g.org !== p.org) throw new BerthError("not_found", `not_found: no borrow ${grantId} in this organisation`);
-        const m = await tx.get<MachineRow>("SELECT * FROM machines WHERE id = ?", [g.machine_id]);
+        const m = await readMachine(tx, g.machine_id);
         return presentGrant(g, m);
       });
     },
   };
 }
 
+
+/** The grant steps the operation executor's proofs drive, bound to `ctx` (wired in server.ts). */
+export function grantHooks(ctx: Ctx) {
+  return {
+    installConfirmed: (tx: Tx, op: OpRow, m: MachineRow, now: number, nonce: string) => onInstallConfirmed(tx, ctx, op, m, now, nonce),
+    installFailed: (tx: Tx, op: OpRow, m: MachineRow, now: number, nonce: string) => onInstallFailed(tx, ctx, op, m, now, nonce),
+    cleanupStep: (tx: Tx, machineId: string, generation: number, step: "revoked" | "fenced" | "closed", now: number) => onCleanupStep(tx, ctx, machineId, generation, step, now),
+    cleanupFailed: (tx: Tx, m: MachineRow, kind: string) => onCleanupFailed(tx, ctx, m, kind),
+    machineDestroyed: (tx: Tx, machineId: string, now: number) => closeGrantsOfMachine(tx, ctx, machineId, now),
+  };
+}

@@ -6,10 +6,12 @@
 import { BerthError } from "../../core/errors.js";
 import { CAPACITY_LIMIT, type Access, type PoolIdentity, type PoolRecord, type ProviderName, type CapacityCounts } from "../../core/pool.js";
 import { missingPortableCapabilities } from "../../providers/provider.js";
-import { poolFromRow, poolRef, setDue, type PoolRow } from "../../store/rows.js";
+import { poolRef, setDue } from "../../store/due.js";
+import { countLiveMachines, countMachinesByState, poolTotals } from "../../store/machines.js";
+import { insertPoolIfAbsent, listPools as listPoolRecords, lockPool, readPool, updatePool } from "../../store/pools.js";
 import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
-import { fillPool, lockPool } from "./fill.js";
+import { fillPool } from "./fill.js";
 import { countCapacity, type IssuedClaim } from "./capacity.js";
 
 export interface EnsureInput {
@@ -52,25 +54,18 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
   const seed = ctx.randomBytes(32);
   const result = await ctx.store.transaction(async (tx) => {
     // Insert-if-absent first, so concurrent first ensures of one pool serialize on its row.
-    const created = await tx.run(
-      "INSERT INTO pools (org, name, access, provider, compatibility_key, identity, min_ready, max_ready, hard_ttl_ms, heartbeat_ms, keeper_key, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (org, name) DO NOTHING",
-      [p.org, input.name, input.access, input.provider, input.compatibilityKey, input.identity ? JSON.stringify(input.identity) : null, input.minReady, input.maxReady, input.hardTtlMs, input.heartbeatMs, input.keeperKey, now, now],
-    );
+    const created = await insertPoolIfAbsent(tx, p.org, input.name, input, now);
     const existing = await lockPool(tx, p.org, input.name);
-    if (created === 0 && existing) {
+    if (!created && existing) {
       if (existing.access !== input.access || existing.provider !== input.provider || existing.compatibilityKey !== input.compatibilityKey) {
-        const live = await tx.get<{ n: number }>("SELECT COUNT(*) AS n FROM machines WHERE org = ? AND pool = ? AND state <> 'destroyed'", [p.org, input.name]);
-        if (Number(live?.n ?? 0) > 0) {
+        if ((await countLiveMachines(tx, p.org, input.name)) > 0) {
           throw new BerthError(
             "conflict",
             `conflict: pool ${input.name} has live machines as ${existing.access}/${existing.provider}/${existing.compatibilityKey}; drain it before changing access, provider or compatibility key`,
           );
         }
       }
-      await tx.run(
-        "UPDATE pools SET access = ?, provider = ?, compatibility_key = ?, identity = ?, min_ready = ?, max_ready = ?, hard_ttl_ms = ?, heartbeat_ms = ?, keeper_key = ?, updated_at = ? WHERE org = ? AND name = ?",
-        [input.access, input.provider, input.compatibilityKey, input.identity ? JSON.stringify(input.identity) : null, input.minReady, input.maxReady, input.hardTtlMs, input.heartbeatMs, input.keeperKey, now, p.org, input.name],
-      );
+      await updatePool(tx, p.org, input.name, input, now);
     }
     const pool = (await lockPool(tx, p.org, input.name))!;
     const filled = await fillPool(tx, ctx, pool, now, seed);
@@ -88,26 +83,20 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
 export async function getPool(ctx: Ctx, p: Principal, name: string): Promise<{ pool: PoolRecord; counts: CapacityCounts; states: Record<string, number> }> {
   const now = ctx.now();
   return ctx.store.transaction(async (tx) => {
-    const row = await tx.get<PoolRow>("SELECT * FROM pools WHERE org = ? AND name = ?", [p.org, name]);
-    if (!row) throw new BerthError("not_found", `not_found: no pool named ${name} in this organisation`);
+    const pool = await readPool(tx, p.org, name);
+    if (!pool) throw new BerthError("not_found", `not_found: no pool named ${name} in this organisation`);
     const counts = await countCapacity(tx, p.org, name, now);
     const states: Record<string, number> = {};
-    for (const r of await tx.all<{ state: string; n: number }>("SELECT state, COUNT(*) AS n FROM machines WHERE org = ? AND pool = ? GROUP BY state", [p.org, name])) {
-      states[r.state] = Number(r.n);
-    }
-    return { pool: poolFromRow(row), counts, states };
+    for (const r of await countMachinesByState(tx, p.org, name)) states[r.state] = r.n;
+    return { pool, counts, states };
   });
 }
 
 export async function listPools(ctx: Ctx, p: Principal): Promise<Array<{ pool: PoolRecord; ready: number; total: number }>> {
   return ctx.store.transaction(async (tx) => {
-    const pools = await tx.all<PoolRow>("SELECT * FROM pools WHERE org = ? ORDER BY name", [p.org]);
-    const counts = await tx.all<{ pool: string; ready: number; total: number }>(
-      "SELECT pool, SUM(CASE WHEN state = 'ready' THEN 1 ELSE 0 END) AS ready, COUNT(*) AS total FROM machines WHERE org = ? AND state <> 'destroyed' GROUP BY pool",
-      [p.org],
-    );
-    const byPool = new Map(counts.map((c) => [c.pool, c]));
-    return pools.map((r) => ({ pool: poolFromRow(r), ready: Number(byPool.get(r.name)?.ready ?? 0), total: Number(byPool.get(r.name)?.total ?? 0) }));
+    const pools = await listPoolRecords(tx, p.org);
+    const totals = await poolTotals(tx, p.org);
+    return pools.map((pool) => ({ pool, ready: totals.get(pool.name)?.ready ?? 0, total: totals.get(pool.name)?.total ?? 0 }));
   });
 }
 

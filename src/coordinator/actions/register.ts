@@ -9,11 +9,14 @@ import { BerthError } from "../../core/errors.js";
 import { hashToken } from "../../core/tokens.js";
 import { newId } from "../../core/ids.js";
 import type { Tx } from "../../store/store.js";
-import { audit, setDue, type ClaimRow, type MachineRow } from "../../store/rows.js";
+import { audit } from "../../store/audit.js";
+import { clearDue, setDue } from "../../store/due.js";
+import { consumeClaim, lockClaim, lockClaimByTokenHash } from "../../store/claims.js";
+import { insertMachine, liveMachineOfResource, markProvisioned, type MachineRow } from "../../store/machines.js";
+import { lockPool } from "../../store/pools.js";
 import { rotationMarginMs } from "../../core/pool.js";
 import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
-import { lockPool } from "./fill.js";
 
 export interface RegisterInput {
   pool: string;
@@ -25,10 +28,7 @@ export interface RegisterInput {
 
 /** Refuses a resource that is live under a different access mode or already registered. */
 export async function checkResourceFree(tx: Tx, provider: string, resourceId: string, access: string, exceptMachine: string | null): Promise<void> {
-  const live = await tx.get<{ id: string; access: string; state: string }>(
-    "SELECT id, access, state FROM machines WHERE provider = ? AND resource_id = ? AND state <> 'destroyed'",
-    [provider, resourceId],
-  );
+  const live = await liveMachineOfResource(tx, provider, resourceId);
   if (!live || live.id === exceptMachine) return;
   if (live.access !== access) {
     throw new BerthError("namespace_conflict", `namespace_conflict: resource ${resourceId} is live as a ${live.access} machine (${live.id}); it cannot be registered for ${access} access`);
@@ -42,7 +42,7 @@ export async function registerMachine(ctx: Ctx, p: Principal, input: RegisterInp
   const result = await ctx.store.transaction(async (tx) => {
     const pool = await lockPool(tx, p.org, input.pool);
     if (!pool) throw new BerthError("not_found", `not_found: no pool named ${input.pool} in this organisation`);
-    const claim = await tx.get<ClaimRow>(`SELECT * FROM claims WHERE token_hash = ?${tx.forUpdate}`, [hashToken("claim", input.claimToken)]);
+    const claim = await lockClaimByTokenHash(tx, hashToken("claim", input.claimToken));
     if (!claim || claim.org !== p.org || claim.pool !== input.pool) throw new BerthError("claim_not_found", "claim_not_found: the fill claim token does not belong to this pool");
     if (claim.state === "consumed") throw new BerthError("claim_consumed", `claim_consumed: fill claim ${claim.id} was already used to register machine ${claim.machine_id}`);
     if (claim.state === "expired" || now >= claim.expires_at) {
@@ -50,13 +50,12 @@ export async function registerMachine(ctx: Ctx, p: Principal, input: RegisterInp
     }
     await checkResourceFree(tx, pool.provider, input.resourceId, pool.access, null);
     const hardExpiresAt = now + Math.min(input.hardTtlMs ?? pool.hardTtlMs, pool.hardTtlMs);
-    await tx.run(
-      `INSERT INTO machines (id, org, pool, access, provider, resource_id, host_id, state, generation, incarnation, ssh_host, ssh_port, ssh_user, host_key, claim_id, lent_to, created_at, state_since, ready_since, hard_expires_at, reason)
-       VALUES (?, ?, ?, ?, ?, ?, NULL, 'ready', 0, NULL, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, NULL)`,
-      [machineId, p.org, pool.name, pool.access, pool.provider, input.resourceId, input.ssh.host, input.ssh.port, input.ssh.user, input.ssh.hostKey, claim.id, now, now, now, hardExpiresAt],
-    );
-    await tx.run("UPDATE claims SET state = 'consumed', machine_id = ? WHERE id = ?", [machineId, claim.id]);
-    await tx.run("DELETE FROM due WHERE kind = 'claim' AND ref = ?", [claim.id]);
+    await insertMachine(tx, {
+      id: machineId, org: p.org, pool: pool.name, access: pool.access, provider: pool.provider, resourceId: input.resourceId, hostId: null,
+      state: "ready", ssh: input.ssh, claimId: claim.id, now, hardExpiresAt,
+    });
+    await consumeClaim(tx, claim.id, machineId);
+    await clearDue(tx, "claim", claim.id);
     await setDue(tx, "ttl", machineId, hardExpiresAt - rotationMarginMs(pool.hardTtlMs));
     await audit(tx, { at: now, machineId, subject: claim.id, event: "register", from: null, to: "ready", generation: 0, actor: ctx.actor });
     return { machineId, state: "ready", pool: pool.name };
@@ -78,16 +77,13 @@ export async function registerProvisioned(
   now: number,
 ): Promise<{ ok: true } | { ok: false; why: string }> {
   if (machine.state !== "provisioning") return { ok: false, why: `machine is ${machine.state}` };
-  const claim = machine.claim_id ? await tx.get<ClaimRow>(`SELECT * FROM claims WHERE id = ?${tx.forUpdate}`, [machine.claim_id]) : undefined;
+  const claim = machine.claim_id ? await lockClaim(tx, machine.claim_id) : undefined;
   if (!claim || claim.state !== "open" || now >= claim.expires_at) return { ok: false, why: "its fill claim expired before provisioning finished" };
   const pool = await lockPool(tx, machine.org, machine.pool);
   if (!pool) return { ok: false, why: "its pool no longer exists" };
-  await tx.run(
-    "UPDATE machines SET state = 'ready', incarnation = ?, ssh_host = ?, ssh_port = ?, ssh_user = ?, host_key = ?, state_since = ?, ready_since = ? WHERE id = ? AND state = 'provisioning'",
-    [found.incarnation, found.sshHost, found.sshPort, machine.id, found.hostKey, now, now, machine.id],
-  );
-  await tx.run("UPDATE claims SET state = 'consumed' WHERE id = ?", [claim.id]);
-  await tx.run("DELETE FROM due WHERE kind = 'claim' AND ref = ?", [claim.id]);
+  await markProvisioned(tx, machine.id, found, now);
+  await consumeClaim(tx, claim.id);
+  await clearDue(tx, "claim", claim.id);
   await setDue(tx, "ttl", machine.id, machine.hard_expires_at - rotationMarginMs(pool.hardTtlMs));
   await audit(tx, { at: now, machineId: machine.id, subject: claim.id, event: "register", from: "provisioning", to: "ready", generation: machine.generation, actor: ctx.actor });
   tx.afterCommit(() => ctx.metrics.claims.inc({ pool: machine.pool, event: "completed" }));

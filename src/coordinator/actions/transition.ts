@@ -8,7 +8,9 @@
 import { BerthError } from "../../core/errors.js";
 import { machineTransition, type Effect, type MachineEvent } from "../../core/machine.js";
 import type { Tx } from "../../store/store.js";
-import { audit, setDue, type MachineRow } from "../../store/rows.js";
+import { audit } from "../../store/audit.js";
+import { writeTransition, type MachineRow } from "../../store/machines.js";
+import { insertOp } from "../../store/operations.js";
 import type { Ctx } from "../context.js";
 import { createHash } from "node:crypto";
 
@@ -38,12 +40,9 @@ export async function applyTransition(
   );
   if (!t.ok) throw new BerthError("conflict", `conflict: machine ${m.id}: ${t.why}`);
   const lentTo = opts.lentTo !== undefined ? opts.lentTo : t.machine.state === "ready" || t.machine.state === "destroyed" ? null : m.lent_to;
-  const n = await tx.run(
-    "UPDATE machines SET state = ?, generation = ?, state_since = ?, ready_since = ?, reason = ?, lent_to = ? WHERE id = ? AND state = ? AND generation = ?",
-    [t.machine.state, t.machine.generation, t.machine.stateSince, t.machine.readySince, t.machine.reason, lentTo, m.id, m.state, m.generation],
-  );
-  if (n !== 1) throw new BerthError("conflict", `conflict: machine ${m.id} changed while it was being updated; try again`);
   const next: MachineRow = { ...m, state: t.machine.state, generation: t.machine.generation, state_since: t.machine.stateSince, ready_since: t.machine.readySince, reason: t.machine.reason, lent_to: lentTo };
+  const n = await writeTransition(tx, m, next);
+  if (n !== 1) throw new BerthError("conflict", `conflict: machine ${m.id} changed while it was being updated; try again`);
   await audit(tx, { at: now, machineId: m.id, subject: opts.subject ?? null, event: event.kind, from: m.state, to: next.state, generation: next.generation, actor: ctx.actor });
   const opIds: string[] = [];
   const provider = ctx.providers.get(m.provider);
@@ -52,11 +51,7 @@ export async function applyTransition(
       e.kind === "destroy" ? provider?.capabilities.destroy : e.kind === "fence" ? provider?.capabilities.fence : e.kind === "scrub" ? provider?.capabilities.scrub : e.kind === "remove_key" ? provider?.capabilities.revokeKey : provider?.capabilities.installKey;
     if (!capable) continue;
     const opId = opIdFor(m.id, next.generation, e.kind, opts.nonce);
-    await tx.run(
-      "INSERT INTO operations (id, kind, machine_id, host_id, generation, state, attempts, args, result, error, created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'pending', 0, ?, NULL, NULL, ?, ?) ON CONFLICT (id) DO NOTHING",
-      [opId, e.kind, m.id, m.host_id, next.generation, JSON.stringify(opts.opArgs ?? {}), now, now],
-    );
-    await setDue(tx, "op", opId, now);
+    await insertOp(tx, { id: opId, kind: e.kind, machineId: m.id, hostId: m.host_id, generation: next.generation, args: opts.opArgs ?? {}, now });
     opIds.push(opId);
   }
   return { machine: next, effects: t.effects, opIds };

@@ -1,7 +1,7 @@
 /** API shapes of stored records: camelCase, no hashes, no internal columns. */
 import type { PoolRecord } from "../../core/pool.js";
-import type { BorrowRow } from "../../store/rows.js";
-import type { HostRow } from "../actions/hosts.js";
+import type { BorrowRow } from "../../store/borrows.js";
+import type { HostRow } from "../../store/hosts.js";
 
 export function presentPool(p: PoolRecord) {
   return {

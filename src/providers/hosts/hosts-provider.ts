@@ -1,17 +1,19 @@
 /**
  * The `hosts` provider: machines are sandboxes on enrolled berth agents.
  * Every operation is one authenticated call to the agent's
- * `POST /v1/agent/ops` carrying the berth operation id and the machine
- * generation; the agent stores the first result under that id, so a retry
- * after a lost reply returns it instead of acting twice, and an older
- * generation is refused without change. A timeout or connection failure is
- * reported as ambiguous: the executor retries with the same id to learn the
- * outcome.
+ * `POST /v1/agent/ops` (the contract in src/protocol/operations.ts) carrying
+ * the berth operation id and the machine generation; the agent stores the
+ * first result under that id, so a retry after a lost reply returns it
+ * instead of acting twice, and an older generation is refused without
+ * change. A timeout or connection failure is reported as ambiguous: the
+ * executor retries with the same id to learn the outcome. A reply whose
+ * result does not match the contract proves nothing: ambiguous too.
  */
 import { request } from "undici";
 import type { OperationOutcome, OperationRequest, Provider, ProviderCapabilities } from "../provider.js";
-import type { HostRow } from "../../coordinator/actions/hosts.js";
-import { hostCallToken } from "../../coordinator/actions/hosts.js";
+import type { HostRow } from "../../store/hosts.js";
+import { hostCallToken } from "../../core/tokens.js";
+import { parseOperationResult, type InstallKeyArgs, type OperationKind, type OperationRequestBody, type OperationResults } from "../../protocol/operations.js";
 
 export interface HostsProviderDeps {
   /** Read a host's record (address, gateway, host key) from the store. */
@@ -24,14 +26,17 @@ export interface HostsProviderDeps {
 
 const CAPABILITIES: ProviderCapabilities = { provision: true, installKey: true, revokeKey: true, fence: true, scrub: true, destroy: true, observeIdentity: true };
 
-type AgentReply = { status: number; body: { result?: Record<string, unknown>; error?: { code: string; message: string } } };
+type AgentReply = { status: number; body: { result?: unknown; error?: { code: string; message: string } } };
+
+/** One agent call's outcome, its result typed by the contract. */
+type Answer<K extends OperationKind> = { kind: "done"; result: OperationResults[K] } | Exclude<OperationOutcome, { kind: "done" }>;
 
 export class HostsProvider implements Provider {
   readonly name = "hosts";
   readonly capabilities = CAPABILITIES;
   constructor(private readonly deps: HostsProviderDeps) {}
 
-  async #call(host: HostRow, body: Record<string, unknown>): Promise<AgentReply> {
+  async #call<K extends OperationKind>(host: HostRow, body: OperationRequestBody & { kind: K }): Promise<Answer<K>> {
     const r = await request(`${host.url}/v1/agent/ops`, {
       method: "POST",
       headers: { "content-type": "application/json", authorization: `Bearer ${hostCallToken(this.deps.secret, host.id)}` },
@@ -46,7 +51,7 @@ export class HostsProvider implements Provider {
     } catch {
       parsed = { error: { code: "bad_reply", message: `agent answered ${r.statusCode} with a body that is not JSON` } };
     }
-    return { status: r.statusCode, body: parsed };
+    return answerOf(body.kind, { status: r.statusCode, body: parsed });
   }
 
   async run(op: OperationRequest): Promise<OperationOutcome> {
@@ -56,36 +61,31 @@ export class HostsProvider implements Provider {
     if (!host) return { kind: "failed", error: `host ${hostId} is not enrolled`, retryable: false };
     try {
       if (op.kind === "provision") return await this.#provision(host, op);
-      const kind = op.kind;
-      const reply = await this.#call(host, { opId: op.opId, kind, machineId: op.machine.resource_id, generation: op.generation, args: op.args });
-      return outcomeOf(reply);
+      return await this.#call(host, { opId: op.opId, kind: op.kind, machineId: op.machine.resource_id, generation: op.generation, args: op.args });
     } catch (e) {
       return { kind: "ambiguous", error: `agent ${host.name} did not answer: ${e instanceof Error ? e.message : String(e)}` };
     }
   }
 
   async #provision(host: HostRow, op: OperationRequest): Promise<OperationOutcome> {
-    const created = outcomeOf(await this.#call(host, { opId: op.opId, kind: "create", machineId: op.machine.resource_id, generation: 0, args: {} }));
+    const created = await this.#call(host, { opId: op.opId, kind: "provision", machineId: op.machine.resource_id, generation: 0, args: {} });
     if (created.kind !== "done") return created;
     const keeperKey = typeof op.args.keeperKey === "string" ? op.args.keeperKey : null;
     if (keeperKey) {
-      const installed = outcomeOf(
-        await this.#call(host, {
-          opId: `${op.opId}-keeper`,
-          kind: "install_key",
-          machineId: op.machine.resource_id,
-          generation: 0,
-          args: { publicKey: keeperKey, mode: "keeper", grantId: `keeper-${op.machine.pool}`, expiresAt: null },
-        }),
-      );
+      const args: InstallKeyArgs = { publicKey: keeperKey, mode: "keeper", grantId: `keeper-${op.machine.pool}`, expiresAt: null };
+      const installed = await this.#call(host, { opId: `${op.opId}-keeper`, kind: "install_key", machineId: op.machine.resource_id, generation: 0, args });
       if (installed.kind !== "done") return installed;
     }
     return { kind: "done", result: { ...created.result, sshHost: host.ssh_host, sshPort: host.ssh_port, hostKey: host.host_key } };
   }
 }
 
-function outcomeOf(reply: AgentReply): OperationOutcome {
-  if (reply.status >= 200 && reply.status < 300) return { kind: "done", result: reply.body.result ?? {} };
+function answerOf<K extends OperationKind>(kind: K, reply: AgentReply): Answer<K> {
+  if (reply.status >= 200 && reply.status < 300) {
+    const result = parseOperationResult(kind, reply.body.result);
+    if (result === null) return { kind: "ambiguous", error: `the agent's ${kind} result does not match the operation contract` };
+    return { kind: "done", result };
+  }
   const err = reply.body.error ? `${reply.body.error.code}: ${reply.body.error.message}` : `agent answered ${reply.status}`;
   if (reply.status >= 500) return { kind: "ambiguous", error: err };
   // 4xx: the agent refused and changed nothing (stale generation, bad request).

@@ -7,6 +7,7 @@
  */
 import pg from "pg";
 import { MIGRATIONS } from "../migrations.js";
+import { runMigrations, SCHEMA_VERSION_TABLE } from "../migrate.js";
 import { backoffMs, MAX_TX_ATTEMPTS, pauseForTest, runAfterCommit, type Param, type Store, type TransactionOptions, type Tx } from "../store.js";
 import { BerthError } from "../../core/errors.js";
 
@@ -70,20 +71,27 @@ export class PostgresStore implements Store {
       // One migrator at a time across coordinators.
       await c.query("SELECT pg_advisory_lock(7261337)");
       try {
-        await c.query("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)");
-        const applied = new Set((await c.query<{ version: number }>("SELECT version FROM schema_version")).rows.map((r) => r.version));
-        for (const m of MIGRATIONS) {
-          if (applied.has(m.version)) continue;
-          await c.query("BEGIN");
-          try {
-            await c.query(m.sql.replaceAll("{{SERIAL_PK}}", "BIGSERIAL PRIMARY KEY"));
-            await c.query("INSERT INTO schema_version (version, name, applied_at) VALUES ($1, $2, $3)", [m.version, m.name, Date.now()]);
-            await c.query("COMMIT");
-          } catch (e) {
-            await c.query("ROLLBACK");
-            throw e;
-          }
-        }
+        await runMigrations(
+          {
+            dialect: "postgres",
+            applied: async () => {
+              await c.query(SCHEMA_VERSION_TABLE);
+              return (await c.query<{ version: number }>("SELECT version FROM schema_version")).rows.map((r) => r.version);
+            },
+            apply: async (m, sql, at) => {
+              await c.query("BEGIN");
+              try {
+                await c.query(sql);
+                await c.query("INSERT INTO schema_version (version, name, applied_at) VALUES ($1, $2, $3)", [m.version, m.name, at]);
+                await c.query("COMMIT");
+              } catch (e) {
+                await c.query("ROLLBACK");
+                throw e;
+              }
+            },
+          },
+          MIGRATIONS,
+        );
       } finally {
         await c.query("SELECT pg_advisory_unlock(7261337)");
       }

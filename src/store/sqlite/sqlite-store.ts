@@ -17,6 +17,7 @@
 import Database from "better-sqlite3";
 import type { Statement } from "better-sqlite3";
 import { MIGRATIONS } from "../migrations.js";
+import { runMigrations, sqliteMigrationDriver } from "../migrate.js";
 import { backoffMs, MAX_TX_ATTEMPTS, pauseForTest, runAfterCommit, type Param, type Store, type TransactionOptions, type Tx } from "../store.js";
 import { BerthError } from "../../core/errors.js";
 
@@ -98,16 +99,7 @@ export class SqliteStore implements Store {
   }
 
   private migrate(): void {
-    this.db.exec("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)");
-    const applied = new Set((this.db.prepare("SELECT version FROM schema_version").all() as { version: number }[]).map((r) => r.version));
-    for (const m of MIGRATIONS) {
-      if (applied.has(m.version)) continue;
-      const run = this.db.transaction(() => {
-        this.db.exec(m.sql.replaceAll("{{SERIAL_PK}}", "INTEGER PRIMARY KEY AUTOINCREMENT"));
-        this.db.prepare("INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)").run(m.version, m.name, Date.now());
-      });
-      run.immediate();
-    }
+    runMigrations(sqliteMigrationDriver(this.db), MIGRATIONS);
   }
 
   transaction<T>(fn: (tx: Tx) => Promise<T>, opts?: TransactionOptions): Promise<T> {

@@ -1,0 +1,213 @@
+/**
+ * The coordinator ↔ agent operation contract: `POST /v1/agent/ops` carries
+ * `{opId, kind, machineId, generation, args}` and a done operation answers
+ * `{opId, kind, machineId, generation, status: "done", result}`.
+ *
+ * One word per operation on both sides: the coordinator's operation rows,
+ * the provider interface and the agent's records all use these kinds. The
+ * agent validates arguments with these schemas and keeps a hash of their
+ * canonical form (a retried op id with other arguments is refused); the
+ * coordinator validates results with these schemas before reading them.
+ */
+import { createHash } from "node:crypto";
+import { z } from "zod";
+import { BerthError, assertNever } from "../core/errors.js";
+import { parseId, type Id } from "../core/ids.js";
+import { parsePublicKey } from "../core/ssh-public-key.js";
+
+export const OPERATION_KINDS = ["provision", "install_key", "remove_key", "fence", "scrub", "destroy"] as const;
+export type OperationKind = (typeof OPERATION_KINDS)[number];
+
+/** The request envelope (arguments are validated per kind by `normalizeArgs`). */
+export const operationRequestSchema = z
+  .object({
+    opId: z.string(),
+    kind: z.enum(OPERATION_KINDS),
+    machineId: z.string(),
+    generation: z.number().int().nonnegative(),
+    args: z.unknown().optional(),
+  })
+  .strict();
+export type OperationRequestBody = z.infer<typeof operationRequestSchema>;
+
+// ---- arguments -------------------------------------------------------------
+
+export const installKeyArgsSchema = z
+  .object({
+    publicKey: z.string().max(16_384),
+    mode: z.enum(["grant", "keeper"]),
+    grantId: z.string(),
+    expiresAt: z.number().int().nonnegative().nullable(),
+  })
+  .strict();
+export type InstallKeyArgs = z.infer<typeof installKeyArgsSchema>;
+
+export const removeKeyArgsSchema = z
+  .object({
+    grantId: z.string().optional(),
+    fingerprint: z.string().regex(/^SHA256:[A-Za-z0-9+/]{43}$/).optional(),
+  })
+  .strict();
+export type RemoveKeyArgs = z.infer<typeof removeKeyArgsSchema>;
+
+/** provision, fence, scrub and destroy take no arguments; an object sent anyway is ignored. */
+const noArgsSchema = z.union([z.record(z.string(), z.unknown()), z.undefined(), z.null()]);
+
+/** Which keys a removal names: by grant, by fingerprint, or both. */
+export interface KeySelector {
+  grantId?: string;
+  fingerprint?: string;
+}
+
+/** Arguments as the agent acts on them: validated, ids checked, the key parsed. */
+export type NormalizedArgs =
+  | { kind: "provision" }
+  | { kind: "install_key"; publicKey: string; fingerprint: string; mode: "grant" | "keeper"; grantId: Id; expiresAt: number | null }
+  | { kind: "remove_key"; which: KeySelector }
+  | { kind: "fence" }
+  | { kind: "scrub" }
+  | { kind: "destroy" };
+
+function invalidArgs(kind: OperationKind, error: z.ZodError): BerthError {
+  const issue = error.issues[0];
+  const where = issue && issue.path.length > 0 ? `args.${issue.path.join(".")}` : "args";
+  return new BerthError("invalid_request", `invalid_request: ${where} of ${kind}: ${issue?.message ?? "invalid"}`);
+}
+
+/** Validates and canonicalises the arguments of an operation (ids through parseId). */
+export function normalizeArgs(kind: OperationKind, raw: unknown): NormalizedArgs {
+  switch (kind) {
+    case "install_key": {
+      const p = installKeyArgsSchema.safeParse(raw);
+      if (!p.success) throw invalidArgs(kind, p.error);
+      const key = parsePublicKey(p.data.publicKey);
+      const grantId = parseId(p.data.grantId, "args.grantId");
+      if (p.data.mode === "grant" && p.data.expiresAt === null) {
+        throw new BerthError("invalid_request", "invalid_request: args.expiresAt is required for a grant key (only keeper keys may have no expiry)");
+      }
+      return { kind, publicKey: key.line, fingerprint: key.fingerprint, mode: p.data.mode, grantId, expiresAt: p.data.expiresAt };
+    }
+    case "remove_key": {
+      const p = removeKeyArgsSchema.safeParse(raw);
+      if (!p.success || (p.data.grantId === undefined && p.data.fingerprint === undefined)) {
+        throw new BerthError("invalid_request", "invalid_request: args of remove_key must name {grantId} and/or {fingerprint: \"SHA256:…\"}");
+      }
+      const which: KeySelector = {};
+      if (p.data.grantId !== undefined) which.grantId = parseId(p.data.grantId, "args.grantId");
+      if (p.data.fingerprint !== undefined) which.fingerprint = p.data.fingerprint;
+      return { kind, which };
+    }
+    case "provision":
+    case "fence":
+    case "scrub":
+    case "destroy": {
+      const p = noArgsSchema.safeParse(raw);
+      if (!p.success) throw invalidArgs(kind, p.error);
+      return { kind };
+    }
+    default:
+      return assertNever(kind, "operation kind");
+  }
+}
+
+/** The hash an operation's record keeps of its arguments (validated, canonical). */
+export function argsHashOf(kind: OperationKind, rawArgs: unknown): string {
+  return hashNormalizedArgs(normalizeArgs(kind, rawArgs));
+}
+
+export function hashNormalizedArgs(args: NormalizedArgs): string {
+  return createHash("sha256").update(canonicalJson(args)).digest("hex");
+}
+
+/** JSON with object keys sorted and undefined members left out. */
+export function canonicalJson(v: unknown): string {
+  if (v === null || typeof v !== "object") return JSON.stringify(v);
+  if (Array.isArray(v)) return `[${v.map(canonicalJson).join(",")}]`;
+  const o = v as Record<string, unknown>;
+  return `{${Object.keys(o)
+    .sort()
+    .filter((k) => o[k] !== undefined)
+    .map((k) => `${JSON.stringify(k)}:${canonicalJson(o[k])}`)
+    .join(",")}}`;
+}
+
+// ---- results ---------------------------------------------------------------
+
+export const provisionResultSchema = z.object({
+  incarnation: z.string(),
+  runtime: z.string(),
+  /** True when the runtime already had the machine (a provision retried under a new opId). */
+  existed: z.boolean(),
+});
+export const installKeyResultSchema = z.object({
+  fingerprint: z.string(),
+  grantId: z.string(),
+  mode: z.enum(["grant", "keeper"]),
+  expiresAt: z.number().nullable(),
+  /** Fingerprints of keys of older generations removed by this install. */
+  superseded: z.array(z.string()),
+});
+export const removeKeyResultSchema = z.object({
+  /** Keys removed now; empty when none was installed (the key is absent either way). */
+  removed: z.array(z.object({ fingerprint: z.string(), grantId: z.string() })),
+  /** Keys of the machine still installed (other grants, a keeper key). */
+  keysRemaining: z.number(),
+  /** Sessions closed because no key of the machine is left (else the gateway cuts the key's own sessions). */
+  sessionsClosed: z.number(),
+  /** Live sessions of the machine once that is done. */
+  sessionsRemaining: z.number(),
+});
+export const fenceResultSchema = z.object({
+  incarnationBefore: z.string().nullable(),
+  incarnationAfter: z.string(),
+  sessionsClosed: z.number(),
+  processesRemaining: z.number(),
+  evidence: z.string(),
+});
+export const scrubResultSchema = z.object({
+  incarnationBefore: z.string().nullable(),
+  /** The incarnation after the scrub (gVisor restarts the sandbox; process keeps it). */
+  incarnation: z.string().nullable(),
+  scrubbed: z.literal(true),
+});
+export const destroyResultSchema = z.object({
+  existed: z.boolean(),
+  incarnationBefore: z.string().nullable(),
+  sessionsClosed: z.number(),
+  keysRemoved: z.number(),
+  processesRemaining: z.literal(0),
+});
+
+export const operationResultSchemas = {
+  provision: provisionResultSchema,
+  install_key: installKeyResultSchema,
+  remove_key: removeKeyResultSchema,
+  fence: fenceResultSchema,
+  scrub: scrubResultSchema,
+  destroy: destroyResultSchema,
+} as const satisfies Record<OperationKind, z.ZodType>;
+
+export type ProvisionResult = z.infer<typeof provisionResultSchema>;
+export type InstallKeyResult = z.infer<typeof installKeyResultSchema>;
+export type RemoveKeyResult = z.infer<typeof removeKeyResultSchema>;
+export type FenceResult = z.infer<typeof fenceResultSchema>;
+export type ScrubResult = z.infer<typeof scrubResultSchema>;
+export type DestroyResult = z.infer<typeof destroyResultSchema>;
+export type OperationResults = { [K in OperationKind]: z.infer<(typeof operationResultSchemas)[K]> };
+export type OperationResult = OperationResults[OperationKind];
+
+/** A done operation as the agent answers it. */
+export interface OperationResponse<K extends OperationKind = OperationKind> {
+  opId: Id;
+  kind: K;
+  machineId: Id;
+  generation: number;
+  status: "done";
+  result: OperationResults[K];
+}
+
+/** Reads an agent's result for `kind`; null when it does not match the contract. */
+export function parseOperationResult<K extends OperationKind>(kind: K, raw: unknown): OperationResults[K] | null {
+  const p = (operationResultSchemas[kind] as unknown as z.ZodType<OperationResults[K]>).safeParse(raw);
+  return p.success ? p.data : null;
+}

@@ -1,0 +1,64 @@
+/**
+ * The `api_tokens` table: API tokens stored only as domain-separated hashes.
+ * Creation and revocation are whole store operations (used by the
+ * coordinator and by `berth token` on the coordinator's database).
+ */
+import type { Store } from "./store.js";
+import { hashToken, newToken } from "../core/tokens.js";
+import { newId } from "../core/ids.js";
+import type { Role } from "../core/roles.js";
+import { setDue } from "./due.js";
+import { countLiveGrantsOfBorrower } from "./grants.js";
+
+export interface ApiTokenRow {
+  id: string;
+  org: string;
+  role: Role;
+  expires_at: number | null;
+  revoked_at: number | null;
+}
+
+/** One committed read (no transaction): a revocation is seen from the request after its commit on. */
+export async function readApiToken(store: Store, hash: string): Promise<ApiTokenRow | undefined> {
+  return store.readCommitted<ApiTokenRow>("SELECT id, org, role, expires_at, revoked_at FROM api_tokens WHERE hash = ?", [hash]);
+}
+
+export interface CreatedToken {
+  id: string;
+  token: string;
+  org: string;
+  role: Role;
+  expiresAt: number | null;
+}
+
+export async function createToken(
+  store: Store,
+  input: { org: string; role: Role; expiresAt: number | null; label: string | null },
+  now: number,
+  randomBytes: (n: number) => Uint8Array,
+): Promise<CreatedToken> {
+  const id = newId("tok", randomBytes);
+  const token = newToken("api", randomBytes);
+  const hash = hashToken("api", token);
+  await store.transaction((tx) =>
+    tx.run("INSERT INTO api_tokens (id, org, role, hash, label, created_at, expires_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?, ?, NULL)", [
+      id, input.org, input.role, hash, input.label, now, input.expiresAt,
+    ]),
+  );
+  return { id, token, org: input.org, role: input.role, expiresAt: input.expiresAt };
+}
+
+/**
+ * Revokes a token at once (every later request with it is refused) and, in
+ * the same transaction, leaves a due row so the coordinator invalidates the
+ * token's live portable grants and cleans their machines up.
+ */
+export async function revokeTokenWithGrants(store: Store, id: string, now: number): Promise<{ revoked: boolean; grants: number }> {
+  return store.transaction(async (tx) => {
+    const n = await tx.run("UPDATE api_tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", [now, id]);
+    if (n !== 1) return { revoked: false, grants: 0 };
+    const grants = await countLiveGrantsOfBorrower(tx, id);
+    await setDue(tx, "revoke", id, now);
+    return { revoked: true, grants };
+  });
+}

@@ -1,0 +1,54 @@
+/** The `borrows` table: keeper borrows (portable ones live in `grants`). */
+import type { Tx } from "./store.js";
+
+export interface BorrowRow {
+  id: string;
+  org: string;
+  pool: string;
+  machine_id: string;
+  principal: string;
+  token_hash: string;
+  state: "active" | "returned" | "abandoned" | "expired";
+  generation: number;
+  created_at: number;
+  heartbeat_deadline: number;
+  expires_at: number;
+  ended_at: number | null;
+  reason: string | null;
+}
+
+export async function insertBorrow(
+  tx: Tx,
+  b: { id: string; org: string; pool: string; machineId: string; principal: string; tokenHash: string; generation: number; now: number; heartbeatDeadline: number; expiresAt: number },
+): Promise<void> {
+  await tx.run(
+    "INSERT INTO borrows (id, org, pool, machine_id, principal, token_hash, state, generation, created_at, heartbeat_deadline, expires_at, ended_at, reason) VALUES (?, ?, ?, ?, ?, ?, 'active', ?, ?, ?, ?, NULL, NULL)",
+    [b.id, b.org, b.pool, b.machineId, b.principal, b.tokenHash, b.generation, b.now, b.heartbeatDeadline, b.expiresAt],
+  );
+}
+
+export async function lockBorrow(tx: Tx, id: string): Promise<BorrowRow | undefined> {
+  return tx.get<BorrowRow>(`SELECT * FROM borrows WHERE id = ?${tx.forUpdate}`, [id]);
+}
+
+/** A borrow with its machine's current state (null once the machine is pruned). */
+export async function readBorrowWithMachineState(tx: Tx, id: string): Promise<(BorrowRow & { machine_state: string | null }) | undefined> {
+  return tx.get<BorrowRow & { machine_state: string | null }>("SELECT b.*, m.state AS machine_state FROM borrows b LEFT JOIN machines m ON m.id = b.machine_id WHERE b.id = ?", [id]);
+}
+
+export async function lockActiveBorrowsOfPool(tx: Tx, org: string, pool: string): Promise<BorrowRow[]> {
+  return tx.all<BorrowRow>(`SELECT * FROM borrows WHERE org = ? AND pool = ? AND state = 'active'${tx.forUpdate}`, [org, pool]);
+}
+
+export async function setBorrowHeartbeat(tx: Tx, id: string, deadline: number): Promise<void> {
+  await tx.run("UPDATE borrows SET heartbeat_deadline = ? WHERE id = ? AND state = 'active'", [deadline, id]);
+}
+
+export async function endBorrow(tx: Tx, id: string, state: Exclude<BorrowRow["state"], "active">, reason: string, now: number): Promise<void> {
+  await tx.run("UPDATE borrows SET state = ?, ended_at = ?, reason = ? WHERE id = ?", [state, now, reason, id]);
+}
+
+/** Prunes an ended borrow older than `endedBefore`; resolves to the rows deleted. */
+export async function deleteEndedBorrow(tx: Tx, id: string, endedBefore: number): Promise<number> {
+  return tx.run("DELETE FROM borrows WHERE id = ? AND state <> 'active' AND ended_at <= ?", [id, endedBefore]);
+}

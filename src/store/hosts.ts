@@ -1,0 +1,63 @@
+/** The `hosts` table: enrolled agents, their gateway address and slots. */
+import type { Tx } from "./store.js";
+
+export interface HostRow {
+  id: string;
+  org: string;
+  name: string;
+  url: string;
+  runtime: string;
+  vcpu: number;
+  memory_mb: number;
+  slots: number;
+  used_slots: number;
+  ssh_host: string;
+  ssh_port: number;
+  host_key: string;
+  fingerprint: string;
+  enrolled_at: number;
+}
+
+export interface HostDescription {
+  url: string;
+  runtime: string;
+  capacity: { vcpu: number; memoryMb: number; slots: number };
+  ssh: { host: string; port: number; hostKey: string; fingerprint: string };
+}
+
+export async function readHost(tx: Tx, id: string): Promise<HostRow | undefined> {
+  return tx.get<HostRow>("SELECT * FROM hosts WHERE id = ?", [id]);
+}
+
+export async function lockHostByName(tx: Tx, org: string, name: string): Promise<HostRow | undefined> {
+  return tx.get<HostRow>(`SELECT * FROM hosts WHERE org = ? AND name = ?${tx.forUpdate}`, [org, name]);
+}
+
+export async function listHosts(tx: Tx, org: string): Promise<HostRow[]> {
+  return tx.all<HostRow>("SELECT * FROM hosts WHERE org = ? ORDER BY name", [org]);
+}
+
+export async function insertHost(tx: Tx, id: string, org: string, name: string, d: HostDescription, now: number): Promise<void> {
+  await tx.run(
+    "INSERT INTO hosts (id, org, name, url, runtime, vcpu, memory_mb, slots, used_slots, ssh_host, ssh_port, host_key, fingerprint, enrolled_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?)",
+    [id, org, name, d.url, d.runtime, d.capacity.vcpu, d.capacity.memoryMb, d.capacity.slots, d.ssh.host, d.ssh.port, d.ssh.hostKey, d.ssh.fingerprint, now],
+  );
+}
+
+export async function updateHost(tx: Tx, id: string, d: HostDescription, now: number): Promise<void> {
+  await tx.run("UPDATE hosts SET url = ?, runtime = ?, vcpu = ?, memory_mb = ?, slots = ?, ssh_host = ?, ssh_port = ?, host_key = ?, fingerprint = ?, enrolled_at = ? WHERE id = ?", [
+    d.url, d.runtime, d.capacity.vcpu, d.capacity.memoryMb, d.capacity.slots, d.ssh.host, d.ssh.port, d.ssh.hostKey, d.ssh.fingerprint, now, id,
+  ]);
+}
+
+/** Takes a slot on the org's least-used host with one free; resolves to its id, or null when every host is full. */
+export async function takeHostSlot(tx: Tx, org: string): Promise<string | null> {
+  const host = await tx.get<{ id: string }>(`SELECT id FROM hosts WHERE org = ? AND used_slots < slots ORDER BY used_slots, id LIMIT 1${tx.forUpdate}`, [org]);
+  if (!host) return null;
+  await tx.run("UPDATE hosts SET used_slots = used_slots + 1 WHERE id = ?", [host.id]);
+  return host.id;
+}
+
+export async function releaseHostSlot(tx: Tx, hostId: string): Promise<void> {
+  await tx.run("UPDATE hosts SET used_slots = used_slots - 1 WHERE id = ? AND used_slots > 0", [hostId]);
+}
