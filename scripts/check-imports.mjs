@@ -27,7 +27,8 @@ export const RULES = [
 /**
  * The CLI commands that start a process (`berth serve`, `berth up`, `berth agent`)
  * may load the coordinator or the agent, and only through a dynamic import (so
- * every other command starts without loading them).
+ * every other command starts without loading them); `import type` is erased
+ * at compile time and allowed there too.
  */
 export const DYNAMIC_EXCEPTIONS = {
   "cli/commands/serve.ts": ["coordinator/"],
@@ -35,7 +36,7 @@ export const DYNAMIC_EXCEPTIONS = {
   "cli/commands/agent.ts": ["agent/"],
 };
 
-const IMPORT_RE = /(?:^|[\s;])(?:import|export)\s+(?:type\s+)?(?:[\w*{}\s,$]+?\s+from\s+)?["'](\.[^"']+)["']|import\(\s*["'](\.[^"']+)["']\s*\)/g;
+const IMPORT_RE = /(?:^|[\s;])(?:import|export)\s+(type\s+)?(?:[\w*{}\s,$]+?\s+from\s+)?["'](\.[^"']+)["']|import\(\s*["'](\.[^"']+)["']\s*\)/g;
 
 function walk(dir, out) {
   for (const name of readdirSync(dir)) {
@@ -51,7 +52,7 @@ function code(text) {
   return text.replace(/\/\*[\s\S]*?\*\//g, "").replace(/(^|[^:"'`\\])\/\/.*$/gm, "$1");
 }
 
-/** The import graph of `srcDir`: file (relative, "/"-separated) -> [{to, dynamic}]. */
+/** The import graph of `srcDir`: file (relative, "/"-separated) -> [{to, dynamic, typeOnly}]. */
 export function importGraph(srcDir) {
   const root = resolve(srcDir);
   const graph = new Map();
@@ -59,10 +60,10 @@ export function importGraph(srcDir) {
     const rel = relative(root, file).split(sep).join("/");
     const edges = [];
     for (const m of code(readFileSync(file, "utf8")).matchAll(IMPORT_RE)) {
-      const spec = m[1] ?? m[2];
+      const spec = m[2] ?? m[3];
       const target = relative(root, resolve(dirname(file), spec)).split(sep).join("/").replace(/\.js$/, ".ts");
       if (target.startsWith("..")) continue; // outside src/ (none expected)
-      edges.push({ to: target, dynamic: m[2] !== undefined });
+      edges.push({ to: target, dynamic: m[3] !== undefined, typeOnly: m[1] !== undefined });
     }
     graph.set(rel, edges);
   }
@@ -107,7 +108,7 @@ export function findUpward(graph) {
         if (!file.startsWith(rule.from)) continue;
         const hit = rule.forbid.find((p) => e.to.startsWith(p) && !(p === "" && e.to.startsWith(rule.from)));
         if (hit === undefined) continue;
-        const allowed = DYNAMIC_EXCEPTIONS[file]?.some((p) => e.to.startsWith(p)) && e.dynamic;
+        const allowed = DYNAMIC_EXCEPTIONS[file]?.some((p) => e.to.startsWith(p)) && (e.dynamic || e.typeOnly);
         if (!allowed) out.push({ file, imports: e.to, dynamic: e.dynamic, why: rule.why });
       }
     }

@@ -10,7 +10,7 @@
  */
 import { readFileSync } from "node:fs";
 import type { Api } from "./api.js";
-import { generateSshKeyPair } from "../agent/ssh-keys.js";
+import { generateSshKeyPair } from "../core/ssh-keys.js";
 import { writeFileDurable } from "../store/durable-file.js";
 import { removeQuietly, writeReceipt, type Receipt } from "./receipt.js";
 import { BerthError } from "../core/errors.js";

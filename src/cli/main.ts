@@ -4,7 +4,7 @@
  * Exit codes: 2 for usage errors; the rest are documented in docs/cli.md.
  */
 import { Command } from "commander";
-import { VERSION } from "../coordinator/server.js";
+import { VERSION } from "../core/version.js";
 import * as agent from "./commands/agent.js";
 import * as serve from "./commands/serve.js";
 import * as up from "./commands/up.js";

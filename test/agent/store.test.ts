@@ -9,7 +9,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { after, describe, it } from "node:test";
-import { AgentLockedError, AgentStore } from "../../src/agent/store.js";
+import Database from "better-sqlite3";
+import { AGENT_MIGRATIONS, AgentLockedError, AgentStore, STORE_FILE } from "../../src/agent/store.js";
+import { argsHashOf } from "../../src/protocol/operations.js";
 
 const BERTH = fileURLToPath(new URL("../../../bin/berth", import.meta.url));
 const dirs: string[] = [];
@@ -94,5 +96,29 @@ describe("agent store lock", () => {
     assert.equal(again.db.pragma("journal_mode", { simple: true }), "wal");
     assert.equal(again.db.pragma("synchronous", { simple: true }), 2, "synchronous=FULL");
     again.close();
+  });
+
+  it("adopts a store written by the named-migration scheme, and renames its create operations to provision", () => {
+    const dir = tempDir();
+    // The layout an agent of the previous scheme left: schema_migrations, and an operation named "create".
+    const old = new Database(join(dir, STORE_FILE));
+    old.exec(AGENT_MIGRATIONS[0]!.sql);
+    old.exec("CREATE TABLE schema_migrations (name TEXT PRIMARY KEY, applied_at INTEGER NOT NULL)");
+    old.prepare("INSERT INTO schema_migrations (name, applied_at) VALUES ('001_agent_core', 1)").run();
+    const oldHash = "6b228eebf130f0dd893b785e74aa5454bc30d4b89a1d84cd8cd639264296806e"; // sha256 of {"kind":"create"}, as that agent kept it
+    old.prepare("INSERT INTO operations (op_id, kind, machine_id, generation, args_hash, status, result, created_at) VALUES ('op_old', 'create', 'm_old', 0, ?, 'done', '{}', 1)").run(oldHash);
+    old.close();
+    const store = AgentStore.open(dir);
+    try {
+      const versions = (store.db.prepare("SELECT version FROM schema_version ORDER BY version").all() as Array<{ version: number }>).map((r) => r.version);
+      assert.deepEqual(versions, [1, 2]);
+      assert.equal(store.db.prepare("SELECT name FROM sqlite_master WHERE name = 'schema_migrations'").get(), undefined);
+      const op = store.getOp("op_old");
+      assert.equal(op?.kind, "provision");
+      // A retry of the same op id under the new word is answered from the record, not refused as other arguments.
+      assert.equal(op?.argsHash, argsHashOf("provision", undefined));
+    } finally {
+      store.close();
+    }
   });
 });

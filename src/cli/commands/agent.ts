@@ -10,9 +10,6 @@ import { homedir } from "node:os";
 import { join } from "node:path";
 import { Command, InvalidArgumentError, Option } from "commander";
 import pino from "pino";
-import { startAgent } from "../../agent/agent.js";
-import { readEnrollToken } from "../../agent/enroll.js";
-import { AgentLockedError } from "../../agent/store.js";
 
 function positiveInt(what: string) {
   return (v: string): number => {
@@ -87,6 +84,12 @@ export function register(program: Command): void {
       };
       process.once("SIGTERM", () => onSignal("SIGTERM"));
       process.once("SIGINT", () => onSignal("SIGINT"));
+      // Loaded only here: every other command starts without the agent.
+      const [{ startAgent }, { readEnrollToken }, { AgentLockedError }] = await Promise.all([
+        import("../../agent/agent.js"),
+        import("../../agent/enroll.js"),
+        import("../../agent/store.js"),
+      ]);
       let agent: Awaited<ReturnType<typeof startAgent>>;
       try {
         const enrollToken = o.coordinator !== undefined ? readEnrollToken(o.enrollTokenFile, process.env) : null;

@@ -2,7 +2,6 @@
 import type { Command } from "commander";
 import { join, resolve } from "node:path";
 import { mkdirSync } from "node:fs";
-import { startCoordinator } from "../../coordinator/server.js";
 import { loadOrCreateSecret, openStoreFromFlags, runCommand } from "../common.js";
 
 export function parseListen(v: string): { host: string; port: number } {
@@ -39,6 +38,8 @@ Example:
         const store = await openStoreFromFlags(o);
         const secret = loadOrCreateSecret(o.secretFile ? resolve(o.secretFile) : join(dir, "coordinator.secret"));
         const { host, port } = parseListen(o.listen);
+        // Loaded only here: every other command starts without the coordinator.
+        const { startCoordinator } = await import("../../coordinator/server.js");
         const c = await startCoordinator({ store, secret, host, port, config: { portable: o.portable } });
         c.ctx.log.info({ url: c.url, store: store.dialect, portable: o.portable }, "berth coordinator listening");
         process.stdout.write(`berth coordinator listening on ${c.url} (${store.dialect}${o.portable ? ", portable access enabled" : ""})\n`);

@@ -18,10 +18,10 @@ import { existsSync, mkdirSync, readFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { randomBytes } from "node:crypto";
 import pino from "pino";
-import { startCoordinator, type Coordinator } from "../../coordinator/server.js";
-import { createToken } from "../../coordinator/auth.js";
+import type { Coordinator } from "../../coordinator/server.js";
+import { createToken } from "../../store/api-tokens.js";
 import { SqliteStore } from "../../store/sqlite/sqlite-store.js";
-import { generateSshKeyPair } from "../../agent/ssh-keys.js";
+import { generateSshKeyPair } from "../../core/ssh-keys.js";
 import { writeFileDurable } from "../../store/durable-file.js";
 import { Api } from "../api.js";
 import { describeError, EXIT, exitCodeOf, intArg, loadOrCreateSecret } from "../common.js";
@@ -142,6 +142,8 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
       try {
         const secret = loadOrCreateSecret(join(dir, "coordinator.secret"));
         const { host, port } = parseListen(o.listen);
+        // Loaded only here: every other command starts without the coordinator.
+        const { startCoordinator } = await import("../../coordinator/server.js");
         coord = await startCoordinator({ store, secret, host, port, config: { portable: o.portable }, log: pino({ level: process.env.BERTH_LOG_LEVEL ?? "warn" }) });
         say(`coordinator on ${coord.url} (SQLite ${join(dir, "berth.db")})`);
         const admin = await tokenFile(join(dir, "admin.token"), async () => (await createToken(store, { org: "local", role: "admin", expiresAt: null, label: "berth up admin" }, Date.now(), (n) => randomBytes(n))).token);

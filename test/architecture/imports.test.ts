@@ -1,0 +1,79 @@
+/**
+ * The import rules of src/ (scripts/check-imports.mjs): no import cycle, no
+ * upward import. Run over the real tree, and over small trees that break each
+ * rule once, so a checker that stopped seeing violations would fail here.
+ */
+import { describe, it } from "node:test";
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { mkdirSync, writeFileSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
+import { tempDir } from "../helpers/env.js";
+
+const SCRIPT = resolve("scripts/check-imports.mjs");
+
+interface Report {
+  files: number;
+  cycles: string[][];
+  upward: Array<{ file: string; imports: string; dynamic: boolean }>;
+}
+
+function check(dir: string): { status: number | null; report: Report } {
+  const r = spawnSync(process.execPath, [SCRIPT, "--json", dir], { encoding: "utf8" });
+  return { status: r.status, report: JSON.parse(r.stdout) as Report };
+}
+
+function tree(files: Record<string, string>): string {
+  const dir = tempDir("berth-imports-").path;
+  for (const [path, text] of Object.entries(files)) {
+    mkdirSync(dirname(join(dir, path)), { recursive: true });
+    writeFileSync(join(dir, path), text);
+  }
+  return dir;
+}
+
+describe("import rules of src/", () => {
+  it("src/ has no import cycle and no upward import", () => {
+    const { status, report } = check(resolve("src"));
+    assert.ok(report.files > 50, `only ${report.files} files seen`);
+    assert.deepEqual(report.cycles, [], "import cycles");
+    assert.deepEqual(report.upward, [], "upward imports");
+    assert.equal(status, 0);
+  });
+
+  it("finds a cycle, type-only imports included", () => {
+    const dir = tree({
+      "coordinator/executor.ts": 'import { onInstall } from "./actions/grants.js";\nexport const run = onInstall;\n',
+      "coordinator/actions/grants.ts": 'import type { Run } from "../executor.js";\nexport const onInstall = 1;\n',
+      "coordinator/reconciler.ts": 'import { run } from "./executor.js";\n',
+    });
+    const { status, report } = check(dir);
+    assert.equal(status, 1);
+    assert.deepEqual(report.cycles, [["coordinator/actions/grants.ts", "coordinator/executor.ts", "coordinator/actions/grants.ts"]]);
+  });
+
+  it("finds upward imports, and allows the process-starting commands only a dynamic import", () => {
+    const dir = tree({
+      "core/a.ts": 'import { x } from "../store/b.js";\n',
+      "store/b.ts": 'import { y } from "../coordinator/c.js";\nexport const x = 1;\n',
+      "providers/hosts/p.ts": 'import { y } from "../../coordinator/c.js";\n',
+      "coordinator/c.ts": "export const y = 1;\n// import { z } from \"../agent/d.js\"; (a comment is not an import)\n",
+      "agent/d.ts": "export const z = 1;\n",
+      "cli/commands/serve.ts": 'export async function go() { return (await import("../../coordinator/c.js")).y; }\n',
+      "cli/commands/up.ts": 'import { y } from "../../coordinator/c.js";\n',
+      "cli/commands/pool.ts": 'export async function go() { return (await import("../../agent/d.js")).z; }\n',
+    });
+    const { status, report } = check(dir);
+    assert.equal(status, 1);
+    assert.deepEqual(
+      report.upward.map((u) => `${u.file} -> ${u.imports}`).sort(),
+      [
+        "cli/commands/pool.ts -> agent/d.ts",
+        "cli/commands/up.ts -> coordinator/c.ts",
+        "core/a.ts -> store/b.ts",
+        "providers/hosts/p.ts -> coordinator/c.ts",
+        "store/b.ts -> coordinator/c.ts",
+      ],
+    );
+  });
+});
