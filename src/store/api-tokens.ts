@@ -23,6 +23,13 @@ export async function readApiToken(store: Store, hash: string): Promise<ApiToken
   return store.readCommitted<ApiTokenRow>("SELECT id, org, role, expires_at, revoked_at FROM api_tokens WHERE hash = ?", [hash]);
 }
 
+/** Every token, oldest first: ids, roles and dates only (the table holds no token). */
+export async function listApiTokens(store: Store): Promise<Array<ApiTokenRow & { label: string | null; created_at: number }>> {
+  return store.transaction((tx) =>
+    tx.all<ApiTokenRow & { label: string | null; created_at: number }>("SELECT id, org, role, label, created_at, expires_at, revoked_at FROM api_tokens ORDER BY created_at"),
+  );
+}
+
 export interface CreatedToken {
   id: string;
   token: string;

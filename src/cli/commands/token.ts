@@ -3,7 +3,7 @@ import type { Command } from "commander";
 import { Option } from "commander";
 import { randomBytes } from "node:crypto";
 import { resolve } from "node:path";
-import { createToken, revokeTokenWithGrants } from "../../store/api-tokens.js";
+import { createToken, listApiTokens, revokeTokenWithGrants } from "../../store/api-tokens.js";
 import { ROLES, type Role } from "../../core/roles.js";
 import { isId } from "../../core/ids.js";
 import { BerthError } from "../../core/errors.js";
@@ -63,11 +63,7 @@ export function register(program: Command): void {
       runCommand(async () => {
         const store = await openStoreFromFlags(o);
         try {
-          const rows = await store.transaction((tx) =>
-            tx.all<{ id: string; org: string; role: string; label: string | null; created_at: number; expires_at: number | null; revoked_at: number | null }>(
-              "SELECT id, org, role, label, created_at, expires_at, revoked_at FROM api_tokens ORDER BY created_at",
-            ),
-          );
+          const rows = await listApiTokens(store);
           if (o.json) printJson(rows);
           else printTable(["ID", "ORG", "ROLE", "CREATED", "EXPIRES", "REVOKED", "LABEL"], rows.map((r) => [r.id, r.org, r.role, iso(r.created_at), iso(r.expires_at), iso(r.revoked_at), r.label]));
           return 0;
