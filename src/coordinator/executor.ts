@@ -33,7 +33,7 @@ import { releaseHostSlot } from "../store/hosts.js";
 import type { OperationEvidence, OperationOutcome } from "../providers/provider.js";
 import { applyTransition } from "./actions/transition.js";
 
-export { OP_LEASE_MS };
+/** Attempts before a failed or unprovable operation is given up (destroy is retried for as long as it takes). */
 export const OP_MAX_ATTEMPTS = 6;
 
 /** An operation leased by this coordinator, with its machine as the lease found it. */

@@ -53,8 +53,6 @@ import { applyTransition } from "./transition.js";
 import { checkPortable } from "./pools.js";
 import type { PortableApi } from "./portable-api.js";
 
-export type { GrantRow };
-
 /** What the portable API needs from the rest of the coordinator (wired in server.ts). */
 export interface PortableDeps {
   /** Carries out an operation this code leased itself (the ack's install), outside any transaction. */
