@@ -53,8 +53,6 @@ import { errorMessage, type AgentLog } from "./log.js";
 import type { Runtime } from "./runtime/types.js";
 import type { AgentStore, MachineRecord, OpRecord, StoredKey } from "./store.js";
 
-/** The operation kinds (the protocol's words). */
-export const OP_KINDS = OPERATION_KINDS;
 export type OpKind = OperationKind;
 
 export interface OpRequest {
@@ -95,8 +93,8 @@ export class AgentOps {
     const opId = parseId(req.opId, "opId");
     const machineId = parseId(req.machineId, "machineId");
     const kind = req.kind;
-    if (!OP_KINDS.includes(kind)) {
-      throw new BerthError("invalid_request", `invalid_request: unknown operation kind ${JSON.stringify(String(kind)).slice(0, 40)}; use one of ${OP_KINDS.join(", ")}`);
+    if (!OPERATION_KINDS.includes(kind)) {
+      throw new BerthError("invalid_request", `invalid_request: unknown operation kind ${JSON.stringify(String(kind)).slice(0, 40)}; use one of ${OPERATION_KINDS.join(", ")}`);
     }
     const generation = req.generation;
     if (!Number.isSafeInteger(generation) || generation < 0) {
