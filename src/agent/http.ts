@@ -1,5 +1,7 @@
 /**
- * The agent's HTTP API, called by the coordinator (node:http, JSON).
+ * The agent's HTTP API, called by the coordinator (the shared HTTP layer,
+ * src/http/server.ts: same refusals, ids, body limit and headers as the
+ * coordinator's API).
  *
  *   GET  /v1/agent/health           -> {hostId, name, runtime, machines, slots, version, mismatched, unrecorded}
  *   GET  /v1/agent/machines         -> {machines: [MachineView], unrecorded: [id]}
@@ -8,27 +10,24 @@
  *                                   -> {opId, kind, machineId, generation, status: "done", result}
  *   GET  /v1/agent/ops/{opId}       -> {opId, kind, machineId, generation, status, result|null, error|null}
  *
- * Every route needs `Authorization: Bearer <host-call token>`. The agent holds
- * only `hashToken("host-call", token)` and compares hashes in constant time;
- * before enrollment there is no hash and every call is refused. The token is
- * never logged, echoed or put in an error.
- *
- * Errors are `{"error": {"code", "message"}}` with the code's status. Bodies
- * above `bodyLimit` bytes are refused with 413 without being read further.
+ * Every route needs `Authorization: Bearer <host-call token>`, checked before
+ * the body is read. The agent holds only `hashToken("host-call", token)` and
+ * compares hashes in constant time; before enrollment there is no hash and
+ * every call is refused. The token is never logged, echoed or put in an error.
  */
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
-import type { AddressInfo } from "node:net";
-import { BerthError, isBerthError } from "../core/errors.js";
-import { parseId } from "../core/ids.js";
+import type { IncomingMessage } from "node:http";
+import { BerthError } from "../core/errors.js";
 import { hashToken, sameHash } from "../core/tokens.js";
+import { createHttpServer, DEFAULT_BODY_LIMIT } from "../http/server.js";
+import { zodRefusal } from "../core/refusal.js";
 import type { SessionRegistry } from "./contracts.js";
 import type { AgentKeys } from "./keys.js";
-import { errorMessage, type AgentLog } from "./log.js";
+import type { AgentLog } from "./log.js";
 import type { AgentOps } from "./ops.js";
 import { operationRequestSchema as opEnvelope } from "../protocol/operations.js";
 import type { AgentStore, MachineRecord } from "./store.js";
 
-export const DEFAULT_BODY_LIMIT = 64 * 1024;
+export { DEFAULT_BODY_LIMIT };
 
 export interface AgentIdentity {
   hostId: string | null;
@@ -74,65 +73,24 @@ export interface AgentHttp {
   close(): Promise<void>;
 }
 
-
-export async function startHttp(deps: AgentHttpDeps, listen: { host: string; port: number }): Promise<AgentHttp> {
-  const server = createServer((req, res) => {
-    handle(deps, req, res).catch((e: unknown) => {
-      if (res.headersSent) {
-        res.destroy();
-        return;
+export async function startHttp(deps: AgentHttpDeps, listen_: { host: string; port: number }): Promise<AgentHttp> {
+  const app = createHttpServer({
+    log: deps.log,
+    internalMessage: "internal: the agent failed to answer; see its log",
+    bodyLimit: deps.bodyLimit ?? DEFAULT_BODY_LIMIT,
+  });
+  const auth = {
+    auth: (req: IncomingMessage): void => {
+      if (!authorized(deps, req.headers.authorization)) {
+        throw new BerthError("unauthorized", "unauthorized: send the host-call token this agent received at enrollment as `Authorization: Bearer <token>`");
       }
-      if (!isBerthError(e)) deps.log.error({ error: errorMessage(e) }, "agent API handler failed");
-      const err = asBerthError(e);
-      if (err.code === "body_too_large") drainBounded(req);
-      sendError(res, err, err.code === "body_too_large");
-    });
-  });
-  server.headersTimeout = 30_000;
-  server.requestTimeout = 0; // operations (a gVisor fence) may take a while; body reads are bounded by size
-  await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(listen.port, listen.host, () => {
-      server.off("error", reject);
-      resolve();
-    });
-  });
-  const port = (server.address() as AddressInfo).port;
-  const host = listen.host.includes(":") ? `[${listen.host}]` : listen.host;
-  return { url: `http://${host}:${port}`, port, close: () => closeServer(server) };
-}
+    },
+  };
 
-function closeServer(server: Server): Promise<void> {
-  return new Promise((resolve) => {
-    server.close(() => resolve());
-    server.closeAllConnections();
-  });
-}
-
-async function handle(deps: AgentHttpDeps, req: IncomingMessage, res: ServerResponse): Promise<void> {
-  const url = new URL(req.url ?? "/", "http://agent");
-  const segments = url.pathname.split("/").filter((s) => s.length > 0).map(safeDecode);
-  if (segments[0] !== "v1" || segments[1] !== "agent") {
-    return sendError(res, new BerthError("not_found", `not_found: no route ${req.method ?? ""} ${url.pathname.slice(0, 100)}`), true);
-  }
-  // Authentication before anything is read or looked up.
-  if (!authorized(deps, req)) {
-    return sendError(
-      res,
-      new BerthError("unauthorized", "unauthorized: send the host-call token this agent received at enrollment as `Authorization: Bearer <token>`"),
-      true,
-    );
-  }
-  const route = segments.slice(2);
-  const method = req.method ?? "GET";
-  const [resource, id, ...rest] = route;
-  if (rest.length > 0) return sendError(res, new BerthError("not_found", `not_found: no route ${method} ${url.pathname.slice(0, 100)}`), true);
-
-  if (resource === "health" && id === undefined) {
-    if (method !== "GET") return methodNotAllowed(res, "GET");
+  app.get("/v1/agent/health", auth, async () => {
     const ident = deps.identity();
     const machines = deps.store.listMachines();
-    return send(res, 200, {
+    return {
       hostId: ident.hostId,
       name: ident.name,
       runtime: ident.runtime,
@@ -141,44 +99,31 @@ async function handle(deps: AgentHttpDeps, req: IncomingMessage, res: ServerResp
       version: ident.version,
       mismatched: machines.filter((m) => m.state === "mismatch").length,
       unrecorded: deps.unrecorded().length,
-    });
-  }
-  if (resource === "machines") {
-    if (method !== "GET") return methodNotAllowed(res, "GET");
-    if (id === undefined) {
-      return send(res, 200, { machines: deps.store.listMachines().map((m) => view(deps, m)), unrecorded: deps.unrecorded() });
-    }
-    const machineId = parseId(id, "machine id");
-    const m = deps.store.getMachine(machineId);
-    if (m === null) throw new BerthError("not_found", `not_found: machine ${machineId} is not on this host`);
-    return send(res, 200, view(deps, m));
-  }
-  if (resource === "ops") {
-    if (id !== undefined) {
-      if (method !== "GET") return methodNotAllowed(res, "GET");
-      const opId = parseId(id, "operation id");
-      const op = deps.store.getOp(opId);
-      if (op === null) throw new BerthError("not_found", `not_found: operation ${opId} was never started on this host`);
-      return send(res, 200, {
-        opId: op.opId, kind: op.kind, machineId: op.machineId, generation: op.generation,
-        status: op.status, result: op.status === "done" ? op.result : null, error: op.error,
-      });
-    }
-    if (method !== "POST") return methodNotAllowed(res, "POST");
-    const body = await readJson(req, deps.bodyLimit ?? DEFAULT_BODY_LIMIT);
-    const parsed = opEnvelope.safeParse(body);
-    if (!parsed.success) {
-      const issue = parsed.error.issues[0];
-      const where = issue && issue.path.length > 0 ? issue.path.join(".") : "body";
-      throw new BerthError(
-        "invalid_request",
-        `invalid_request: ${where}: ${issue?.message ?? "invalid"}; send {opId, kind, machineId, generation, args}`,
-      );
-    }
-    const response = await deps.ops.run(parsed.data);
-    return send(res, 200, response);
-  }
-  return sendError(res, new BerthError("not_found", `not_found: no route ${method} ${url.pathname.slice(0, 100)}`));
+    };
+  });
+  app.get("/v1/agent/machines", auth, async () => ({ machines: deps.store.listMachines().map((m) => view(deps, m)), unrecorded: deps.unrecorded() }));
+  app.get("/v1/agent/machines/:machineId", auth, async (req) => {
+    const m = deps.store.getMachine(req.params.machineId!);
+    if (m === null) throw new BerthError("not_found", `not_found: machine ${req.params.machineId!} is not on this host`);
+    return view(deps, m);
+  });
+  app.get("/v1/agent/ops/:opId", auth, async (req) => {
+    const op = deps.store.getOp(req.params.opId!);
+    if (op === null) throw new BerthError("not_found", `not_found: operation ${req.params.opId!} was never started on this host`);
+    return {
+      opId: op.opId, kind: op.kind, machineId: op.machineId, generation: op.generation,
+      status: op.status, result: op.status === "done" ? op.result : null, error: op.error,
+    };
+  });
+  // The envelope is checked here (its refusal says what to send); the operation checks its ids and arguments.
+  app.post("/v1/agent/ops", auth, async (req) => {
+    const parsed = opEnvelope.safeParse(req.body ?? {});
+    if (!parsed.success) throw zodRefusal(parsed.error, { hint: "send {opId, kind, machineId, generation, args}" });
+    return deps.ops.run(parsed.data);
+  });
+
+  const { url, port } = await app.listen(listen_.host, listen_.port);
+  return { url, port, close: () => app.close() };
 }
 
 function view(deps: AgentHttpDeps, m: MachineRecord): MachineView {
@@ -195,105 +140,11 @@ function view(deps: AgentHttpDeps, m: MachineRecord): MachineView {
   };
 }
 
-function authorized(deps: AgentHttpDeps, req: IncomingMessage): boolean {
+function authorized(deps: AgentHttpDeps, header: string | undefined): boolean {
   const expected = deps.tokenHash();
   if (expected === null) return false;
-  const header = req.headers.authorization;
   if (typeof header !== "string") return false;
   const m = /^Bearer ([^\s]{1,512})$/.exec(header);
   if (m === null || m[1] === undefined) return false;
   return sameHash(hashToken("host-call", m[1]), expected);
-}
-
-function readJson(req: IncomingMessage, limit: number): Promise<unknown> {
-  return new Promise((resolve, reject) => {
-    const declared = Number(req.headers["content-length"]);
-    if (Number.isFinite(declared) && declared > limit) {
-      reject(tooLarge(limit));
-      return;
-    }
-    const chunks: Buffer[] = [];
-    let size = 0;
-    let done = false;
-    req.on("data", (chunk: Buffer) => {
-      if (done) return;
-      size += chunk.length;
-      if (size > limit) {
-        done = true;
-        req.pause();
-        reject(tooLarge(limit));
-        return;
-      }
-      chunks.push(chunk);
-    });
-    req.on("end", () => {
-      if (done) return;
-      done = true;
-      const text = Buffer.concat(chunks).toString("utf8");
-      if (text.trim() === "") {
-        reject(new BerthError("invalid_request", "invalid_request: the request has no JSON body"));
-        return;
-      }
-      try {
-        resolve(JSON.parse(text) as unknown);
-      } catch {
-        reject(new BerthError("invalid_request", "invalid_request: the body is not valid JSON"));
-      }
-    });
-    req.on("error", (e) => {
-      if (done) return;
-      done = true;
-      reject(e);
-    });
-  });
-}
-
-/** Reads and discards what the client still sends after a 413 (so it can read the answer), up to a bound. */
-function drainBounded(req: IncomingMessage): void {
-  let drained = 0;
-  req.removeAllListeners("data");
-  req.on("data", (chunk: Buffer) => {
-    drained += chunk.length;
-    if (drained > 16 * 1024 * 1024) req.socket.destroy();
-  });
-  req.resume();
-}
-
-function tooLarge(limit: number): BerthError {
-  return new BerthError("body_too_large", `body_too_large: request bodies are limited to ${limit} bytes`);
-}
-
-function methodNotAllowed(res: ServerResponse, allow: string): void {
-  res.setHeader("allow", allow);
-  sendError(res, new BerthError("method_not_allowed", `method_not_allowed: use ${allow} on this route`));
-}
-
-function send(res: ServerResponse, status: number, body: unknown): void {
-  const text = JSON.stringify(body);
-  res.writeHead(status, {
-    "content-type": "application/json; charset=utf-8",
-    "content-length": Buffer.byteLength(text),
-    "cache-control": "no-store",
-  });
-  res.end(text);
-}
-
-/** `close`: the request body was not read; the connection cannot be reused. */
-function sendError(res: ServerResponse, e: BerthError, close = false): void {
-  if (close) res.setHeader("connection", "close");
-  send(res, e.status, { error: { code: e.code, message: e.message } });
-}
-
-function safeDecode(s: string): string {
-  try {
-    return decodeURIComponent(s);
-  } catch {
-    return s;
-  }
-}
-
-/** Any thrown value as the API answers it: refusals as they are, the rest as `internal`. */
-export function asBerthError(e: unknown): BerthError {
-  if (isBerthError(e)) return e;
-  return new BerthError("internal", "internal: the agent failed to answer; see its log");
 }

@@ -9,6 +9,7 @@ import { z } from "zod";
 import { BerthError } from "../core/errors.js";
 import { ID_PATTERN } from "../core/ids.js";
 import { writeFileDurable } from "../store/durable-file.js";
+import { zodRefusal } from "../core/refusal.js";
 
 const receiptSchema = z.strictObject({
   version: z.literal(1),
@@ -57,10 +58,7 @@ export function readReceipt(path: string): Receipt {
     throw new BerthError("invalid_request", `invalid_request: receipt ${path} is not valid JSON; it may be damaged (keep it: it is the only record of the borrow's tokens)`);
   }
   const parsed = receiptSchema.safeParse(raw);
-  if (!parsed.success) {
-    const issue = parsed.error.issues[0]!;
-    throw new BerthError("invalid_request", `invalid_request: receipt ${path} is not a berth receipt (field ${issue.path.join(".") || "?"}: ${issue.message})`);
-  }
+  if (!parsed.success) throw zodRefusal(parsed.error, { what: `receipt ${path} is not a berth receipt`, root: "content" });
   return parsed.data;
 }
 

@@ -2,15 +2,14 @@
  * `startCoordinator`: the store, the HTTP API, the reconciler loop and the
  * providers, wired together. Used by `berth serve`, `berth up` and tests.
  */
-import { createServer, type Server } from "node:http";
+import type { Server } from "node:http";
 import { randomBytes as nodeRandomBytes, randomUUID } from "node:crypto";
-import type { AddressInfo } from "node:net";
 import pino, { type Logger } from "pino";
 import type { Store } from "../store/store.js";
 import { Metrics } from "./metrics.js";
 import { DEFAULT_CONFIG, type CoordinatorConfig, type Ctx } from "./context.js";
-import { buildRouter } from "./http/routes.js";
-import { parseJson, readBody, send, sendError } from "./http/router.js";
+import { addRoutes } from "./http/routes.js";
+import { createHttpServer } from "../http/server.js";
 import { Reconciler, ReconcilerLoop } from "./reconciler.js";
 import { OperationExecutor } from "./executor.js";
 import { providerRegistry, type Provider } from "../providers/provider.js";
@@ -92,47 +91,22 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
     metrics.setMachineCounts(await ctx.store.transaction((tx) => machineCounts(tx)));
     return metrics.registry.metrics();
   };
-  const router = buildRouter({ ctx, secret: o.secret, metricsText, portable, version: VERSION });
-  const server = createServer((req, res) => {
-    const url = req.url ?? "/";
-    const q = url.indexOf("?");
-    const path = q < 0 ? url : url.slice(0, q);
-    const m = router.match(req.method ?? "GET", path);
-    if ("error" in m) {
-      req.resume();
-      sendError(res, m.error, log);
-      return;
-    }
-    readBody(req)
-      .then(async (buf) => {
-        const reply = await m.handler({ method: req.method ?? "GET", params: m.params, headers: req.headers, body: parseJson(buf), raw: req });
-        send(res, reply);
-      })
-      .catch((e: unknown) => sendError(res, e, log));
-  });
-  server.keepAliveTimeout = 65_000;
-  await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(o.port ?? 0, o.host ?? "127.0.0.1", () => resolve());
-  });
-  const addr = server.address() as AddressInfo;
+  const app = createHttpServer({ log, internalMessage: "internal: the coordinator failed to handle this request; see its log" });
+  addRoutes(app, { ctx, secret: o.secret, metricsText, portable, version: VERSION });
+  const { url, port } = await app.listen(o.host ?? "127.0.0.1", o.port ?? 0);
   if (o.reconcile !== false) loop.start();
-  const host = addr.family === "IPv6" ? `[${addr.address}]` : addr.address;
   return {
-    url: `http://${host}:${addr.port}`,
-    port: addr.port,
+    url,
+    port,
     ctx,
     executor,
     reconciler,
     portable,
     loop,
-    server,
+    server: app.server,
     async stop() {
       await loop!.stop();
-      await new Promise<void>((r) => {
-        server.close(() => r());
-        server.closeAllConnections();
-      });
+      await app.close();
     },
   };
 }

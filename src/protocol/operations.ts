@@ -14,6 +14,7 @@ import { z } from "zod";
 import { BerthError, assertNever } from "../core/errors.js";
 import { parseId, type Id } from "../core/ids.js";
 import { parsePublicKey } from "../core/ssh-public-key.js";
+import { zodRefusal } from "../core/refusal.js";
 
 export const OPERATION_KINDS = ["provision", "install_key", "remove_key", "fence", "scrub", "destroy"] as const;
 export type OperationKind = (typeof OPERATION_KINDS)[number];
@@ -69,9 +70,7 @@ export type NormalizedArgs =
   | { kind: "destroy" };
 
 function invalidArgs(kind: OperationKind, error: z.ZodError): BerthError {
-  const issue = error.issues[0];
-  const where = issue && issue.path.length > 0 ? `args.${issue.path.join(".")}` : "args";
-  return new BerthError("invalid_request", `invalid_request: ${where} of ${kind}: ${issue?.message ?? "invalid"}`);
+  return zodRefusal(error, { what: `arguments of ${kind}`, at: "args" });
 }
 
 /** Validates and canonicalises the arguments of an operation (ids through parseId). */

@@ -10,7 +10,7 @@ import assert from "node:assert/strict";
 import { request } from "node:http";
 import { startTestCoordinator, type TestCoordinator } from "../helpers/env.js";
 import { dumpAll } from "../helpers/serve.js";
-import { MAX_BODY_BYTES } from "../../src/coordinator/http/router.js";
+import { DEFAULT_BODY_LIMIT as MAX_BODY_BYTES } from "../../src/http/server.js";
 
 interface Answer {
   status: number;

@@ -1,7 +1,13 @@
-/** The coordinator's HTTP routes: each validates its input and calls one action. */
+/**
+ * The coordinator's HTTP routes: each is authenticated (and its role checked)
+ * before its body is read, validated by its zod schema, and calls one action.
+ * Refusals, ids, body limits and headers are the shared HTTP layer's
+ * (src/http/server.ts).
+ */
+import type { IncomingMessage } from "node:http";
 import type { Ctx } from "../context.js";
-import { Router, ok, validate, type Request } from "./router.js";
-import { authenticate, requireRole, type Principal } from "../auth.js";
+import { Reply, type HttpServer } from "../../http/server.js";
+import { authenticate, requireRole, type Principal, type Role } from "../auth.js";
 import { drainSchema, ensureSchema, registerSchema, borrowSchema, returnSchema, heartbeatSchema, ackSchema, reportSchema, enrollSchema } from "./schemas.js";
 import { ensurePool, getPool, listPools } from "../actions/pools.js";
 import { registerMachine } from "../actions/register.js";
@@ -21,99 +27,73 @@ export interface RouteDeps {
   version: string;
 }
 
-export function buildRouter(d: RouteDeps): Router {
+export function addRoutes(app: HttpServer, d: RouteDeps): void {
   const { ctx } = d;
-  const auth = (req: Request): Promise<Principal> => authenticate(ctx.store, req.headers.authorization, ctx.now());
-  const r = new Router();
+  /** Authentication, then the role if one is needed: both before the body is read. */
+  const auth = (role?: Role) => ({
+    auth: async (req: IncomingMessage): Promise<Principal> => {
+      const p = await authenticate(ctx.store, req.headers.authorization, ctx.now());
+      if (role) requireRole(p, role);
+      return p;
+    },
+  });
 
-  r.add("GET", "/v1/health", async () => ok({ status: "ok", version: d.version, store: ctx.store.dialect, portable: ctx.config.portable }));
-  r.add("GET", "/metrics", async () => ({ status: 200, text: await d.metricsText(), contentType: "text/plain; version=0.0.4" }));
+  app.get("/v1/health", {}, async () => ({ status: "ok", version: d.version, store: ctx.store.dialect, portable: ctx.config.portable }));
+  app.get("/metrics", {}, async () => new Reply(200, await d.metricsText(), "text/plain; version=0.0.4"));
 
-  r.add("GET", "/v1/pools", async (req) => {
-    const p = await auth(req);
-    return ok({ pools: (await listPools(ctx, p)).map((x) => ({ ...presentPool(x.pool), ready: x.ready, machines: x.total })) });
+  app.get("/v1/pools", auth(), async (req) => ({
+    pools: (await listPools(ctx, req.auth)).map((x) => ({ ...presentPool(x.pool), ready: x.ready, machines: x.total })),
+  }));
+  app.get("/v1/pools/:pool", auth(), async (req) => {
+    const x = await getPool(ctx, req.auth, req.params.pool!);
+    return { ...presentPool(x.pool), counts: x.counts, states: x.states };
   });
-  r.add("GET", "/v1/pools/{pool}", async (req) => {
-    const p = await auth(req);
-    const x = await getPool(ctx, p, req.params.pool!);
-    return ok({ ...presentPool(x.pool), counts: x.counts, states: x.states });
+  app.post("/v1/pools/:pool/ensure", { ...auth("operator"), body: ensureSchema }, async (req) => {
+    const res = await ensurePool(ctx, req.auth, { name: req.params.pool!, ...req.body });
+    return { ...presentPool(res.pool), counts: res.counts, claims: res.claims, note: res.note };
   });
-  r.add("POST", "/v1/pools/{pool}/ensure", async (req) => {
-    const p = await auth(req);
-    requireRole(p, "operator");
-    const body = validate(ensureSchema, req.body);
-    const res = await ensurePool(ctx, p, { name: req.params.pool!, ...body });
-    return ok({ ...presentPool(res.pool), counts: res.counts, claims: res.claims, note: res.note });
-  });
-  r.add("POST", "/v1/pools/{pool}/drain", async (req) => {
-    const p = await auth(req);
-    requireRole(p, "operator");
-    const body = validate(drainSchema, req.body);
-    return ok(await drainPool(ctx, p, req.params.pool!, body.force));
-  });
-  r.add("POST", "/v1/pools/{pool}/machines", async (req) => {
-    const p = await auth(req);
-    requireRole(p, "operator");
-    const body = validate(registerSchema, req.body);
-    return ok(await registerMachine(ctx, p, { pool: req.params.pool!, ...body }), 201);
-  });
-  r.add("POST", "/v1/machines/{machine}/destroyed", async (req) => {
-    const p = await auth(req);
-    requireRole(p, "operator");
-    return ok(await confirmDestroyed(ctx, p, req.params.machine!));
-  });
-  r.add("POST", "/v1/pools/{pool}/borrow", async (req) => {
-    const p = await auth(req);
-    requireRole(p, "member");
-    const body = validate(borrowSchema, req.body);
+  app.post("/v1/pools/:pool/drain", { ...auth("operator"), body: drainSchema }, async (req) => drainPool(ctx, req.auth, req.params.pool!, req.body.force));
+  app.post("/v1/pools/:pool/machines", { ...auth("operator"), body: registerSchema }, async (req) =>
+    new Reply(201, await registerMachine(ctx, req.auth, { pool: req.params.pool!, ...req.body })),
+  );
+  app.post("/v1/machines/:machine/destroyed", auth("operator"), async (req) => confirmDestroyed(ctx, req.auth, req.params.machine!));
+  app.post("/v1/pools/:pool/borrow", { ...auth("member"), body: borrowSchema }, async (req) => {
+    const body = req.body;
     if (body.access === "portable") {
       if (!d.portable) throw new BerthError("portable_unsupported", "portable_unsupported: this coordinator does not offer portable access; no fallback to keeper access is made");
-      return ok(await d.portable.borrow(p, req.params.pool!, body), 201);
+      return new Reply(201, await d.portable.borrow(req.auth, req.params.pool!, body));
     }
     if (body.publicKey !== undefined || body.durationMs !== undefined) {
       throw new BerthError("invalid_request", "invalid_request: publicKey and durationMs are only for --access portable borrows");
     }
-    return ok(await borrowKeeper(ctx, p, req.params.pool!), 201);
+    return new Reply(201, await borrowKeeper(ctx, req.auth, req.params.pool!));
   });
-  r.add("GET", "/v1/borrows/{borrow}", async (req) => {
-    const p = await auth(req);
-    if (d.portable && req.params.borrow!.startsWith("g_")) return ok(await d.portable.show(p, req.params.borrow!));
-    return ok(presentBorrow(await getBorrow(ctx, p, req.params.borrow!)));
+  app.get("/v1/borrows/:borrow", auth(), async (req) => {
+    const id = req.params.borrow!;
+    if (d.portable && id.startsWith("g_")) return d.portable.show(req.auth, id);
+    return presentBorrow(await getBorrow(ctx, req.auth, id));
   });
-  r.add("POST", "/v1/borrows/{borrow}/heartbeat", async (req) => {
-    const p = await auth(req);
-    const body = validate(heartbeatSchema, req.body);
-    if (d.portable && req.params.borrow!.startsWith("g_")) return ok(await d.portable.heartbeat(p, req.params.borrow!, body));
-    return ok(await heartbeatKeeper(ctx, p, req.params.borrow!, body.token));
+  app.post("/v1/borrows/:borrow/heartbeat", { ...auth(), body: heartbeatSchema }, async (req) => {
+    const id = req.params.borrow!;
+    if (d.portable && id.startsWith("g_")) return d.portable.heartbeat(req.auth, id, req.body);
+    return heartbeatKeeper(ctx, req.auth, id, req.body.token);
   });
-  r.add("POST", "/v1/borrows/{borrow}/return", async (req) => {
-    const p = await auth(req);
-    const body = validate(returnSchema, req.body);
-    if (d.portable && req.params.borrow!.startsWith("g_")) return ok(await d.portable.return(p, req.params.borrow!, body));
-    return ok(await returnKeeper(ctx, p, req.params.borrow!, body.token, body.disposition));
+  app.post("/v1/borrows/:borrow/return", { ...auth(), body: returnSchema }, async (req) => {
+    const id = req.params.borrow!;
+    if (d.portable && id.startsWith("g_")) return d.portable.return(req.auth, id, req.body);
+    return returnKeeper(ctx, req.auth, id, req.body.token, req.body.disposition);
   });
-  r.add("POST", "/v1/borrows/{borrow}/ack", async (req) => {
-    const p = await auth(req);
-    const body = validate(ackSchema, req.body);
+  app.post("/v1/borrows/:borrow/ack", { ...auth(), body: ackSchema }, async (req) => {
     if (!d.portable) throw new BerthError("portable_unsupported", "portable_unsupported: this coordinator does not offer portable access");
-    return ok(await d.portable.ack(p, req.params.borrow!, body));
+    return d.portable.ack(req.auth, req.params.borrow!, req.body);
   });
-  r.add("POST", "/v1/borrows/{borrow}/report", async (req) => {
-    await auth(req);
-    const body = validate(reportSchema, req.body);
+  app.post("/v1/borrows/:borrow/report", { ...auth(), body: reportSchema }, async (req) => {
+    const body = req.body;
     // Telemetry only: recorded as observed, never used as proof of anything.
     if (body.firstCommandMs !== undefined) ctx.metrics.clientReports.observe({ kind: "first_command" }, body.firstCommandMs / 1000);
     if (body.scrubMs !== undefined) ctx.metrics.clientReports.observe({ kind: "scrub" }, body.scrubMs / 1000);
-    return ok({ recorded: true });
+    return { recorded: true };
   });
-  r.add("GET", "/v1/hosts", async (req) => {
-    const p = await auth(req);
-    return ok({ hosts: (await listHosts(ctx, p)).map(presentHost) });
-  });
-  r.add("POST", "/v1/hosts/enroll", async (req) => {
-    const p = await auth(req);
-    const body = validate(enrollSchema, req.body);
-    return ok(await enrollHost(ctx, p, body, d.secret));
-  });
-  return r;
+  app.get("/v1/hosts", auth(), async (req) => ({ hosts: (await listHosts(ctx, req.auth)).map(presentHost) }));
+  app.post("/v1/hosts/enroll", { ...auth(), body: enrollSchema }, async (req) => enrollHost(ctx, req.auth, req.body, d.secret));
 }

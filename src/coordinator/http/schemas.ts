@@ -1,8 +1,9 @@
 /** Schemas for every request body the coordinator accepts. Unknown fields are refused. */
 import { z } from "zod";
 import { isId } from "../../core/ids.js";
+import { INVALID_ID_PARAMS } from "../../core/refusal.js";
 
-const id = z.string().refine(isId, { message: "is not a valid id; use 1 to 128 characters of A-Z, a-z, 0-9, '_' or '-'", params: { berth: "invalid_id" } });
+const id = z.string().refine(isId, { message: "is not a valid id; use 1 to 128 characters of A-Z, a-z, 0-9, '_' or '-'", params: INVALID_ID_PARAMS });
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
 const text = (max: number) => z.string().min(1).max(max);
 
@@ -60,3 +61,4 @@ export const enrollSchema = z.strictObject({
 });
 
 export { id as idSchema };
+

@@ -1,0 +1,257 @@
+/**
+ * The one HTTP layer of berth (coordinator API, agent API, and the coming
+ * dashboard), on node:http, so every server refuses the same way. (Fastify
+ * was measured against it and cost more than the 10 % allowed: see
+ * docs/performance.md.)
+ *
+ * The order every request goes through, the first failure answering:
+ *   1. the route (router.ts): unknown → 404 `not_found`; known path, other
+ *      method → 405 `method_not_allowed` with `Allow`; a param that is not
+ *      one valid id segment → 400 `invalid_id`;
+ *   2. the route's `auth` (token, role) → 401/403, before any byte of the
+ *      body is read;
+ *   3. the body (not read for GET), whatever its content-type, up to
+ *      `bodyLimit` → 413 `body_too_large` (declared or counted), parsed as
+ *      JSON → 400 `invalid_request`; an absent or empty body is `{}`;
+ *   4. the route's zod schema → 400, the message from the one refusal
+ *      formatter (refusal.ts);
+ *   5. the handler; a BerthError it throws is answered with its code's
+ *      status, anything else is logged and answered 500 `internal` without
+ *      detail.
+ *
+ * Every answer carries `cache-control: no-store` (answers hold tokens); JSON
+ * is `application/json; charset=utf-8`; a refusal is exactly
+ * `{"error":{"code","message"}}`, also for bytes Node's parser refuses. A
+ * refusal sent while the client is still sending its body closes the
+ * connection after the answer (the rest is discarded up to a bound), so an
+ * unread body is never parsed as the next request.
+ *
+ * For the dashboard: a handler may answer anything itself through `req.res`
+ * (server-sent events, a static file sent with a well-kept library such as
+ * `send`, a `set-cookie` header written with `cookie`) and return `TAKEN`.
+ */
+import { createServer, type IncomingHttpHeaders, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
+import type { z } from "zod";
+import { BerthError, isBerthError } from "../core/errors.js";
+import type { Id } from "../core/ids.js";
+import { zodRefusal } from "../core/refusal.js";
+import { Router } from "./router.js";
+
+export const DEFAULT_BODY_LIMIT = 64 * 1024;
+
+/** Where refusals (debug) and failures (error) are logged. Messages never hold secrets. */
+export interface HttpLog {
+  debug?(fields: Record<string, unknown>, msg: string): void;
+  error(fields: Record<string, unknown>, msg: string): void;
+}
+
+export interface HttpServerOptions {
+  log: HttpLog;
+  /** The `internal` answer's message: who failed and where to look. */
+  internalMessage: string;
+  bodyLimit?: number;
+}
+
+export interface HttpRequest<B, A> {
+  method: string;
+  params: Record<string, Id>;
+  headers: IncomingHttpHeaders;
+  body: B;
+  /** What the route's `auth` returned (the caller). */
+  auth: A;
+  raw: IncomingMessage;
+  res: ServerResponse;
+}
+
+/** A handler's answer other than 200 JSON. */
+export class Reply {
+  constructor(
+    readonly status: number,
+    readonly body: unknown,
+    /** Set for a text answer (`body` is then the text). */
+    readonly contentType: string | null = null,
+  ) {}
+}
+
+/** Returned by a handler that answered through `req.res` itself. */
+export const TAKEN: unique symbol = Symbol("taken");
+
+export interface RouteOptions<S extends z.ZodType | undefined, A> {
+  /** Checks the caller from the headers before the body is read (throws 401/403). */
+  auth?: (req: IncomingMessage) => A | Promise<A>;
+  /** The body's schema; without one the body is not validated (nor read for GET). */
+  body?: S;
+}
+
+type BodyOf<S> = S extends z.ZodType ? z.output<S> : unknown;
+type Handler<S, A> = (req: HttpRequest<BodyOf<S>, A>) => Promise<unknown>;
+
+interface Route {
+  auth?: (req: IncomingMessage) => unknown;
+  body?: z.ZodType;
+  handler: Handler<unknown, unknown>;
+}
+
+export interface HttpServer {
+  get<S extends z.ZodType | undefined = undefined, A = undefined>(path: string, o: RouteOptions<S, A>, handler: Handler<S, A>): void;
+  post<S extends z.ZodType | undefined = undefined, A = undefined>(path: string, o: RouteOptions<S, A>, handler: Handler<S, A>): void;
+  /** Starts listening; returns the URL the server is reachable at. */
+  listen(host: string, port: number): Promise<{ url: string; port: number }>;
+  close(): Promise<void>;
+  readonly server: Server;
+}
+
+export function createHttpServer(o: HttpServerOptions): HttpServer {
+  const bodyLimit = o.bodyLimit ?? DEFAULT_BODY_LIMIT;
+  const router = new Router<Route>();
+
+  const handle = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
+    const method = req.method ?? "GET";
+    const url = req.url ?? "/";
+    const q = url.indexOf("?");
+    const m = router.match(method, q < 0 ? url : url.slice(0, q));
+    if ("error" in m) {
+      if (m.allow) res.setHeader("allow", m.allow.join(", "));
+      throw m.error;
+    }
+    const { route, params } = m;
+    const auth = route.auth ? await route.auth(req) : undefined;
+    let body: unknown = undefined;
+    if (method !== "GET" && method !== "HEAD") body = parseJson(await readBody(req, bodyLimit));
+    if (route.body) {
+      const r = route.body.safeParse(body ?? {});
+      if (!r.success) throw zodRefusal(r.error);
+      body = r.data;
+    }
+    const out = await route.handler({ method, params, headers: req.headers, body, auth, raw: req, res });
+    if (out === TAKEN) return;
+    if (out instanceof Reply) send(res, out.status, out.body, out.contentType);
+    else send(res, 200, out, null);
+  };
+
+  const server = createServer((req, res) => {
+    handle(req, res).catch((e: unknown) => refuse(req, res, e, o, bodyLimit));
+  });
+  server.headersTimeout = 30_000;
+  // Operations (a gVisor fence) may take a while; a request's body is bounded by size, its headers by time.
+  server.requestTimeout = 0;
+  server.keepAliveTimeout = 65_000;
+  // Bytes Node's parser refuses (a bad request line or header) get the same shape.
+  server.on("clientError", (e: NodeJS.ErrnoException, socket) => {
+    if (!socket.writable || e.code === "ECONNRESET") {
+      socket.destroy();
+      return;
+    }
+    const text = JSON.stringify({ error: { code: "invalid_request", message: "invalid_request: the request is not valid HTTP/1.1" } });
+    socket.end(
+      "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json; charset=utf-8\r\ncache-control: no-store\r\n" +
+        `content-length: ${Buffer.byteLength(text)}\r\nconnection: close\r\n\r\n${text}`,
+    );
+  });
+
+  const add = (method: string) => (path: string, ro: RouteOptions<z.ZodType | undefined, unknown>, handler: Handler<unknown, unknown>) =>
+    router.add(method, path, { auth: ro.auth, body: ro.body, handler });
+  return {
+    get: add("GET") as HttpServer["get"],
+    post: add("POST") as HttpServer["post"],
+    server,
+    async listen(host, port) {
+      await new Promise<void>((resolve, reject) => {
+        server.once("error", reject);
+        server.listen(port, host, () => {
+          server.off("error", reject);
+          resolve();
+        });
+      });
+      const addr = server.address() as AddressInfo;
+      const shown = addr.family === "IPv6" ? `[${addr.address}]` : addr.address;
+      return { url: `http://${shown}:${addr.port}`, port: addr.port };
+    },
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }),
+  };
+}
+
+function send(res: ServerResponse, status: number, body: unknown, contentType: string | null): void {
+  const text = contentType === null ? JSON.stringify(body) : String(body);
+  res.writeHead(status, {
+    "content-type": contentType ?? "application/json; charset=utf-8",
+    "content-length": Buffer.byteLength(text),
+    "cache-control": "no-store",
+  });
+  res.end(text);
+}
+
+function refuse(req: IncomingMessage, res: ServerResponse, e: unknown, o: HttpServerOptions, bodyLimit: number): void {
+  const r = isBerthError(e) ? e : new BerthError("internal", o.internalMessage);
+  if (r.code === "internal") o.log.error({ err: e instanceof Error ? e.message : String(e) }, "request failed");
+  else o.log.debug?.({ code: r.code, status: r.status, message: r.message }, "request refused");
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  if (!req.complete) {
+    // The client is still sending a body this answer will not read: discard it (so the client can
+    // read the answer rather than a reset), up to a bound, and end the connection after the answer.
+    res.setHeader("connection", "close");
+    discardBounded(req, bodyLimit * 16);
+  }
+  send(res, r.status, { error: { code: r.code, message: r.message } }, null);
+}
+
+function discardBounded(req: IncomingMessage, bound: number): void {
+  let seen = 0;
+  req.removeAllListeners("data");
+  req.on("data", (c: Buffer) => {
+    seen += c.length;
+    if (seen > bound) req.socket.destroy();
+  });
+  req.resume();
+}
+
+function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const tooLarge = () => new BerthError("body_too_large", `body_too_large: request bodies are limited to ${limit} bytes`);
+    if (Number(req.headers["content-length"] ?? "0") > limit) {
+      reject(tooLarge());
+      return;
+    }
+    const chunks: Buffer[] = [];
+    let size = 0;
+    let done = false;
+    req.on("data", (c: Buffer) => {
+      if (done) return;
+      size += c.length;
+      if (size > limit) {
+        done = true;
+        chunks.length = 0;
+        reject(tooLarge());
+        return;
+      }
+      chunks.push(c);
+    });
+    req.on("end", () => {
+      if (done) return;
+      done = true;
+      resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks));
+    });
+    req.on("error", (e) => {
+      if (done) return;
+      done = true;
+      reject(e);
+    });
+  });
+}
+
+function parseJson(buf: Buffer): unknown {
+  if (buf.length === 0) return undefined;
+  try {
+    return JSON.parse(buf.toString("utf8"));
+  } catch {
+    throw new BerthError("invalid_request", "invalid_request: the body is not valid JSON");
+  }
+}
