@@ -125,7 +125,7 @@ before(async () => {
     token: hostCall,
     get: "/v1/agent/health",
     post: "/v1/agent/ops",
-    body: { opId: "op_r1", kind: "create", machineId: "m_r1", generation: 0 },
+    body: { opId: "op_r1", kind: "provision", machineId: "m_r1", generation: 0 },
     withId: "/v1/agent/machines/{id}",
   });
 });
