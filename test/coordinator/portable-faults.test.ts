@@ -19,7 +19,7 @@ import {
   metricValue,
   portableEnv,
   refused,
-  ScriptedProvider,
+  ScriptedExternalProvider,
   settle,
   tokens,
 } from "../helpers/portable.js";
@@ -184,7 +184,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       const dir = tempDir();
       const inner = await openStore(engine, dir.path);
       const store = new FaultyStore(inner);
-      const provider = new ScriptedProvider();
+      const provider = new ScriptedExternalProvider();
       const t = await startTestCoordinator({ engine, store, dir: dir.path, clock: new TestClock(), reconcile: false, providers: [provider], config: { portable: true } });
       try {
         const admin = await t.api("admin");
@@ -223,8 +223,8 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
     test("two coordinators on one database: concurrent borrows never share a machine; acks and returns cross over", async () => {
       const dir = tempDir();
       const clock = new TestClock();
-      const pA = new ScriptedProvider();
-      const pB = new ScriptedProvider();
+      const pA = new ScriptedExternalProvider();
+      const pB = new ScriptedExternalProvider();
       const storeA = await openStore(engine, dir.path);
       let storeB: Store;
       if (engine === "postgres") {
