@@ -21,7 +21,7 @@ async function pool(api: Api, name: string, access: "keeper" | "portable", n: nu
 
 for (const engine of ["sqlite", "postgres"] as Engine[]) {
   describe(`keeper/portable isolation on ${engine}`, { skip: engine === "postgres" ? PG_SKIP : false }, () => {
-    test("a resource live in one namespace cannot be registered in the other, both ways; borrows never cross", async () => {
+    test("[I10] a resource live in one namespace cannot be registered in the other, both ways; borrows never cross", async () => {
       const provider = new ScriptedExternalProvider();
       const t = await startTestCoordinator({ engine, clock: new TestClock(), reconcile: false, providers: [provider], config: { portable: true } });
       try {
@@ -57,7 +57,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("fail closed: a coordinator without portable access refuses every portable request; no keeper borrow is made instead", async () => {
+    test("[I10] fail closed: a coordinator without portable access refuses every portable request; no keeper borrow is made instead", async () => {
       const t = await startTestCoordinator({ engine, clock: new TestClock(), reconcile: false, providers: [new ScriptedExternalProvider()] });
       try {
         const admin = await t.api("admin");
@@ -75,7 +75,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("fail closed: a provider without the portable capabilities is refused for portable pools", async () => {
+    test("[I10] fail closed: a provider without the portable capabilities is refused for portable pools", async () => {
       // The stock external provider: no key install, revoke, fence, destroy or identity observation.
       const t = await startTestCoordinator({ engine, clock: new TestClock(), reconcile: false, config: { portable: true } });
       try {
@@ -98,7 +98,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("rollback: restarted without portable access, grants stay out of keeper paths and their cleanup still completes", async () => {
+    test("[I10] rollback: restarted without portable access, grants stay out of keeper paths and their cleanup still completes", async () => {
       const dir = tempDir();
       const clock = new TestClock();
       const store = await openStore(engine, dir.path);
