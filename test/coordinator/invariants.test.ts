@@ -68,8 +68,15 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         for (const kind of ["remove_key", "fence", "scrub"] as const) env.provider.on(kind, "hold");
         await member.call("POST", `/v1/borrows/${b.borrowId}/return`, tokens(b));
         const settling = settle(env.t.coord.ctx);
+        const steps = ["remove_key", "fence", "scrub"] as const;
+        // Whichever step the coordinator asks for next (or the end of the cleanup), so a skipped step fails here instead of waiting forever.
+        const next = () => Promise.race([...steps.map((k) => env.provider.heldOne(k).then(() => k)), settling.then(() => "settled" as const)]);
         for (const [kind, state] of [["remove_key", "revoking"], ["fence", "fencing"], ["scrub", "scrubbing"]] as const) {
-          await env.provider.heldOne(kind);
+          const got = await next();
+          if (got !== kind) {
+            if (got !== "settled") env.provider.release(got, "fail");
+            assert.fail(`expected ${kind} next, the coordinator went to ${got}; the machine is ${(await machineRow(env.t, b.machine.id))!.state}`);
+          }
           assert.equal((await machineRow(env.t, b.machine.id))!.state, state, `while ${kind} is unconfirmed the machine is ${state}, not ready`);
           env.provider.release(kind);
         }
