@@ -82,7 +82,7 @@ test("host key: persisted 0600, reused on restart, and the advertised line is wh
   assert.equal(readFileSync(bad, "utf8"), "garbage");
 });
 
-test("[I4] auth: unknown key, key of another machine, invalid username and an old generation's key are refused", async () => {
+test("auth: unknown key, key of another machine, invalid username and an old generation's key are refused", async () => {
   const unknown = generateSshKeyPair("nobody");
   await refused(connect({ port: gw.port, username: M, privateKey: unknown.privateKey }));
 

@@ -316,7 +316,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("[I9] retention: closed grants and destroyed machines age out; a machine whose destruction is unproven is never pruned", async () => {
+    test("retention: closed grants and destroyed machines age out; a machine whose destruction is unproven is never pruned", async () => {
       const env = await portableEnv(engine, { n: 2, config: { retentionMs: 3_600_000, ackTimeoutMs: 10_000 } });
       try {
         const member = await env.t.api("member");
