@@ -21,7 +21,7 @@ describe("portable CLI opt-in and refusals", () => {
     await c?.close();
   });
 
-  test("[I10] keeper requests to a portable pool are refused, never served another way; nothing is left behind", async () => {
+  test("keeper requests to a portable pool are refused, never served another way; nothing is left behind", async () => {
     const ann = c.client("ann");
     const rf = join(ann.dir, "r.json");
     const b = await berth(["borrow", "agents", "--receipt", rf, ...ann.args]);
@@ -66,7 +66,7 @@ describe("portable CLI opt-in and refusals", () => {
 });
 
 describe("a coordinator without --portable", () => {
-  test("[I10] refuses every portable request with portable_unsupported and makes no keeper borrow", async () => {
+  test("refuses every portable request with portable_unsupported and makes no keeper borrow", async () => {
     const dir = tempDir("berth-noportable-");
     const serve = await start(["serve", "--state-dir", join(dir.path, "coord"), "--listen", "127.0.0.1:0"], /listening on (http:\/\/\S+)/);
     try {
