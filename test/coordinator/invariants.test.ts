@@ -11,7 +11,6 @@ import assert from "node:assert/strict";
 import { PG_SKIP, PG_URL, openStore, startTestCoordinator, tempDir, TestClock, type Engine } from "../helpers/env.js";
 import { PostgresStore } from "../../src/store/postgres/postgres-store.js";
 import type { Store } from "../../src/store/store.js";
-import { tick } from "../../src/coordinator/reconciler.js";
 import { ApiError } from "../../src/cli/api.js";
 import { ackBody, borrowPortable, grantRow, HOST_KEY, machineRow, portableEnv, ScriptedExternalProvider, settle, tokens, type Borrowed } from "../helpers/portable.js";
 
@@ -46,7 +45,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
           // A second borrow while all are lent gets nothing.
           await assert.rejects(borrowPortable(apis[0]!), (e: unknown) => e instanceof ApiError && e.code === "pool_exhausted");
           await Promise.all(won.map((w) => w.api.call("POST", `/v1/borrows/${w.b.borrowId}/return`, tokens(w.b))));
-          await settle(env.t.coord.ctx);
+          await settle(env.t.coord);
           for (const id of env.machines) {
             assert.equal((await machineRow(env.t, id))!.state, "ready");
             assert.deepEqual(env.provider.keysOn(resources.get(id)!), [], `ready machine ${id} holds no key`);
@@ -67,7 +66,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         await member.call("POST", `/v1/borrows/${b.borrowId}/ack`, ackBody(b));
         for (const kind of ["remove_key", "fence", "scrub"] as const) env.provider.on(kind, "hold");
         await member.call("POST", `/v1/borrows/${b.borrowId}/return`, tokens(b));
-        const settling = settle(env.t.coord.ctx);
+        const settling = settle(env.t.coord);
         const steps = ["remove_key", "fence", "scrub"] as const;
         // Whichever step the coordinator asks for next (or the end of the cleanup), so a skipped step fails here instead of waiting forever.
         const next = () => Promise.race([...steps.map((k) => env.provider.heldOne(k).then(() => k)), settling.then(() => "settled" as const)]);
@@ -110,7 +109,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         await member.call("POST", `/v1/borrows/${b.borrowId}/ack`, ackBody(b));
         await member.call("POST", `/v1/borrows/${b.borrowId}/return`, tokens(b));
         // Coordinator A starts the key removal (op row running, lease set) and dies before calling the provider.
-        const r = await tick(a.coord.ctx);
+        const r = await a.coord.reconciler.tick();
         const started = r.started.find((s) => s.op.kind === "remove_key");
         assert.ok(started, "the return's key removal was started");
         await a.close();
@@ -124,11 +123,11 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         const bCoord = await startTestCoordinator({ engine, store: storeB, dir: dir.path, clock, reconcile: false, providers: [pB], config: { portable: true } });
         try {
           // Within the dead coordinator's lease nobody acts twice.
-          await settle(bCoord.coord.ctx);
+          await settle(bCoord.coord);
           assert.equal(pB.callsOf("remove_key").length, 0, "not retried while the lease runs");
           assert.equal((await machineRow(bCoord, machineId))!.state, "revoking", "never ready with the key removal unproven");
           clock.advance(30_000);
-          await settle(bCoord.coord.ctx);
+          await settle(bCoord.coord);
           assert.deepEqual(pB.callsOf("remove_key").map((c) => c.opId), [started.op.id], "resumed under the same operation id");
           assert.deepEqual(pB.calls.map((c) => c.kind), ["remove_key", "fence", "scrub"]);
           assert.equal((await machineRow(bCoord, machineId))!.state, "ready");
