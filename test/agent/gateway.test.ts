@@ -103,7 +103,7 @@ test("auth: unknown key, key of another machine, invalid username and an old gen
   }
 });
 
-test("auth: a key is refused at now == expiresAt and accepted one millisecond before", async () => {
+test("[I3] auth: a key is refused at now == expiresAt and accepted one millisecond before", async () => {
   useClock = true;
   try {
     clock = 1_900_000_000_000;
@@ -153,7 +153,7 @@ test("env: only LANG, LC_*, TERM, TZ and BERTH_* pass the allowlist", async () =
   }
 });
 
-test("revocation cuts an open session at once and releases its processes", async () => {
+test("[I1] revocation cuts an open session at once and releases its processes", async () => {
   const k = borrowKey();
   const c = await connect({ port: gw.port, username: M, privateKey: k.privateKey });
   let connClosed = false;
@@ -170,7 +170,7 @@ test("revocation cuts an open session at once and releases its processes", async
   await refused(connect({ port: gw.port, username: M, privateKey: k.privateKey }));
 });
 
-test("a session is cut when its key expires, by the gateway's own timer (the authority never notifies)", async () => {
+test("[I3][I6] a session is cut when its key expires, by the gateway's own timer (the authority never notifies)", async () => {
   const k = borrowKey(Date.now() + 1500);
   const c = await connect({ port: gw.port, username: M, privateKey: k.privateKey });
   c.on("error", () => {});

@@ -231,7 +231,7 @@ describe("enrollment", () => {
     );
   });
 
-  it("stops the start when the coordinator refuses the enroll token, without echoing it", async () => {
+  it("[I8] stops the start when the coordinator refuses the enroll token, without echoing it", async () => {
     const bad = newToken("enroll", randomBytes);
     await assert.rejects(
       startAgent({ stateDir: tempDir(), runtime: "process", coordinatorUrl: coordinator, enrollToken: bad }),

@@ -66,7 +66,7 @@ async function refusal(p: Promise<unknown>): Promise<{ code: string; message: st
 }
 
 describe("agent operations", () => {
-  it("answers a retried opId with the first result and never acts twice; other uses of the opId are refused", async () => {
+  it("[I4] answers a retried opId with the first result and never acts twice; other uses of the opId are refused", async () => {
     const a = await agentAt(tempDir());
     const m = id("m");
     const first = await a.ops.run({ opId: "op-provision-1", kind: "provision", machineId: m, generation: 1 });
@@ -96,7 +96,7 @@ describe("agent operations", () => {
     assert.equal((await a.runtime.inspect(m)).incarnation, seen.incarnation);
   });
 
-  it("returns the first result for a retried opId after the agent restarts, and re-attaches the machine", async () => {
+  it("[I4][I9] returns the first result for a retried opId after the agent restarts, and re-attaches the machine", async () => {
     const dir = tempDir();
     const m = id("m");
     const k = sshKey();
@@ -122,7 +122,7 @@ describe("agent operations", () => {
     assert.deepEqual(await a.runtime.list(), [m]);
   });
 
-  it("refuses a stale generation and changes nothing", async () => {
+  it("[I4] refuses a stale generation and changes nothing", async () => {
     const a = await agentAt(tempDir());
     const m = id("m");
     const k = sshKey();
@@ -153,7 +153,7 @@ describe("agent operations", () => {
     assert.equal(a.keys.authorize(m, stale.fingerprint, Date.now()), null);
   });
 
-  it("an install for generation g+1 supersedes every grant key of generation g (revocation notified); a keeper key stays", async () => {
+  it("[I4] an install for generation g+1 supersedes every grant key of generation g (revocation notified); a keeper key stays", async () => {
     const a = await agentAt(tempDir());
     const m = id("m");
     const old = sshKey();
@@ -190,7 +190,7 @@ describe("agent operations", () => {
     assert.equal(a.keys.authorize(m, next.fingerprint, Date.now()), null, "the grant key of generation 2 does not");
   });
 
-  it("a key is expired at now == expiresAt, and an install already expired is refused", async () => {
+  it("[I3] a key is expired at now == expiresAt, and an install already expired is refused", async () => {
     const clock: Clock = { t: 1_900_000_000_000 };
     const a = await agentAt(tempDir(), clock);
     const m = id("m");
@@ -216,7 +216,7 @@ describe("agent operations", () => {
     assert.equal(a.store.listKeys(m).some((x) => x.fingerprint === late.fingerprint), false);
   });
 
-  it("the expiry timer revokes the key with no coordinator at all", async () => {
+  it("[I3] the expiry timer revokes the key with no coordinator at all", async () => {
     const a = await agentAt(tempDir());
     const m = id("m");
     const k = sshKey();
@@ -237,7 +237,7 @@ describe("agent operations", () => {
     assert.deepEqual(a.store.listKeys(m), [], "the expired key is gone from the store too");
   });
 
-  it("remove_key removes the exact key, and a delayed install of it at that generation is refused", async () => {
+  it("[I4] remove_key removes the exact key, and a delayed install of it at that generation is refused", async () => {
     const a = await agentAt(tempDir());
     const m = id("m");
     const keep = sshKey();
@@ -259,7 +259,7 @@ describe("agent operations", () => {
     assert.deepEqual((again.result as { removed: unknown[] }).removed, []);
   });
 
-  it("fence kills every process of the machine (a background one too) and proves none remain", async () => {
+  it("[I5] fence kills every process of the machine (a background one too) and proves none remain", async () => {
     const a = await agentAt(tempDir());
     const m = id("m");
     const created = await a.ops.run({ opId: id("op"), kind: "provision", machineId: m, generation: 1 });

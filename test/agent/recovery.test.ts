@@ -125,7 +125,7 @@ describe("agent crash recovery", () => {
     return { status: res.status, json: await res.json() };
   }
 
-  it("after SIGKILL: a retried op returns its first result, a matching machine is re-attached, a mismatched one is never signalled", async () => {
+  it("[I9] after SIGKILL: a retried op returns its first result, a matching machine is re-attached, a mismatched one is never signalled", async () => {
     const root = mkdtempSync(join(tmpdir(), "berth-recovery-"));
     dirs.push(root);
     const stateDir = join(root, "state");
@@ -214,7 +214,7 @@ describe("agent crash recovery", () => {
 });
 
 describe("agent recovery of an operation cut short", () => {
-  it("a create whose process died after its intent record is left pending, and its retry (same opId) finishes it once", async () => {
+  it("[I9] a create whose process died after its intent record is left pending, and its retry (same opId) finishes it once", async () => {
     const stateDir = mkdtempSync(join(tmpdir(), "berth-midop-"));
     dirs.push(stateDir);
     // What an agent leaves when it dies right after writing the create's

@@ -278,7 +278,7 @@ for (const target of targets) {
       });
     });
 
-    it("the return path, fence then scrub, leaves nothing the borrower wrote; a command between them forces a full scrub", async (t) => {
+    it("[I5] the return path, fence then scrub, leaves nothing the borrower wrote; a command between them forces a full scrub", async (t) => {
       if (skip) return t.skip(skip);
       const m = await machine();
       const layer = target.name === "gvisor" ? " && echo layer > /usr/local/berth-return-test" : "";
@@ -294,7 +294,7 @@ for (const target of targets) {
       assert.equal(again.stdout, "");
     });
 
-    it("fence kills background, setsid and nohup processes and starts a new incarnation", async (t) => {
+    it("[I5] fence kills background, setsid and nohup processes and starts a new incarnation", async (t) => {
       if (skip) return t.skip(skip);
       const m = await machine();
       const r = await run(rt, m.id, [

@@ -356,7 +356,7 @@ test("recovery decisions: clean only on verified absence; exact leftovers stoppe
   assert.equal(recoveryDecision(intent, { machine: { ...m, liveProcesses: 0 }, client: null, leader: null, group: null }).kind, "clean");
 });
 
-test("hard loss: SIGKILL of the agent mid-session, restart: nothing reattached, records cleaned only after absence, a mismatch retained and never signalled", async () => {
+test("[I9] hard loss: SIGKILL of the agent mid-session, restart: nothing reattached, records cleaned only after absence, a mismatch retained and never signalled", async () => {
   const dir = mkdtempSync(join(root, "hardloss-"));
   const dbPath = join(dir, "agent.db");
   const pair = generateSshKeyPair();

@@ -41,7 +41,7 @@ describe("portable CLI opt-in and refusals", () => {
     assert.match(r.stderr, /portable_unsupported: provider external lacks/);
   });
 
-  test("manual borrow prints pending, then active; heartbeat prints the unchanged deadline", async () => {
+  test("[I3] manual borrow prints pending, then active; heartbeat prints the unchanged deadline", async () => {
     const bea = c.client("bea");
     const rf = join(bea.dir, "r.json");
     const b = await berth(["borrow", "agents", "--access", "portable", "--duration", "2m", "--receipt", rf, ...bea.args]);

@@ -107,7 +107,7 @@ async function assertCoherent(store: Store): Promise<void> {
 for (const engine of ["sqlite", "postgres"] as Engine[]) {
   describe(`SIGKILL inside a transaction on ${engine}`, { skip: engine === "postgres" ? PG_SKIP : false }, () => {
     for (const sc of SCENARIOS) {
-      test(`${sc.tx}: killed before COMMIT leaves none of it; the restarted coordinator does all of it`, async () => {
+      test(`[I9] ${sc.tx}: killed before COMMIT leaves none of it; the restarted coordinator does all of it`, async () => {
         const dir = tempDir();
         const loc: StoreLocation = { engine, dir: dir.path, schema: engine === "postgres" ? "t_" + randomBytes(6).toString("hex") : undefined };
         let store: Store | null = await openLocation(loc);

@@ -34,7 +34,7 @@ function metricValue(text: string, name: string, labels: string): number {
 
 for (const engine of ["sqlite", "postgres"] as Engine[]) {
   describe(`keeper pools on ${engine}`, { skip: engine === "postgres" ? PG_SKIP : false }, () => {
-    test("ensure issues claims, registration consumes them, borrow and return cycle", async () => {
+    test("[I7] ensure issues claims, registration consumes them, borrow and return cycle", async () => {
       const t = await startTestCoordinator({ engine, reconcile: false });
       try {
         const api = await t.api("admin");
@@ -67,7 +67,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("registering twice with one claim is refused and changes nothing", async () => {
+    test("[I7] registering twice with one claim is refused and changes nothing", async () => {
       const t = await startTestCoordinator({ engine, reconcile: false });
       try {
         const api = await t.api("operator");
@@ -82,7 +82,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("an unexpired claim funding provisioning survives a lowered maxReady; expired claims are released", async () => {
+    test("[I7] an unexpired claim funding provisioning survives a lowered maxReady; expired claims are released", async () => {
       const clock = new TestClock();
       const t = await startTestCoordinator({ engine, clock, reconcile: false, config: { claimTtlMs: 60_000 } });
       try {
@@ -105,7 +105,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("20 concurrent ensure callers never push a pool past maxReady", async () => {
+    test("[I7] 20 concurrent ensure callers never push a pool past maxReady", async () => {
       const t = await startTestCoordinator({ engine, reconcile: true });
       try {
         const apis = await Promise.all(Array.from({ length: 20 }, () => t.api("operator")));
@@ -120,7 +120,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("missed heartbeat -> quarantined -> confirmed destroyed -> pruned after retention; a late heartbeat is 409 and changes nothing", async () => {
+    test("[I6] missed heartbeat -> quarantined -> confirmed destroyed -> pruned after retention; a late heartbeat is 409 and changes nothing", async () => {
       const clock = new TestClock();
       const t = await startTestCoordinator({ engine, clock, reconcile: false, config: { retentionMs: 3_600_000 } });
       try {

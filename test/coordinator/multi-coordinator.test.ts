@@ -62,7 +62,7 @@ function metricSum(texts: string[], name: string, labels: string): number {
 }
 
 describe("three coordinators on one PostgreSQL database", { skip: PG_SKIP }, () => {
-  test(`${BORROWERS} borrowers, ${CYCLES} borrow/return cycles: never two live borrows of a machine, no due row handled twice`, async () => {
+  test(`[I1] ${BORROWERS} borrowers, ${CYCLES} borrow/return cycles: never two live borrows of a machine, no due row handled twice`, async () => {
     const dir = tempDir();
     const loc: StoreLocation = { engine: "postgres", dir: dir.path, schema: "t_" + randomBytes(6).toString("hex") };
     const store = (await openLocation(loc)) as PostgresStore;

@@ -19,7 +19,7 @@ import {
   metricValue,
   portableEnv,
   refused,
-  ScriptedProvider,
+  ScriptedExternalProvider,
   settle,
   tokens,
 } from "../helpers/portable.js";
@@ -69,7 +69,7 @@ async function liveGrantsPerMachine(store: Store): Promise<number> {
 
 for (const engine of ["sqlite", "postgres"] as Engine[]) {
   describe(`portable access under faults on ${engine}`, { skip: engine === "postgres" ? PG_SKIP : false }, () => {
-    test("a delayed install completing after the return never activates; the key it may have left gets the machine destroyed", async () => {
+    test("[I1][I4] a delayed install completing after the return never activates; the key it may have left gets the machine destroyed", async () => {
       const env = await portableEnv(engine);
       try {
         const member = await env.t.api("member");
@@ -101,7 +101,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("a late completion of an older generation never activates the newer borrow of the same machine", async () => {
+    test("[I4] a late completion of an older generation never activates the newer borrow of the same machine", async () => {
       const env = await portableEnv(engine);
       try {
         const member = await env.t.api("member");
@@ -132,7 +132,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
     });
 
     for (const step of ["remove_key", "fence", "scrub"] as const) {
-      test(`a ${step} that fails quarantines the machine; it is destroyed, never ready`, async () => {
+      test(`[I5] a ${step} that fails quarantines the machine; it is destroyed, never ready`, async () => {
         const env = await portableEnv(engine);
         try {
           const member = await env.t.api("member");
@@ -158,7 +158,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       });
     }
 
-    test("a fence whose outcome stays unknown is retried with the same id, then quarantines; removal alone never makes it ready", async () => {
+    test("[I5] a fence whose outcome stays unknown is retried with the same id, then quarantines; removal alone never makes it ready", async () => {
       const env = await portableEnv(engine);
       try {
         const member = await env.t.api("member");
@@ -184,7 +184,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       const dir = tempDir();
       const inner = await openStore(engine, dir.path);
       const store = new FaultyStore(inner);
-      const provider = new ScriptedProvider();
+      const provider = new ScriptedExternalProvider();
       const t = await startTestCoordinator({ engine, store, dir: dir.path, clock: new TestClock(), reconcile: false, providers: [provider], config: { portable: true } });
       try {
         const admin = await t.api("admin");
@@ -220,11 +220,11 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("two coordinators on one database: concurrent borrows never share a machine; acks and returns cross over", async () => {
+    test("[I1][I4] two coordinators on one database: concurrent borrows never share a machine; acks and returns cross over", async () => {
       const dir = tempDir();
       const clock = new TestClock();
-      const pA = new ScriptedProvider();
-      const pB = new ScriptedProvider();
+      const pA = new ScriptedExternalProvider();
+      const pB = new ScriptedExternalProvider();
       const storeA = await openStore(engine, dir.path);
       let storeB: Store;
       if (engine === "postgres") {

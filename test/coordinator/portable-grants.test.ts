@@ -25,7 +25,7 @@ import {
 
 for (const engine of ["sqlite", "postgres"] as Engine[]) {
   describe(`portable grants on ${engine}`, { skip: engine === "postgres" ? PG_SKIP : false }, () => {
-    test("the store keeps only domain-separated hashes: no raw token or private key in any table", async () => {
+    test("[I8] the store keeps only domain-separated hashes: no raw token or private key in any table", async () => {
       const env = await portableEnv(engine);
       try {
         const member = await env.t.api("member");
@@ -54,7 +54,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("a grant binds borrower, org, pool, machine, resource, generation and key; expiresAt is the minimum of its four caps", async () => {
+    test("[I3] a grant binds borrower, org, pool, machine, resource, generation and key; expiresAt is the minimum of its four caps", async () => {
       const env = await portableEnv(engine, { n: 4, poolBody: { hardTtlMs: 3_600_000 } });
       try {
         const now = env.clock.now();
@@ -91,7 +91,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("the machine's hard TTL caps the grant; a machine inside the rotation margin is never admitted", async () => {
+    test("[I3] the machine's hard TTL caps the grant; a machine inside the rotation margin is never admitted", async () => {
       // hardTtl 1 h: rotation margin 5 min. At 40 min the grant is capped at the TTL (20 min left).
       const env = await portableEnv(engine, { n: 1, poolBody: { hardTtlMs: 3_600_000 } });
       try {
@@ -110,7 +110,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("ack installs exactly once: replays, concurrent acks and a lost reply never install twice", async () => {
+    test("[I2][I4] ack installs exactly once: replays, concurrent acks and a lost reply never install twice", async () => {
       const env = await portableEnv(engine, { n: 2 });
       try {
         const member = await env.t.api("member");
@@ -145,7 +145,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("an ack is refused for another key, another grant's tokens, or another borrower, and changes nothing", async () => {
+    test("[I2] an ack is refused for another key, another grant's tokens, or another borrower, and changes nothing", async () => {
       const env = await portableEnv(engine, { n: 2 });
       try {
         const member = await env.t.api("member");
@@ -166,7 +166,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("authorization changes between issue and ack: a revoked token or one now ending before the grant gets no install", async () => {
+    test("[I2] authorization changes between issue and ack: a revoked token or one now ending before the grant gets no install", async () => {
       const env = await portableEnv(engine, { n: 2 });
       try {
         const { revokeTokenWithGrants } = await import("../../src/coordinator/auth.js");
@@ -204,7 +204,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("expiry at exact equality: heartbeat and ack at expiresAt are refused, the due row invalidates, nothing moves the deadline", async () => {
+    test("[I2][I3][I6] expiry at exact equality: heartbeat and ack at expiresAt are refused, the due row invalidates, nothing moves the deadline", async () => {
       const env = await portableEnv(engine, { n: 2 });
       try {
         const member = await env.t.api("member");
@@ -250,7 +250,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("abandoned borrows are quarantined: ack timeout and missed heartbeat; late acks and heartbeats never revive them", async () => {
+    test("[I6] abandoned borrows are quarantined: ack timeout and missed heartbeat; late acks and heartbeats never revive them", async () => {
       const env = await portableEnv(engine, { n: 2, config: { ackTimeoutMs: 10_000 } });
       try {
         const member = await env.t.api("member");
@@ -282,7 +282,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("TTL rotation drains a ready machine near its hard TTL, leaves the lent one to its capped grant, and refills within maxReady", async () => {
+    test("[I3][I7] TTL rotation drains a ready machine near its hard TTL, leaves the lent one to its capped grant, and refills within maxReady", async () => {
       const env = await portableEnv(engine, { n: 2, poolBody: { hardTtlMs: 600_000, heartbeatMs: 3_600_000 } });
       try {
         const member = await env.t.api("member");

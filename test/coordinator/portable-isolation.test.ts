@@ -9,7 +9,7 @@
 import { test, describe } from "node:test";
 import assert from "node:assert/strict";
 import { PG_SKIP, startTestCoordinator, tempDir, TestClock, openStore, type Engine } from "../helpers/env.js";
-import { ackBody, borrowPortable, grantRow, HOST_KEY, machineRow, refused, ScriptedProvider, settle, tokens } from "../helpers/portable.js";
+import { ackBody, borrowPortable, grantRow, HOST_KEY, machineRow, refused, ScriptedExternalProvider, settle, tokens } from "../helpers/portable.js";
 import type { Api } from "../../src/cli/api.js";
 
 const ssh = { host: "10.0.0.1", port: 22, user: "u", hostKey: HOST_KEY };
@@ -21,8 +21,8 @@ async function pool(api: Api, name: string, access: "keeper" | "portable", n: nu
 
 for (const engine of ["sqlite", "postgres"] as Engine[]) {
   describe(`keeper/portable isolation on ${engine}`, { skip: engine === "postgres" ? PG_SKIP : false }, () => {
-    test("a resource live in one namespace cannot be registered in the other, both ways; borrows never cross", async () => {
-      const provider = new ScriptedProvider();
+    test("[I10] a resource live in one namespace cannot be registered in the other, both ways; borrows never cross", async () => {
+      const provider = new ScriptedExternalProvider();
       const t = await startTestCoordinator({ engine, clock: new TestClock(), reconcile: false, providers: [provider], config: { portable: true } });
       try {
         const admin = await t.api("admin");
@@ -57,8 +57,8 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("fail closed: a coordinator without portable access refuses every portable request; no keeper borrow is made instead", async () => {
-      const t = await startTestCoordinator({ engine, clock: new TestClock(), reconcile: false, providers: [new ScriptedProvider()] });
+    test("[I10] fail closed: a coordinator without portable access refuses every portable request; no keeper borrow is made instead", async () => {
+      const t = await startTestCoordinator({ engine, clock: new TestClock(), reconcile: false, providers: [new ScriptedExternalProvider()] });
       try {
         const admin = await t.api("admin");
         await refused(pool(admin, "agents", "portable", 1), "portable_unsupported", 400);
@@ -75,7 +75,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("fail closed: a provider without the portable capabilities is refused for portable pools", async () => {
+    test("[I10] fail closed: a provider without the portable capabilities is refused for portable pools", async () => {
       // The stock external provider: no key install, revoke, fence, destroy or identity observation.
       const t = await startTestCoordinator({ engine, clock: new TestClock(), reconcile: false, config: { portable: true } });
       try {
@@ -87,7 +87,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         });
         assert.equal((await t.store.transaction((tx) => tx.all("SELECT * FROM pools"))).length, 0);
         // A provider lacking only one capability is refused too.
-        const t2 = await startTestCoordinator({ engine, clock: new TestClock(), reconcile: false, config: { portable: true }, providers: [new ScriptedProvider({ provision: false, installKey: true, revokeKey: true, fence: false, scrub: true, destroy: true, observeIdentity: true })] });
+        const t2 = await startTestCoordinator({ engine, clock: new TestClock(), reconcile: false, config: { portable: true }, providers: [new ScriptedExternalProvider({ provision: false, installKey: true, revokeKey: true, fence: false, scrub: true, destroy: true, observeIdentity: true })] });
         try {
           await assert.rejects(pool(await t2.api("admin"), "agents", "portable", 1), (e: Error & { code?: string }) => e.code === "portable_unsupported" && /lacks fence/.test(e.message));
         } finally {
@@ -98,11 +98,11 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("rollback: restarted without portable access, grants stay out of keeper paths and their cleanup still completes", async () => {
+    test("[I10] rollback: restarted without portable access, grants stay out of keeper paths and their cleanup still completes", async () => {
       const dir = tempDir();
       const clock = new TestClock();
       const store = await openStore(engine, dir.path);
-      const provider = new ScriptedProvider();
+      const provider = new ScriptedExternalProvider();
       const t1 = await startTestCoordinator({ engine, store, dir: dir.path, clock, reconcile: false, providers: [provider], config: { portable: true }, keepStore: true });
       let t2: Awaited<ReturnType<typeof startTestCoordinator>> | null = null;
       try {

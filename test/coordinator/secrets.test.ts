@@ -78,7 +78,7 @@ const token = (s: Setup, role: "admin" | "member", org = "acme", expiresAt: numb
 
 for (const engine of ["sqlite", "postgres"] as Engine[]) {
   describe(`secrets and authentication on ${engine}`, { skip: engine === "postgres" ? PG_SKIP : false }, () => {
-    test("raw API, claim and borrow tokens appear in no stored byte, log line or metric", async () => {
+    test("[I8] raw API, claim and borrow tokens appear in no stored byte, log line or metric", async () => {
       const s = await setup(engine);
       try {
         const admin = await token(s, "admin");

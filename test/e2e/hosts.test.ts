@@ -104,7 +104,7 @@ for (const runtime of ["process", "gvisor"] as const) {
       }
     });
 
-    test("borrower 2 never sees borrower 1's files, and background processes are gone before the machine is ready again", async () => {
+    test("[I1][I5] borrower 2 never sees borrower 1's files, and background processes are gone before the machine is ready again", async () => {
       const c = await new Cluster({ runtime, minReady: 1, maxReady: 1 }).start();
       let ids: string[] = [];
       try {
@@ -131,7 +131,7 @@ for (const runtime of ["process", "gvisor"] as const) {
       assert.deepEqual(strayProcesses(c, ids), []);
     });
 
-    test("SIGKILL of the agent mid-use and of the coordinator mid-operation: operations complete once, nothing is left behind", async () => {
+    test("[I9] SIGKILL of the agent mid-use and of the coordinator mid-operation: operations complete once, nothing is left behind", async () => {
       const c = await new Cluster({ runtime, minReady: 1, maxReady: 1 }).start();
       let ids: string[] = [];
       try {

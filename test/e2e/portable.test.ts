@@ -20,7 +20,7 @@ describe("portable access with real processes (process runtime)", () => {
     await c?.close();
   });
 
-  test("two independently configured clients borrow without sharing a key; an open session is cut by return; reborrow gets a fresh key", async () => {
+  test("[I1] two independently configured clients borrow without sharing a key; an open session is cut by return; reborrow gets a fresh key", async () => {
     const alice = c.client("alice");
     const bob = c.client("bob");
     const ra = join(alice.dir, "borrow.json");
@@ -77,7 +77,7 @@ describe("portable access with real processes (process runtime)", () => {
     await c.waitReady(2);
   });
 
-  test("berth run: the command's exit status; no token in stdout, stderr or any process's argv; key and receipt removed", async () => {
+  test("[I8] berth run: the command's exit status; no token in stdout, stderr or any process's argv; key and receipt removed", async () => {
     const carol = c.client("carol");
     let scanned = 0;
     let leaked: string[] = [];
@@ -115,7 +115,7 @@ describe("portable access with real processes (process runtime)", () => {
     assert.equal(readdirSync(join(carol.dir, "receipts")).length, 0, "receipt removed after cleanup");
   });
 
-  test("berth run: sleep 600 borrowed for 5 s is interrupted at the deadline (124); heartbeats leave the deadline where it was", async () => {
+  test("[I3] berth run: sleep 600 borrowed for 5 s is interrupted at the deadline (124); heartbeats leave the deadline where it was", async () => {
     const dan = c.client("dan");
     const hbBefore = await heartbeatsOk(c);
     const res = await berth(["run", "--pool", "agents", "--pool-access", "portable", "--duration", "5s", ...dan.args, "--", "sleep", "600"]);
@@ -132,7 +132,7 @@ describe("portable access with real processes (process runtime)", () => {
     await until("the sleep gone", () => !allCmdlines().some((l) => l.trim() === "sleep 600"), 15_000);
   });
 
-  test("a SIGKILLed borrower is quarantined and its machine destroyed; the pool refills", async () => {
+  test("[I6] a SIGKILLed borrower is quarantined and its machine destroyed; the pool refills", async () => {
     const eve = c.client("eve");
     let pid = 0;
     const running = berth(["run", "--pool", "agents", "--pool-access", "portable", ...eve.args, "--", "sleep", "600.25"], { onSpawn: (ch) => (pid = ch.pid!) });
@@ -176,7 +176,7 @@ describe("portable access with real processes (process runtime)", () => {
     await c.waitReady(2);
   });
 
-  test("with the coordinator stopped, the agent still cuts access at expiresAt", async () => {
+  test("[I3][I6] with the coordinator stopped, the agent still cuts access at expiresAt", async () => {
     const gus = c.client("gus");
     const rf = join(gus.dir, "borrow.json");
     assert.equal((await berth(["borrow", "agents", "--access", "portable", "--duration", "6s", "--receipt", rf, ...gus.args])).status, 0);
@@ -195,7 +195,7 @@ describe("portable access with real processes (process runtime)", () => {
     assert.equal((await c.grant(r.borrowId)).reason, "expired");
   });
 
-  test("nothing is left running: drained, every machine destroyed, both processes gone", async () => {
+  test("[I9] nothing is left running: drained, every machine destroyed, both processes gone", async () => {
     const agentPid = c.agent!.child.pid!;
     const coordPid = c.coordinator!.child.pid!;
     await c.admin.call("POST", "/v1/pools/agents/drain", {});

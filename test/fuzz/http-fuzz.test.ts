@@ -96,7 +96,7 @@ const body = fc.oneof(
   fc.integer({ min: 64 * 1024 - 10, max: 64 * 1024 + 4096 }).map((n) => Buffer.from(JSON.stringify({ token: "x".repeat(n) }))),
 );
 
-test(`HTTP API fuzz: ${RUNS} malformed requests never 5xx, never crash, never write on refusal (seed ${SEED})`, { timeout: 10 * 60_000 }, async () => {
+test(`[I8] HTTP API fuzz: ${RUNS} malformed requests never 5xx, never crash, never write on refusal (seed ${SEED})`, { timeout: 10 * 60_000 }, async () => {
   const t = await startTestCoordinator({ reconcile: false, config: { portable: true } });
   try {
     const admin = await t.token("admin");

@@ -72,7 +72,7 @@ function tokensIn(b: Buffer): string[] {
   return b.toString("latin1").match(/b[bgca][tg]_[A-Za-z0-9_-]{20,}/g) ?? [];
 }
 
-test(`receipt parsing fuzz: ${RUNS} files only ever yield a receipt or invalid_request, never echo a token (seed ${SEED})`, async () => {
+test(`[I8] receipt parsing fuzz: ${RUNS} files only ever yield a receipt or invalid_request, never echo a token (seed ${SEED})`, async () => {
   const tmp = tempDir("berth-receipt-fuzz-");
   let n = 0;
   const outcomes = { ok: 0, refused: 0 };

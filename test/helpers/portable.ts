@@ -40,7 +40,7 @@ export const ALL_CAPABILITIES: ProviderCapabilities = { provision: false, instal
  * install per resource (as a naive cloud API would: it does not fence its
  * own delayed work by generation), so tests can see what is left.
  */
-export class ScriptedProvider implements Provider {
+export class ScriptedExternalProvider implements Provider {
   readonly name = "external";
   readonly calls: Call[] = [];
   /** resourceId -> installed key fingerprints. */
@@ -155,7 +155,7 @@ export async function settle(coord: Pick<Coordinator, "reconciler" | "executor">
 export interface PortableEnv {
   t: TestCoordinator;
   clock: TestClock;
-  provider: ScriptedProvider;
+  provider: ScriptedExternalProvider;
   admin: Api;
   machines: string[];
   close(): Promise<void>;
@@ -166,10 +166,10 @@ export const HOST_KEY = generateSshKeyPair("gateway").publicKey;
 /** A coordinator (portable enabled, reconciler driven by hand) with a portable pool of `n` registered machines. */
 export async function portableEnv(
   engine: Engine,
-  o: { n?: number; config?: Partial<CoordinatorConfig>; pool?: string; poolBody?: Record<string, unknown>; provider?: ScriptedProvider } = {},
+  o: { n?: number; config?: Partial<CoordinatorConfig>; pool?: string; poolBody?: Record<string, unknown>; provider?: ScriptedExternalProvider } = {},
 ): Promise<PortableEnv> {
   const clock = new TestClock();
-  const provider = o.provider ?? new ScriptedProvider();
+  const provider = o.provider ?? new ScriptedExternalProvider();
   const t = await startTestCoordinator({ engine, clock, reconcile: false, providers: [provider], config: { portable: true, ...o.config } });
   const admin = await t.api("admin");
   const pool = o.pool ?? "agents";

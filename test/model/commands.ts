@@ -7,7 +7,7 @@
  */
 import fc from "fast-check";
 import type { World, PoolName } from "./world.js";
-import type { Fault } from "./scripted-provider.js";
+import type { Fault } from "./simulated-agent-provider.js";
 
 type Model = Record<string, never>;
 

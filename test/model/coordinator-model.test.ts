@@ -30,7 +30,7 @@ const REPLAY = process.env.BERTH_MODEL_REPLAY;
 const RUN_TIMEOUT_MS = 20_000;
 const NO_SHRINK = process.env.BERTH_MODEL_NO_SHRINK === "1";
 
-test(`coordinator model: ${RUNS} random sequences keep every invariant (seed ${SEED})`, { timeout: 30 * 60_000 }, async () => {
+test(`[I1][I2][I3][I4][I5][I6][I7][I8][I9][I10] coordinator model: ${RUNS} random sequences keep every invariant (seed ${SEED})`, { timeout: 30 * 60_000 }, async () => {
   const base = mkdtempSync(join(existsSync("/dev/shm") ? "/dev/shm" : tmpdir(), "berth-model-"));
   let lastTrace: string[] = [];
   const totals: Record<string, number> = {};

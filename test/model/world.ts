@@ -26,7 +26,7 @@ import type { StartedOp } from "../../src/coordinator/executor.js";
 import { isBerthError } from "../../src/core/errors.js";
 import type { PortableApi } from "../../src/coordinator/actions/portable-api.js";
 import { TestClock } from "../helpers/env.js";
-import { ScriptedProvider, type Fault, type Parked } from "./scripted-provider.js";
+import { SimulatedAgentProvider, type Fault, type Parked } from "./simulated-agent-provider.js";
 import { Checks, InvariantViolation } from "./checks.js";
 
 export type PoolName = "ext" | "kp" | "pp";
@@ -91,7 +91,7 @@ const EXPECTED = new Set([
 
 export class World {
   readonly clock = new TestClock();
-  readonly provider: ScriptedProvider;
+  readonly provider: SimulatedAgentProvider;
   readonly checks: Checks;
   readonly secrets: string[] = [];
   readonly borrows: ClientBorrow[] = [];
@@ -107,7 +107,7 @@ export class World {
 
   private constructor(readonly dir: string, seed: number) {
     this.#random = seededRandom(seed);
-    this.provider = new ScriptedProvider(this.clock.now);
+    this.provider = new SimulatedAgentProvider(this.clock.now);
     this.checks = new Checks(this);
   }
 

@@ -1,5 +1,5 @@
 /**
- * A scripted provider for the model-based tests: the outermost boundary (the
+ * A simulated agent provider for the model-based tests: the outermost boundary (the
  * cloud API / host agent) replaced by a small in-memory simulation, so the
  * coordinator code above it runs for real.
  *
@@ -77,7 +77,7 @@ export interface Parked {
 
 const CAPS: ProviderCapabilities = { provision: true, installKey: true, revokeKey: true, fence: true, scrub: true, destroy: true, observeIdentity: true };
 
-export class ScriptedProvider implements Provider {
+export class SimulatedAgentProvider implements Provider {
   readonly name = "hosts";
   readonly capabilities = CAPS;
   readonly machines = new Map<string, SimMachine>();
