@@ -11,12 +11,12 @@ import { mkdtempSync, rmSync, statSync, writeFileSync, existsSync, readFileSync 
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { spawn } from "node:child_process";
-import { startGateway, type Gateway } from "../../src/agent/gateway.js";
+import { startGateway, type Gateway } from "../../src/agent/ssh/gateway.js";
 import { createRuntime } from "../../src/agent/runtime/index.js";
 import type { Runtime } from "../../src/agent/runtime/types.js";
-import { generateSshKeyPair } from "../../src/agent/ssh-keys.js";
-import { MemoryKeys, connect, run, Term } from "../../src/agent/ssh-testkit.js";
-import { hostGroupPresence } from "../../src/agent/sessions-probe.js";
+import { generateSshKeyPair } from "../../src/core/ssh-keys.js";
+import { MemoryKeys, connect, run, Term } from "../helpers/ssh-testkit.js";
+import { hostGroupPresence } from "../../src/agent/sessions/probe.js";
 
 const quiet = { info() {}, warn() {}, error() {} };
 const dir = mkdtempSync(join(tmpdir(), "berth-gw-"));

@@ -16,14 +16,14 @@ import { pathToFileURL } from "node:url";
 import { spawn } from "node:child_process";
 import Database from "better-sqlite3";
 import type ssh2 from "ssh2";
-import { startGateway, type Gateway } from "../../src/agent/gateway.js";
+import { startGateway, type Gateway } from "../../src/agent/ssh/gateway.js";
 import { createRuntime, gvisorAvailability } from "../../src/agent/runtime/index.js";
 import type { Runtime, RuntimeKind } from "../../src/agent/runtime/types.js";
-import { generateSshKeyPair } from "../../src/agent/ssh-keys.js";
-import { MemoryKeys, connect, run, Term } from "../../src/agent/ssh-testkit.js";
-import { hostGroupPresence, readHostProcess } from "../../src/agent/sessions-probe.js";
-import { memorySessionStore, sqliteSessionStore, type SessionRecord } from "../../src/agent/sessions-store.js";
-import { recoveryDecision } from "../../src/agent/sessions-recovery.js";
+import { generateSshKeyPair } from "../../src/core/ssh-keys.js";
+import { MemoryKeys, connect, run, Term } from "../helpers/ssh-testkit.js";
+import { hostGroupPresence, readHostProcess } from "../../src/agent/sessions/probe.js";
+import { memorySessionStore, sqliteSessionStore, type SessionRecord } from "../../src/agent/sessions/store.js";
+import { recoveryDecision } from "../../src/agent/sessions/recovery.js";
 
 // RFC 4254 lists no TSTP, so the ssh2 client refuses to send it; berth's protocol does
 // (seed 3.3: Suspend -> SIGTSTP). Teach this process's client the name.
@@ -364,13 +364,14 @@ test("hard loss: SIGKILL of the agent mid-session, restart: nothing reattached, 
   // A child process plays the agent, so that it can be SIGKILLed.
   const script = join(dir, "agent.mjs");
   const dist = resolve("dist/src/agent");
+  const helpers = resolve("dist/test/helpers");
   writeFileSync(
     script,
     `import Database from ${JSON.stringify(pathToFileURL(createRequire(import.meta.url).resolve("better-sqlite3")).href)};
-import { startGateway } from "${dist}/gateway.js";
+import { startGateway } from "${dist}/ssh/gateway.js";
 import { createRuntime } from "${dist}/runtime/index.js";
-import { sqliteSessionStore } from "${dist}/sessions-store.js";
-import { MemoryKeys } from "${dist}/ssh-testkit.js";
+import { sqliteSessionStore } from "${dist}/sessions/store.js";
+import { MemoryKeys } from "${helpers}/ssh-testkit.js";
 const runtime = createRuntime("process", ${JSON.stringify(join(dir, "rt"))});
 await runtime.create(${JSON.stringify(machine)});
 const keys = new MemoryKeys();

@@ -58,7 +58,8 @@ import { readRecord, wipeDirectory, writeRecord } from "./durable.js";
 import { allPids, isDead, matches, parseStat, readCmdline, readStat, signalExact, sleep, waitUntil } from "./procfs.js";
 import { IDENTITY_PREFIX, fromChild, fromPty, type Plumbing } from "./streams.js";
 import type { ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeMachine } from "./types.js";
-import { KeyedLock, cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
+import { cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
+import { KeyedLock } from "../keyed-lock.js";
 
 interface ContainerRecord {
   id: string;

@@ -56,7 +56,8 @@ import {
 } from "./procfs.js";
 import { fromChild, fromPty, type Plumbing } from "./streams.js";
 import type { ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeMachine } from "./types.js";
-import { KeyedLock, cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
+import { cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
+import { KeyedLock } from "../keyed-lock.js";
 
 interface ProcessMachineRecord {
   v: 1;

@@ -9,7 +9,7 @@
  *      group leader's exact identities;
  *   4. only then are terminal events (input, resize, signal) admitted.
  *   A crash between 1 and 3 leaves an `intent` without identities; recovery
- *   (sessions-recovery.ts) cleans it only after runtime absence is verified.
+ *   (recovery.ts) cleans it only after runtime absence is verified.
  *
  * Event loop: every session has one serialized loop over bounded queues —
  * close, completion, signal (<= 16 pending), resize (latest wins), input
@@ -40,10 +40,10 @@
  */
 import { constants as osConstants } from "node:os";
 import type { ServerChannel } from "ssh2";
-import type { ExecHandle, ExecRequest, PtyRequest, Runtime } from "./runtime/types.js";
-import type { SessionRecord, SessionStore } from "./sessions-store.js";
-import { groupSignalFor, sshSignalName, validWindow } from "./sessions-events.js";
-import { probeGroup, type GroupPresence } from "./sessions-probe.js";
+import type { ExecHandle, ExecRequest, PtyRequest, Runtime } from "../runtime/types.js";
+import type { SessionRecord, SessionStore } from "./store.js";
+import { groupSignalFor, sshSignalName, validWindow } from "./events.js";
+import { probeGroup, type GroupPresence } from "./probe.js";
 
 export interface Log {
   info(obj: object, msg: string): void;
