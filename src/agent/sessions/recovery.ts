@@ -20,7 +20,7 @@
  */
 import type { ProcessIdentity, Runtime } from "../runtime/types.js";
 import type { SessionRecord, SessionStore } from "./store.js";
-import type { Log } from "./session.js";
+import type { Log } from "./types.js";
 import { hostGroupPresence, matchHostProcess, probeGroup, type GroupPresence, type HostProcessMatch } from "./probe.js";
 
 export interface RecoveryObservation {

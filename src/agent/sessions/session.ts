@@ -25,86 +25,15 @@
  * (or exit-signal), then EOF/close, then release.
  *
  * Release (channel closed, client lost, key revoked or expired, PTY lost,
- * exec client lost, gateway closing, or after completion):
- *   1. record `release_intent`, keeping every identity;
- *   2. while the recorded group still has members and the runtime confirms the
- *      leader identity still matches: SIGHUP, grace, SIGTERM, grace, SIGKILL.
- *      A refused signalGroup (leader gone or mismatched) ends signalling: a
- *      numeric group is never signalled on a mismatch;
- *   3. wait (bounded) for the exec client to be reaped, destroy the PTY/pipe
- *      streams;
- *   4. record `clean` only when group, client and PTY are all gone; otherwise
- *      the record stays `release_intent` with a note (the machine's fence, or
- *      recovery after a fence, finishes it). A child that left the group
- *      (setsid) is not a member and does not block release.
+ * exec client lost, gateway closing, or after completion): release.ts.
  */
 import { constants as osConstants } from "node:os";
 import type { ServerChannel } from "ssh2";
-import type { ExecHandle, ExecRequest, PtyRequest, Runtime } from "../runtime/types.js";
-import type { SessionRecord, SessionStore } from "./store.js";
+import type { ExecHandle, ExecRequest } from "../runtime/types.js";
+import type { SessionRecord } from "./store.js";
 import { groupSignalFor, sshSignalName, validWindow } from "./events.js";
-import { probeGroup, type GroupPresence } from "./probe.js";
-
-export interface Log {
-  info(obj: object, msg: string): void;
-  warn(obj: object, msg: string): void;
-  error(obj: object, msg: string): void;
-}
-
-/** Grace periods and bounds; all short and configurable (tests use the defaults). */
-export interface SessionTiming {
-  /** Wait after SIGHUP before SIGTERM. */
-  hupGraceMs: number;
-  /** Wait after SIGTERM before SIGKILL. */
-  termGraceMs: number;
-  /** Wait after SIGKILL for the group to vanish. */
-  killWaitMs: number;
-  /** Wait for the exec client to be reaped once the group is gone. */
-  reapWaitMs: number;
-  /** Completion: give up when no output progress (read or sent) for this long. */
-  drainIdleMs: number;
-  /** Completion: stop reading output this long after exit even if bytes still flow. */
-  drainMaxMs: number;
-}
-
-export const DEFAULT_TIMING: SessionTiming = {
-  hupGraceMs: 200,
-  termGraceMs: 500,
-  killWaitMs: 2000,
-  reapWaitMs: 5000,
-  drainIdleMs: 2000,
-  drainMaxMs: 30_000,
-};
-
-export interface SessionDeps {
-  /** Run the command and signal its exact group. */
-  runtime: Runtime;
-  /** Durable session records (intent/running/release_intent/clean). */
-  store: SessionStore;
-  /** The agent's clock (epoch ms), for record timestamps. */
-  now: () => number;
-  log: Log;
-  timing: SessionTiming;
-}
-
-export interface SessionSpec {
-  sessionId: string;
-  machineId: string;
-  grantId: string;
-  fingerprint: string;
-  /** null: the machine's login shell (SSH `shell`). */
-  argv: string[] | null;
-  env: Record<string, string>;
-  pty: PtyRequest | null;
-}
-
-/** How a session ended, for the registry and tests. */
-export interface SessionOutcome {
-  sessionId: string;
-  state: "clean" | "release_intent";
-  reason: string;
-  note: string | null;
-}
+import { releaseSession } from "./release.js";
+import type { SessionDeps, SessionOutcome, SessionSpec } from "./types.js";
 
 const OUTPUT_BOUND = 256 * 1024;
 const INPUT_BOUND = 64 * 1024;
@@ -112,8 +41,6 @@ const SIGNAL_BOUND = 16;
 const YIELD_EVERY = 32;
 
 type Chunk = { err: boolean; buf: Buffer };
-
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 export class Session {
   readonly spec: SessionSpec;
@@ -513,81 +440,17 @@ export class Session {
   }
 
   private async doRelease(reason: string): Promise<SessionOutcome> {
-    const { store, now, log, timing } = this.deps;
-    const s = this.spec;
-    const h = this.handle!;
     this.admitting = false;
     this.output.length = 0;
     this.input.length = 0;
-    // 1. Durable intent first, identities kept: a crash from here on resumes from it.
-    try {
-      store.transition(s.sessionId, ["intent", "running"], { state: "release_intent", note: reason, updatedAt: now() });
-    } catch (e) {
-      log.error({ session: s.sessionId, err: String(e) }, "could not record release intent; releasing anyway");
-    }
-    if (reason !== "completed") this.closeChannel();
-    h.resume(); // let a blocked writer finish or see SIGHUP instead of hanging on a full PTY
-
-    // 2. Stop the exact group: HUP, TERM, KILL, each only while the leader still matches.
-    let group: GroupPresence = await this.groupPresence();
-    const steps: [NodeJS.Signals, number][] = [
-      ["SIGHUP", timing.hupGraceMs],
-      ["SIGTERM", timing.termGraceMs],
-      ["SIGKILL", timing.killWaitMs],
-    ];
-    let refused = false;
-    for (const [sig, grace] of steps) {
-      if (group === "absent") break;
-      const ok = await h.signalGroup(sig).catch(() => false);
-      if (!ok) {
-        refused = true;
-        break;
-      }
-      group = await this.waitGroupGone(grace);
-    }
-    const reapedWithin = (ms: number) =>
-      Promise.race([
-        h.exited.then(
-          () => true,
-          () => true,
-        ),
-        sleep(ms).then(() => false),
-      ]);
-    if (refused) {
-      // A refusal usually means the leader just exited; the runtime knows that for sure once the
-      // exec client is reaped (a PTY's client is reaped after its output drained), so wait
-      // (bounded) before observing the group again.
-      await reapedWithin(timing.reapWaitMs / 2);
-      group = await this.groupPresence();
-    }
-
-    // 3. Reap the exec client (bounded; killed only while it is still the exact recorded process),
-    //    then close the PTY / pipes.
-    let reaped = await reapedWithin(timing.reapWaitMs / 2);
-    if (!reaped) {
-      const killed = h.killClient("SIGKILL");
-      log.warn({ session: s.sessionId, killed }, "exec client outlived its group; killed it");
-      reaped = await reapedWithin(timing.reapWaitMs / 2);
-    }
-    for (const st of [h.stdin, h.stdout, h.stderr]) st.destroy();
-    this.closeChannel();
-
-    // 4. Clean only when everything is verifiably gone.
-    const missing: string[] = [];
-    if (group !== "absent") missing.push(group === "present" ? "process group still has members (left for the machine's fence)" : "process group absence could not be verified");
-    if (!reaped) missing.push("exec client not reaped");
-    const note = missing.length ? `${reason}; ${missing.join("; ")}` : reason;
-    let rec: SessionRecord | null = null;
-    try {
-      rec = missing.length
-        ? store.transition(s.sessionId, ["release_intent"], { state: "release_intent", note, updatedAt: now() })
-        : store.transition(s.sessionId, ["release_intent"], { state: "clean", note, updatedAt: now() });
-    } catch (e) {
-      log.error({ session: s.sessionId, err: String(e) }, "could not record the release outcome");
-    }
-    if (missing.length) log.warn({ session: s.sessionId, machine: s.machineId, note, refused }, "session released with retained record");
-    else log.info({ session: s.sessionId, machine: s.machineId, reason }, "session clean");
-    return this.finish(rec, reason, note);
+    const { record, note } = await releaseSession(this.deps, {
+      sessionId: this.spec.sessionId,
+      machineId: this.spec.machineId,
+      handle: this.handle!,
+      exited: () => this.exitInfo !== null,
+      closeChannel: () => this.closeChannel(),
+    }, reason);
+    return this.finish(record, reason, note);
   }
 
   private finish(rec: SessionRecord | null, reason: string, note: string = reason): SessionOutcome {
@@ -600,19 +463,5 @@ export class Session {
     this.releasing ??= Promise.resolve(out);
     this.resolveDone(out);
     return out;
-  }
-
-  private groupPresence(): Promise<GroupPresence> {
-    const h = this.handle!;
-    return probeGroup(this.deps.runtime, this.spec.machineId, h.leader.pgid, this.exitInfo !== null);
-  }
-
-  private async waitGroupGone(ms: number): Promise<GroupPresence> {
-    const until = Date.now() + ms;
-    for (;;) {
-      const g = await this.groupPresence();
-      if (g === "absent" || Date.now() >= until) return g;
-      await sleep(Math.min(25, Math.max(1, until - Date.now())));
-    }
   }
 }

@@ -30,7 +30,8 @@ import type { PtyRequest, Runtime } from "../runtime/types.js";
 import { envDecision, validWindow } from "../sessions/events.js";
 import { memorySessionStore, type SessionStore } from "../sessions/store.js";
 import { recoverSessions, type RecoveryReport } from "../sessions/recovery.js";
-import { DEFAULT_TIMING, Session, type Log, type SessionTiming } from "../sessions/session.js";
+import { Session } from "../sessions/session.js";
+import { DEFAULT_TIMING, type Log, type SessionTiming } from "../sessions/types.js";
 import { loadOrCreateHostKey } from "./host-key.js";
 import { fingerprintOf } from "../../core/ssh-public-key.js";
 
