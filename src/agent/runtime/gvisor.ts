@@ -1,7 +1,7 @@
 /**
  * The `gvisor` runtime: one runsc sandbox per machine (Linux, root).
  *
- * Sandbox: an OCI bundle generated per incarnation under
+ * Sandbox: an OCI bundle (gvisor-oci.ts) generated per incarnation under
  * <stateDir>/machines/<id>/bundle-<inc>/, run under a private runsc state root
  * <stateDir>/runsc (so `runsc --root <stateDir>/runsc list` shows exactly this
  * agent's containers):
@@ -28,7 +28,7 @@
  * exact host pid, proven gone, the new one started, and the old container's
  * state is deleted in the background (destroy waits for it).
  *
- * Exec and leader identity: `runsc exec --process <spec>` (non-detached, so the
+ * Exec and leader identity (gvisor-oci.ts, gvisor-identity.ts): `runsc exec --process <spec>` (non-detached, so the
  * client's exit status is the command's). The spec runs a two-line wrapper that
  * prints one identity line — its own in-sandbox /proc/self/stat — on stderr
  * (the merged stream for a PTY) and then execs the command with the same pid.
@@ -48,15 +48,17 @@
  * bare pid.
  */
 import { execFile, spawn } from "node:child_process";
-import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { closeSync, existsSync, mkdirSync, openSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { delimiter, join, resolve } from "node:path";
 import { createHash, randomBytes } from "node:crypto";
 import pty from "node-pty";
 import { BerthError } from "../../core/errors.js";
 import { isId, parseId } from "../../core/ids.js";
 import { readRecord, wipeDirectory, writeRecord } from "./durable.js";
-import { allPids, isDead, matches, parseStat, readCmdline, readStat, signalExact, sleep, waitUntil } from "./procfs.js";
-import { IDENTITY_PREFIX, fromChild, fromPty, type Plumbing } from "./streams.js";
+import { allPids, isDead, matches, readCmdline, readStat, safeRead, signalExact, sleep, waitUntil } from "./procfs.js";
+import { fromChild, fromPty, type Plumbing } from "./streams.js";
+import { COUNT_SCRIPT, PATH_IN, SIGNAL_SCRIPT, execProcessSpec, sandboxSpec } from "./gvisor-oci.js";
+import { awaitExecIdentity } from "./gvisor-identity.js";
 import type { ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeMachine } from "./types.js";
 import { cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
 import { KeyedLock } from "../keyed-lock.js";
@@ -84,39 +86,6 @@ export interface GvisorRuntimeOptions {
   /** gVisor platform; default "ptrace". */
   platform?: "ptrace" | "kvm";
 }
-
-const CAPS = [
-  "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
-  "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
-];
-const CAPABILITIES = { bounding: CAPS, effective: CAPS, permitted: CAPS, inheritable: CAPS };
-const PATH_IN = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-/** Prints the identity line then becomes the command (same pid). */
-const EXEC_WRAPPER = `read -r s < /proc/$$/stat; printf '${IDENTITY_PREFIX.replace("\x1e", "\\036")}%s\\n' "$s" >&2; exec "$@"`;
-
-/** Signal the group only if the leader is still exactly the recorded process. Exit 3/4: mismatch. */
-const SIGNAL_SCRIPT = `p=$1; st=$2; g=$3; sig=$4
-read -r s < /proc/$p/stat 2>/dev/null || exit 3
-r=\${s##*) }
-set -- $r
-[ "$3" = "$g" ] && [ "\${20}" = "$st" ] || exit 4
-kill -$sig -$g || exit 5`;
-
-/** Live processes outside init's group (pgid 1) and outside this counting shell's own group. */
-const COUNT_SCRIPT = `n=0
-for f in /proc/[0-9]*/stat; do
-  read -r s < "$f" 2>/dev/null || continue
-  r=\${s##*) }
-  set -- $r
-  [ "$1" = Z ] && continue
-  [ "$3" = 1 ] && continue
-  [ "$3" = "$$" ] && continue
-  n=$((n+1))
-done
-echo $n`;
-
-const INIT = ["/bin/sh", "-c", 'trap "exit 0" TERM; while :; do sleep 3600 & wait; done'];
 
 export class GvisorRuntime implements Runtime {
   readonly kind = "gvisor" as const;
@@ -205,35 +174,6 @@ export class GvisorRuntime implements Runtime {
     return parsed ?? [];
   }
 
-  private spec(rec: GvisorMachineRecord, inc: string, bundle: string): unknown {
-    const ws = join(this.dir(rec.machineId), "workspace");
-    const mounts: unknown[] = [
-      { destination: "/proc", type: "proc", source: "proc" },
-      { destination: "/dev", type: "tmpfs", source: "tmpfs", options: ["nosuid", "mode=755"] },
-      { destination: "/sys", type: "sysfs", source: "sysfs", options: ["nosuid", "noexec", "nodev", "ro"] },
-      { destination: "/tmp", type: "tmpfs", source: "tmpfs", options: ["nosuid", "nodev", "mode=1777"] },
-      { destination: "/workspace", type: "bind", source: ws, options: ["rbind", "rw"] },
-      { destination: "/run/berth", type: "bind", source: join(bundle, "run"), options: ["rbind", "ro"] },
-      // Mask the agent's state (records, runsc state, other machines' workspaces).
-      { destination: this.stateDir, type: "tmpfs", source: "tmpfs", options: ["ro", "size=4k"] },
-    ];
-    return {
-      ociVersion: "1.0.2",
-      process: {
-        terminal: false,
-        user: { uid: 0, gid: 0 },
-        args: INIT,
-        env: [`PATH=${PATH_IN}`, "HOME=/workspace", `BERTH_MACHINE=${rec.machineId}`, `BERTH_INCARNATION=${inc}`],
-        cwd: "/workspace",
-        capabilities: CAPABILITIES,
-      },
-      root: { path: "/", readonly: false },
-      hostname: rec.machineId.slice(0, 63),
-      mounts,
-      linux: { namespaces: [{ type: "pid" }, { type: "ipc" }, { type: "uts" }, { type: "mount" }, { type: "network" }] },
-    };
-  }
-
   /** Start a new incarnation. The record names the container before runsc runs (intent). */
   private async start(rec: GvisorMachineRecord): Promise<GvisorMachineRecord> {
     const inc = newIncarnation();
@@ -242,7 +182,8 @@ export class GvisorRuntime implements Runtime {
     mkdirSync(join(bundle, "run"), { recursive: true, mode: 0o700 });
     mkdirSync(join(this.dir(rec.machineId), "workspace"), { recursive: true, mode: 0o700 });
     writeFileSync(join(bundle, "run", "incarnation"), inc + "\n", { mode: 0o644 });
-    writeFileSync(join(bundle, "config.json"), JSON.stringify(this.spec(rec, inc, bundle)), { mode: 0o600 });
+    const spec = sandboxSpec({ machineId: rec.machineId, incarnation: inc, workspace: join(this.dir(rec.machineId), "workspace"), runDir: join(bundle, "run"), stateDir: this.stateDir });
+    writeFileSync(join(bundle, "config.json"), JSON.stringify(spec), { mode: 0o600 });
     const intent: GvisorMachineRecord = { ...rec, incarnation: inc, container: { id: cid, bundle, sandboxPid: 0, sandboxStart: 0 } };
     this.save(intent);
 
@@ -392,18 +333,7 @@ export class GvisorRuntime implements Runtime {
         const specPath = join(execDir, `${tag}.json`);
         const ipidPath = join(execDir, `${tag}.pid`);
         // The spec file keeps the environment out of argv (visible in ps).
-        writeFileSync(
-          specPath,
-          JSON.stringify({
-            terminal: Boolean(req.pty),
-            user: { uid: 0, gid: 0 },
-            args: ["/bin/sh", "-c", EXEC_WRAPPER, "berth-exec", ...argv],
-            env: Object.entries(env).map(([k, v]) => `${k}=${v}`),
-            cwd: "/workspace",
-            capabilities: CAPABILITIES,
-          }),
-          { mode: 0o600 },
-        );
+        writeFileSync(specPath, JSON.stringify(execProcessSpec(argv, env, Boolean(req.pty))), { mode: 0o600 });
         const args = ["--root", this.runscRoot, "exec", "--internal-pid-file", ipidPath, "--process", specPath, c.id];
         let setLine!: (l: string | null) => void;
         const line = new Promise<string | null>((r) => (setLine = r));
@@ -436,33 +366,15 @@ export class GvisorRuntime implements Runtime {
         return { rec, c, client, plumbing, p, line, specPath, ipidPath };
       })
       .then(async ({ rec, c, client, plumbing, p, line, specPath, ipidPath }) => {
-        // Outside the lock: wait for the wrapper's identity line. A quick command's
-        // client can exit before its stderr is read, so an early exit only bounds the
-        // wait: the line (or the end of stderr, which resolves it as null) still decides.
-        const timeout = sleep(15_000).then(() => "timeout" as const);
-        const afterExit = plumbing.exited.then(() => Promise.race([line, sleep(2_000).then(() => null)]));
-        const first = await Promise.race([line, afterExit, timeout]);
-        rmSync(specPath, { force: true });
-        const fail = (why: string): never => {
-          signalExact(client, "SIGKILL");
-          rmSync(ipidPath, { force: true });
-          throw new BerthError("operation_failed", `operation_failed: command in machine ${machineId} did not start: ${why}`);
-        };
-        if (first === "timeout") fail("no identity from the sandbox within 15 s");
-        if (typeof first !== "string" || !first.startsWith(IDENTITY_PREFIX)) {
-          fail(typeof first === "string" ? first.replace(/[^\x20-\x7e]/g, "").slice(0, 300) : "runsc exec exited before the command started");
-        }
-        const st = parseStat((first as string).slice(IDENTITY_PREFIX.length));
-        if (!st) fail("unreadable identity line");
-        const leaderStat = st as NonNullable<typeof st>;
-        // Cross-check with the pid runsc reports (host-side, not borrower-controlled).
-        await waitUntil(() => existsSync(ipidPath) && safeRead(ipidPath).trim() !== "", 2_000, 2);
-        const reported = Number(safeRead(ipidPath).trim());
-        rmSync(ipidPath, { force: true });
-        if (Number.isInteger(reported) && reported > 0 && reported !== leaderStat.pid) {
-          fail(`identity mismatch: runsc reports pid ${reported}, wrapper reports ${leaderStat.pid}`);
-        }
-        const leader: ProcessIdentity = { pid: leaderStat.pid, startTime: leaderStat.startTime, pgid: leaderStat.pgid };
+        // Outside the lock: the identity handshake (gvisor-identity.ts).
+        const leader = await awaitExecIdentity({
+          machineId,
+          client,
+          line,
+          exited: plumbing.exited,
+          ipidPath,
+          settled: () => rmSync(specPath, { force: true }),
+        });
         return this.handle(machineId, rec.incarnation as string, c.id, client, leader, plumbing, p);
       });
   }
@@ -622,14 +534,6 @@ export class GvisorRuntime implements Runtime {
   /** Containers under this agent's runsc root (for tests and recovery reports). */
   async containers(): Promise<string[]> {
     return (await this.listContainers()).map((c) => c.id);
-  }
-}
-
-function safeRead(p: string): string {
-  try {
-    return readFileSync(p, "utf8");
-  } catch {
-    return "";
   }
 }
 
