@@ -47,18 +47,20 @@
  * otherwise kills/deletes by container id under its private root, never by a
  * bare pid.
  */
-import { execFile, spawn } from "node:child_process";
-import { closeSync, existsSync, mkdirSync, openSync, readdirSync, rmSync, writeFileSync } from "node:fs";
-import { delimiter, join, resolve } from "node:path";
+import { spawn } from "node:child_process";
+import { existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { join, resolve } from "node:path";
 import { createHash, randomBytes } from "node:crypto";
 import pty from "node-pty";
 import { BerthError } from "../../core/errors.js";
 import { isId, parseId } from "../../core/ids.js";
 import { readRecord, wipeDirectory, writeRecord } from "./durable.js";
-import { allPids, isDead, matches, readCmdline, readStat, safeRead, signalExact, sleep, waitUntil } from "./procfs.js";
+import { isDead, matches, readStat, signalExact, sleep, waitUntil } from "./procfs.js";
 import { fromChild, fromPty, type Plumbing } from "./streams.js";
 import { COUNT_SCRIPT, PATH_IN, SIGNAL_SCRIPT, execProcessSpec, sandboxSpec } from "./gvisor-oci.js";
 import { awaitExecIdentity } from "./gvisor-identity.js";
+import { Runsc, findRunsc } from "./gvisor-runsc.js";
+import { gvisorExecHandle } from "./gvisor-handle.js";
 import type { ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeMachine } from "./types.js";
 import { cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
 import { KeyedLock } from "../keyed-lock.js";
@@ -91,9 +93,7 @@ export class GvisorRuntime implements Runtime {
   readonly kind = "gvisor" as const;
   private readonly stateDir: string;
   private readonly machinesDir: string;
-  private readonly runscRoot: string;
-  private readonly runsc: string;
-  private readonly platform: "ptrace" | "kvm";
+  private readonly runsc: Runsc;
   private readonly lock = new KeyedLock();
   /** Background deletion of retired containers, per machine. */
   private readonly garbage = new Map<string, Promise<void>>();
@@ -110,13 +110,12 @@ export class GvisorRuntime implements Runtime {
   constructor(opts: GvisorRuntimeOptions) {
     this.stateDir = resolve(opts.stateDir);
     this.machinesDir = join(this.stateDir, "machines");
-    this.runscRoot = join(this.stateDir, "runsc");
+    const runscRoot = join(this.stateDir, "runsc");
     mkdirSync(this.machinesDir, { recursive: true, mode: 0o700 });
-    mkdirSync(this.runscRoot, { recursive: true, mode: 0o700 });
+    mkdirSync(runscRoot, { recursive: true, mode: 0o700 });
     const bin = opts.runsc ?? findRunsc();
     if (!bin) throw new BerthError("provider_unavailable", "provider_unavailable: runsc is not installed; install the runsc package or use --runtime process");
-    this.runsc = bin;
-    this.platform = opts.platform ?? "ptrace";
+    this.runsc = new Runsc(bin, runscRoot, opts.platform ?? "ptrace");
   }
 
   // ---- records -------------------------------------------------------------
@@ -156,24 +155,6 @@ export class GvisorRuntime implements Runtime {
     return c !== null && c.sandboxPid > 0 && matches({ pid: c.sandboxPid, startTime: c.sandboxStart });
   }
 
-  // ---- runsc plumbing ------------------------------------------------------
-
-  private run(args: string[], timeoutMs = 30_000): Promise<{ code: number; stdout: string; stderr: string }> {
-    return new Promise((resolveP) => {
-      execFile(this.runsc, ["--root", this.runscRoot, ...args], { timeout: timeoutMs, maxBuffer: 8 << 20 }, (err, stdout, stderr) => {
-        const code = err ? (typeof (err as { code?: unknown }).code === "number" ? ((err as { code: number }).code) : 1) : 0;
-        resolveP({ code, stdout: String(stdout), stderr: String(stderr) });
-      });
-    });
-  }
-
-  private async listContainers(): Promise<Array<{ id: string; pid: number; status: string }>> {
-    const r = await this.run(["list", "--format", "json"]);
-    if (r.code !== 0) throw new BerthError("operation_failed", `operation_failed: runsc list failed: ${r.stderr.trim().slice(0, 300)}`);
-    const parsed = JSON.parse(r.stdout.trim() || "[]") as Array<{ id: string; pid: number; status: string }> | null;
-    return parsed ?? [];
-  }
-
   /** Start a new incarnation. The record names the container before runsc runs (intent). */
   private async start(rec: GvisorMachineRecord): Promise<GvisorMachineRecord> {
     const inc = newIncarnation();
@@ -187,52 +168,12 @@ export class GvisorRuntime implements Runtime {
     const intent: GvisorMachineRecord = { ...rec, incarnation: inc, container: { id: cid, bundle, sandboxPid: 0, sandboxStart: 0 } };
     this.save(intent);
 
-    const pidFile = join(bundle, "sandbox.pid");
-    const logPath = join(bundle, "runsc.log");
-    const logFd = openSync(logPath, "w", 0o600);
-    const code = await new Promise<number>((res) => {
-      // detached: the gofer stays in runsc's process group; keep it out of the agent's.
-      const child = spawn(
-        this.runsc,
-        [
-          "--root", this.runscRoot, "--network=none", "--overlay2=root:memory", "--ignore-cgroups", `--platform=${this.platform}`,
-          "run", "--detach", "--pid-file", pidFile, "--bundle", bundle, cid,
-        ],
-        { detached: true, stdio: ["ignore", "ignore", logFd] },
-      );
-      child.on("exit", (c) => res(c ?? 1));
-      child.on("error", () => res(127));
-    });
-    closeSync(logFd);
-    if (code !== 0) {
-      const log = safeRead(logPath).trim().split("\n").slice(-3).join(" | ").slice(0, 400);
-      throw new BerthError("operation_failed", `operation_failed: runsc run for machine ${rec.machineId} exited ${code}: ${log}`);
-    }
-    const pid = Number(safeRead(pidFile).trim());
+    const pid = await this.runsc.runDetached(bundle, cid, `machine ${rec.machineId}`);
     const st = Number.isInteger(pid) && pid > 0 ? readStat(pid) : null;
     if (!st || isDead(st)) throw new BerthError("operation_failed", `operation_failed: sandbox of machine ${rec.machineId} is not running after runsc run`);
     const started: GvisorMachineRecord = { ...intent, container: { id: cid, bundle, sandboxPid: pid, sandboxStart: st.startTime } };
     this.save(started);
     return started;
-  }
-
-  /** Host processes that belong to container `c`: sandbox, gofer, exec clients (by bundle path or root+id in argv). */
-  private hostProcessesOf(c: ContainerRecord): Array<{ pid: number; startTime: number }> {
-    const out: Array<{ pid: number; startTime: number }> = [];
-    for (const pid of allPids()) {
-      if (pid === process.pid) continue;
-      const argv = readCmdline(pid);
-      if (argv.length === 0) continue;
-      const joined = argv.join("\0");
-      const ours =
-        joined.includes(`--bundle=${c.bundle}`) ||
-        (argv.includes(c.bundle) && argv.includes("--bundle")) ||
-        (joined.includes(this.runscRoot) && argv.includes(c.id));
-      if (!ours) continue;
-      const st = readStat(pid);
-      if (st && !isDead(st)) out.push({ pid, startTime: st.startTime });
-    }
-    return out;
   }
 
   /**
@@ -252,13 +193,13 @@ export class GvisorRuntime implements Runtime {
     } else {
       // Only an intent was recorded (crash during runsc run): runsc's own state
       // under our private root names the container; let runsc kill it.
-      const r = await this.run(["delete", "--force", c.id]);
+      const r = await this.runsc.run(["delete", "--force", c.id]);
       how = `container ${c.id} from an interrupted start deleted (runsc exit ${r.code})`;
     }
     // Everything else of the container (gofer, exec clients, signal helpers).
     let others = 0;
     for (let round = 0; ; round++) {
-      const live = this.hostProcessesOf(c);
+      const live = this.runsc.hostProcessesOf(c);
       if (live.length === 0) break;
       if (round >= 50) {
         throw new BerthError("operation_failed", `operation_failed: ${live.length} host processes of sandbox ${c.id} survived SIGKILL; quarantine machine ${rec.machineId}`);
@@ -281,7 +222,7 @@ export class GvisorRuntime implements Runtime {
   private collect(machineId: string, c: ContainerRecord): void {
     const prev = this.garbage.get(machineId) ?? Promise.resolve();
     const next = prev.then(async () => {
-      await this.run(["delete", "--force", c.id]);
+      await this.runsc.run(["delete", "--force", c.id]);
       rmSync(c.bundle, { recursive: true, force: true });
     });
     this.garbage.set(machineId, next.catch(() => undefined));
@@ -334,14 +275,14 @@ export class GvisorRuntime implements Runtime {
         const ipidPath = join(execDir, `${tag}.pid`);
         // The spec file keeps the environment out of argv (visible in ps).
         writeFileSync(specPath, JSON.stringify(execProcessSpec(argv, env, Boolean(req.pty))), { mode: 0o600 });
-        const args = ["--root", this.runscRoot, "exec", "--internal-pid-file", ipidPath, "--process", specPath, c.id];
+        const args = this.runsc.execArgs(c.id, specPath, ipidPath);
         let setLine!: (l: string | null) => void;
         const line = new Promise<string | null>((r) => (setLine = r));
         let plumbing: Plumbing;
         let clientPid: number;
         let p: pty.IPty | null = null;
         if (req.pty) {
-          p = pty.spawn(this.runsc, args, {
+          p = pty.spawn(this.runsc.bin, args, {
             name: env.TERM,
             cols: req.pty.cols,
             rows: req.pty.rows,
@@ -352,7 +293,7 @@ export class GvisorRuntime implements Runtime {
           clientPid = p.pid;
           plumbing = fromPty(p, setLine);
         } else {
-          const child = spawn(this.runsc, args, { detached: true, stdio: ["pipe", "pipe", "pipe"] });
+          const child = spawn(this.runsc.bin, args, { detached: true, stdio: ["pipe", "pipe", "pipe"] });
           if (child.pid === undefined) throw new BerthError("operation_failed", "operation_failed: could not start runsc exec");
           clientPid = child.pid;
           plumbing = fromChild(child, setLine);
@@ -375,60 +316,15 @@ export class GvisorRuntime implements Runtime {
           ipidPath,
           settled: () => rmSync(specPath, { force: true }),
         });
-        return this.handle(machineId, rec.incarnation as string, c.id, client, leader, plumbing, p);
+        return gvisorExecHandle({
+          incarnation: rec.incarnation as string,
+          client,
+          leader,
+          plumbing,
+          pty: p,
+          signalLeaderGroup: (signal) => this.signalLeaderGroup(machineId, c.id, leader, signal),
+        });
       });
-  }
-
-  private handle(
-    machineId: string,
-    incarnation: string,
-    cid: string,
-    client: ProcessIdentity,
-    leader: ProcessIdentity,
-    plumbing: Plumbing,
-    p: pty.IPty | null,
-  ): ExecHandle {
-    let chain: Promise<unknown> = Promise.resolve();
-    const signalGroup = (signal: NodeJS.Signals): Promise<boolean> => {
-      const next = chain.then(() => this.signalLeaderGroup(machineId, cid, leader, signal));
-      chain = next.catch(() => undefined);
-      return next;
-    };
-    // With a PTY the exec client forwards the signals it receives to the foreground process
-    // group of the session of the process it started (runsc's own terminal handling): the
-    // in-sandbox equivalent of the host tty's tpgid, which gVisor's /proc does not report.
-    // The leader is checked in the sandbox first (same script, signal 0), then the exact
-    // client is signalled on the host; while that client lives, the process it waits for is
-    // the recorded leader, so the forwarding cannot reach another session.
-    const signalForeground = (signal: NodeJS.Signals): Promise<boolean> => {
-      if (!p) return signalGroup(signal);
-      const next = chain.then(async () => {
-        if (!(await this.signalLeaderGroup(machineId, cid, leader, "0"))) return false;
-        return signalExact(client, signal);
-      });
-      chain = next.catch(() => undefined);
-      return next;
-    };
-    return {
-      incarnation,
-      client,
-      leader,
-      stdin: plumbing.stdin,
-      stdout: plumbing.stdout,
-      stderr: plumbing.stderr,
-      resize(cols, rows) {
-        if (!p) throw new BerthError("invalid_request", "invalid_request: resize needs a PTY session");
-        validatePty(cols, rows);
-        p.resize(cols, rows);
-        void signalGroup("SIGWINCH").catch(() => undefined);
-      },
-      signalGroup,
-      signalForeground,
-      killClient: (signal = "SIGKILL") => signalExact(client, signal),
-      exited: plumbing.exited,
-      pause: plumbing.pause,
-      resume: plumbing.resume,
-    };
   }
 
   /** kill -SIG -PGID inside the sandbox, only if the leader is still exactly `leader` in the same container. */
@@ -439,7 +335,7 @@ export class GvisorRuntime implements Runtime {
     if (leader.pid !== leader.pgid || leader.pgid <= 1) return false;
     const name = signal.replace(/^SIG/, "");
     if (!/^[A-Z0-9]+$/.test(name)) throw new BerthError("invalid_request", `invalid_request: unknown signal ${signal}`);
-    const r = await this.run(["exec", cid, "/bin/sh", "-c", SIGNAL_SCRIPT, "berth-signal", String(leader.pid), String(leader.startTime), String(leader.pgid), name], 10_000);
+    const r = await this.runsc.run(["exec", cid, "/bin/sh", "-c", SIGNAL_SCRIPT, "berth-signal", String(leader.pid), String(leader.startTime), String(leader.pgid), name], 10_000);
     if (r.code === 0) return true;
     if (r.code === 3 || r.code === 4) return false;
     // The sandbox went away in the meantime: nothing of the group can remain.
@@ -501,12 +397,12 @@ export class GvisorRuntime implements Runtime {
       this.garbage.delete(machineId);
       // Anything runsc still knows of this machine (e.g. left by a crashed agent).
       const prefix = this.containerPrefix(machineId) + ".";
-      for (const ct of await this.listContainers()) {
+      for (const ct of await this.runsc.list()) {
         if (!ct.id.startsWith(prefix)) continue;
-        const r = await this.run(["delete", "--force", ct.id]);
+        const r = await this.runsc.run(["delete", "--force", ct.id]);
         if (r.code !== 0) throw new BerthError("operation_failed", `operation_failed: runsc delete ${ct.id} failed: ${r.stderr.trim().slice(0, 300)}`);
       }
-      const left = (await this.listContainers()).filter((ct) => ct.id.startsWith(prefix));
+      const left = (await this.runsc.list()).filter((ct) => ct.id.startsWith(prefix));
       if (left.length > 0) throw new BerthError("operation_failed", `operation_failed: runsc still lists ${left.map((l) => l.id).join(", ")} after destroy`);
       rmSync(dir, { recursive: true, force: true, maxRetries: 3 });
       if (existsSync(dir)) throw new BerthError("operation_failed", `operation_failed: ${dir} still exists after destroy`);
@@ -519,7 +415,7 @@ export class GvisorRuntime implements Runtime {
     const rec = this.record(machineId);
     if (!rec) return { exists: false, incarnation: null, liveProcesses: 0 };
     if (!this.isRunning(rec.container)) return { exists: true, incarnation: null, liveProcesses: 0 };
-    const r = await this.run(["exec", rec.container.id, "/bin/sh", "-c", COUNT_SCRIPT], 10_000);
+    const r = await this.runsc.run(["exec", rec.container.id, "/bin/sh", "-c", COUNT_SCRIPT], 10_000);
     const n = Number(r.stdout.trim());
     if (r.code !== 0 || !Number.isInteger(n)) {
       throw new BerthError("operation_failed", `operation_failed: could not count processes in machine ${machineId}: ${r.stderr.trim().slice(0, 200)}`);
@@ -533,17 +429,8 @@ export class GvisorRuntime implements Runtime {
 
   /** Containers under this agent's runsc root (for tests and recovery reports). */
   async containers(): Promise<string[]> {
-    return (await this.listContainers()).map((c) => c.id);
+    return (await this.runsc.list()).map((c) => c.id);
   }
 }
 
-/** Absolute path of runsc on PATH (plus /usr/bin, /usr/local/bin), or null. */
-export function findRunsc(): string | null {
-  const dirs = [...(process.env.PATH ?? "").split(delimiter), "/usr/local/bin", "/usr/bin", "/usr/sbin"];
-  for (const d of dirs) {
-    if (!d) continue;
-    const p = join(d, "runsc");
-    if (existsSync(p)) return p;
-  }
-  return null;
-}
+export { findRunsc };
