@@ -11,7 +11,8 @@
  *   A crash between 1 and 3 leaves an `intent` without identities; recovery
  *   (recovery.ts) cleans it only after runtime absence is verified.
  *
- * Event loop: every session has one serialized loop over bounded queues —
+ * Event loop: every session has one serialized loop over bounded queues (the
+ * data queues are pump.ts) —
  * close, completion, signal (<= 16 pending), resize (latest wins), input
  * (bounded bytes; the SSH channel is paused, so the client's SSH window closes)
  * and output (bounded bytes; the exec output is paused while the channel's
@@ -32,15 +33,12 @@ import type { ServerChannel } from "ssh2";
 import type { ExecHandle, ExecRequest } from "../runtime/types.js";
 import type { SessionRecord } from "./store.js";
 import { groupSignalFor, sshSignalName, validWindow } from "./events.js";
+import { Pump } from "./pump.js";
 import { releaseSession } from "./release.js";
 import type { SessionDeps, SessionOutcome, SessionSpec } from "./types.js";
 
-const OUTPUT_BOUND = 256 * 1024;
-const INPUT_BOUND = 64 * 1024;
 const SIGNAL_BOUND = 16;
 const YIELD_EVERY = 32;
-
-type Chunk = { err: boolean; buf: Buffer };
 
 export class Session {
   readonly spec: SessionSpec;
@@ -60,20 +58,8 @@ export class Session {
 
   private readonly signals: NodeJS.Signals[] = [];
   private resizeTo: { cols: number; rows: number } | null = null;
-  private readonly input: Buffer[] = [];
-  private inputBytes = 0;
-  private inputEof = false;
-  private stdinBlocked = false;
-  private channelPaused = false;
-
-  private readonly output: Chunk[] = [];
-  private outputBytes = 0;
-  private execPaused = false;
-  private outEnded = false;
-  private errEnded = false;
-  private channelBlocked = false;
-  private pendingWrites = 0;
-  private lastProgress = 0;
+  /** The data path (pump.ts); exists from the exec on. */
+  private pump: Pump | null = null;
 
   private waiter: (() => void) | null = null;
   private releasing: Promise<SessionOutcome> | null = null;
@@ -159,7 +145,7 @@ export class Session {
     log.info({ session: s.sessionId, machine: s.machineId, grant: s.grantId, leader: handle.leader, client: handle.client, pty: !!s.pty }, "session running");
     if (this.closeReason === null) {
       this.admitting = true;
-      this.wireChannel();
+      this.pump!.wireChannel();
     }
     void this.loop();
   }
@@ -201,23 +187,13 @@ export class Session {
     h.stdin.on("error", () => {
       /* EPIPE after exit: the completion path reports the outcome */
     });
-    const onData = (err: boolean) => (buf: Buffer) => {
-      this.lastProgress = Date.now();
-      if (this.closeReason !== null || this.releasing !== null) return; // being released: discard
-      this.output.push({ err, buf });
-      this.outputBytes += buf.length;
-      if (this.outputBytes >= OUTPUT_BOUND && !this.execPaused) {
-        this.execPaused = true;
-        h.pause();
-      }
-      this.poke();
-    };
-    h.stdout.on("data", onData(false));
-    h.stderr.on("data", onData(true));
-    h.stdout.on("end", () => ((this.outEnded = true), this.poke()));
-    h.stderr.on("end", () => ((this.errEnded = true), this.poke()));
-    h.stdout.on("close", () => ((this.outEnded = true), this.poke()));
-    h.stderr.on("close", () => ((this.errEnded = true), this.poke()));
+    this.pump = new Pump(h, this.channel, Boolean(this.spec.pty), {
+      poke: () => this.poke(),
+      discarding: () => this.closeReason !== null || this.releasing !== null,
+      admitting: () => this.admitting,
+      channelClosed: () => this.channelClosed,
+    });
+    this.pump.wireExec();
     const lost = (what: string) => (e: Error) => {
       // EIO on a PTY master is how Linux reports "all slave ends closed": that is EOF, not loss.
       if ((e as NodeJS.ErrnoException).code === "EIO") return;
@@ -236,25 +212,6 @@ export class Session {
         this.poke();
       },
     );
-  }
-
-  private wireChannel(): void {
-    const ch = this.channel;
-    ch.on("data", (buf: Buffer) => {
-      if (!this.admitting) return;
-      this.input.push(buf);
-      this.inputBytes += buf.length;
-      if (this.inputBytes >= INPUT_BOUND && !this.channelPaused) {
-        this.channelPaused = true;
-        ch.pause();
-      }
-      this.poke();
-    });
-    ch.on("end", () => {
-      // Client EOF: a pipe session's stdin ends after the queued input; a PTY ignores it (as sshd does).
-      this.inputEof = true;
-      this.poke();
-    });
   }
 
   // ---- the serialized loop ----------------------------------------------------
@@ -310,73 +267,21 @@ export class Session {
         }
         continue;
       }
-      if (this.forwardInput()) continue;
-      if (this.forwardOutput()) continue;
+      if (this.pump!.forwardInput()) continue;
+      if (this.pump!.forwardOutput()) continue;
       await this.wait();
     }
   }
 
-  /** One input chunk to the exec's stdin; false when nothing could be done. */
-  private forwardInput(): boolean {
-    const h = this.handle!;
-    if (this.stdinBlocked) return false;
-    const buf = this.input.shift();
-    if (!buf) {
-      if (this.inputEof && !this.spec.pty && h.stdin.writable) {
-        h.stdin.end();
-        return true;
-      }
-      return false;
-    }
-    this.inputBytes -= buf.length;
-    if (this.channelPaused && this.inputBytes < INPUT_BOUND / 2) {
-      this.channelPaused = false;
-      this.channel.resume();
-    }
-    if (!h.stdin.writable) return true;
-    if (!h.stdin.write(buf)) {
-      this.stdinBlocked = true;
-      h.stdin.once("drain", () => ((this.stdinBlocked = false), this.poke()));
-    }
-    return true;
-  }
-
-  /** One output chunk to the channel; false when nothing could be done. */
-  private forwardOutput(): boolean {
-    if (this.channelBlocked || this.channelClosed) return false;
-    const c = this.output.shift();
-    if (!c) return false;
-    this.outputBytes -= c.buf.length;
-    if (this.execPaused && this.outputBytes < OUTPUT_BOUND / 2) {
-      this.execPaused = false;
-      this.handle!.resume();
-    }
-    const stream = c.err ? this.channel.stderr : this.channel;
-    this.pendingWrites++;
-    const ok = stream.write(c.buf, () => {
-      this.pendingWrites--;
-      this.lastProgress = Date.now();
-      this.poke();
-    });
-    if (!ok) {
-      this.channelBlocked = true;
-      stream.once("drain", () => {
-        this.channelBlocked = false;
-        this.lastProgress = Date.now();
-        this.poke();
-      });
-    }
-    return true;
-  }
-
   /** Normal completion: drain in order, one exit status after the last byte, close, release. */
   private async complete(): Promise<void> {
+    const pump = this.pump!;
     this.admitting = false;
-    this.input.length = 0;
+    pump.dropInput();
     this.signals.length = 0;
     this.resizeTo = null;
     const exitedAt = Date.now();
-    this.lastProgress = Math.max(this.lastProgress, exitedAt);
+    pump.lastProgress = Math.max(pump.lastProgress, exitedAt);
     const { drainIdleMs, drainMaxMs } = this.deps.timing;
     let reason = "completed";
     for (;;) {
@@ -384,20 +289,20 @@ export class Session {
         reason = this.closeReason;
         break;
       }
-      const readDone = (this.outEnded && this.errEnded) || Date.now() - exitedAt >= drainMaxMs;
-      if (readDone && this.output.length === 0 && this.pendingWrites === 0) {
-        if (!this.outEnded || !this.errEnded) reason = "completed (output drain deadline)";
+      const readDone = (pump.outEnded && pump.errEnded) || Date.now() - exitedAt >= drainMaxMs;
+      if (readDone && pump.outputFlushed) {
+        if (!pump.outEnded || !pump.errEnded) reason = "completed (output drain deadline)";
         this.sendExit();
         break;
       }
-      if (Date.now() - this.lastProgress >= drainIdleMs) {
+      if (Date.now() - pump.lastProgress >= drainIdleMs) {
         // Nothing read and nothing sent for a while: a writer holds the output open
         // or the client stopped reading. Send what is already handed over, no more.
-        if (this.output.length === 0 && this.pendingWrites === 0) this.sendExit();
+        if (pump.outputFlushed) this.sendExit();
         reason = "completed (output drain deadline)";
         break;
       }
-      if (this.forwardOutput()) continue;
+      if (pump.forwardOutput()) continue;
       await this.wait(Math.min(drainIdleMs, 100));
     }
     await this.release(reason);
@@ -441,8 +346,8 @@ export class Session {
 
   private async doRelease(reason: string): Promise<SessionOutcome> {
     this.admitting = false;
-    this.output.length = 0;
-    this.input.length = 0;
+    this.pump?.dropOutput();
+    this.pump?.dropInput();
     const { record, note } = await releaseSession(this.deps, {
       sessionId: this.spec.sessionId,
       machineId: this.spec.machineId,
