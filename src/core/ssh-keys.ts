@@ -19,10 +19,26 @@ export interface SshKeyPair {
   fingerprint: string;
 }
 
-/** A fresh Ed25519 key pair in OpenSSH formats. */
+/**
+ * ssh2 1.17's Ed25519 generator strips leading zero bytes from the public key,
+ * so about 1 key in 256 comes out with a 31-byte public key that neither ssh2
+ * nor OpenSSH reads (mscdex/ssh2#1390, #1513). Such an output is discarded and
+ * a new key generated; 8 attempts all failing has probability 256^-8.
+ */
+const GENERATE_ATTEMPTS = 8;
+
+/** A fresh Ed25519 key pair in OpenSSH formats (always one that parses back). */
 export function generateSshKeyPair(comment = "berth"): SshKeyPair {
-  const { private: privateKey } = ssh2.utils.generateKeyPairSync("ed25519", { comment });
-  return parseOpenSshEd25519(privateKey);
+  let last: unknown = null;
+  for (let i = 0; i < GENERATE_ATTEMPTS; i++) {
+    const { private: privateKey } = ssh2.utils.generateKeyPairSync("ed25519", { comment });
+    try {
+      return parseOpenSshEd25519(privateKey);
+    } catch (e) {
+      last = e;
+    }
+  }
+  throw new Error(`could not generate a readable Ed25519 key: ${last instanceof Error ? last.message : String(last)}`);
 }
 
 /**
