@@ -10,7 +10,7 @@ import { join } from "node:path";
 import { execFileSync } from "node:child_process";
 import type ssh2 from "ssh2";
 import { Api } from "../src/cli/api.js";
-import { generateSshKeyPair, type SshKeyPair } from "../src/agent/ssh-keys.js";
+import { generateSshKeyPair, type SshKeyPair } from "../src/core/ssh-keys.js";
 import { connect, execStreaming } from "../src/cli/ssh-client.js";
 import { BIN, startBenchCoordinator, stopChild, type BenchCoordinator, type Engine } from "./lib.js";
 import { Writable } from "node:stream";

@@ -20,7 +20,7 @@
 import { arg, dist, enginesArg, pgSkipReason, printTable, round, writeResult, type Dist, type Engine } from "./lib.js";
 import { ensureHostsPool, firstByte, sleep, sshTo, startCluster, type BenchCluster, type Borrowed } from "./cluster.js";
 import { Api, ApiError } from "../src/cli/api.js";
-import { generateSshKeyPair } from "../src/agent/ssh-keys.js";
+import { generateSshKeyPair } from "../src/core/ssh-keys.js";
 
 type Access = "keeper" | "portable";
 const seconds = Number(arg("seconds", "5"));

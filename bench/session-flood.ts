@@ -13,22 +13,23 @@ import { createHash } from "node:crypto";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
-import { generateSshKeyPair } from "../src/agent/ssh-keys.js";
-import { connect, run, Term } from "../src/agent/ssh-testkit.js";
+import { generateSshKeyPair } from "../src/core/ssh-keys.js";
+import { connect, run, Term } from "../test/helpers/ssh-testkit.js";
 
 const kind = process.argv[2] === "gvisor" ? "gvisor" : "process";
 const mb = Number(process.argv[3] ?? 50);
 const bytes = mb * 1048576;
 const dir = mkdtempSync(join(tmpdir(), "berth-flood-"));
 const dist = resolve("dist/src/agent");
+const helpers = resolve("dist/test/helpers");
 const pair = generateSshKeyPair();
 const machine = "m_flood";
 const script = join(dir, "agent.mjs");
 writeFileSync(
   script,
-  `import { startGateway } from "${dist}/gateway.js";
+  `import { startGateway } from "${dist}/ssh/gateway.js";
 import { createRuntime } from "${dist}/runtime/index.js";
-import { MemoryKeys } from "${dist}/ssh-testkit.js";
+import { MemoryKeys } from "${helpers}/ssh-testkit.js";
 const runtime = createRuntime(${JSON.stringify(kind)}, ${JSON.stringify(join(dir, "rt"))});
 const m = await runtime.create(${JSON.stringify(machine)});
 const keys = new MemoryKeys();

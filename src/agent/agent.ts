@@ -26,7 +26,7 @@ import { parseId } from "../core/ids.js";
 import { hashToken } from "../core/tokens.js";
 import type { SessionRegistry } from "./contracts.js";
 import { enroll, EnrollRefusedError, type EnrollRequest } from "./enroll.js";
-import { startGateway, type Gateway } from "./gateway.js";
+import { startGateway, type Gateway } from "./ssh/gateway.js";
 import { startHttp, type AgentHttp } from "./http.js";
 import { AgentKeys } from "./keys.js";
 import { errorMessage, silentLog, type AgentLog } from "./log.js";
@@ -34,7 +34,7 @@ import { AgentOps } from "./ops.js";
 import { recover, type RecoveryReport } from "./recovery.js";
 import { createRuntime, type RuntimeChoice } from "./runtime/index.js";
 import type { Runtime } from "./runtime/types.js";
-import { sqliteSessionStore } from "./sessions-store.js";
+import { sqliteSessionStore } from "./sessions/store.js";
 import { AgentStore } from "./store.js";
 
 export interface AgentOptions {

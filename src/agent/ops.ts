@@ -48,6 +48,7 @@ import {
   type ScrubResult,
 } from "../protocol/operations.js";
 import type { SessionRegistry } from "./contracts.js";
+import { KeyedLock } from "./keyed-lock.js";
 import { supersededAt, type AgentKeys } from "./keys.js";
 import { errorMessage, type AgentLog } from "./log.js";
 import type { Runtime } from "./runtime/types.js";
@@ -82,7 +83,8 @@ export interface AgentOpsDeps {
 
 export class AgentOps {
   readonly #deps: AgentOpsDeps;
-  readonly #queues = new Map<string, Promise<unknown>>();
+  /** One operation at a time per machine. */
+  readonly #perMachine = new KeyedLock();
 
   constructor(deps: AgentOpsDeps) {
     this.#deps = deps;
@@ -102,19 +104,7 @@ export class AgentOps {
     }
     const args = normalizeArgs(kind, req.args);
     const argsHash = hashNormalizedArgs(args);
-    return this.#serialized(machineId, () => this.#execute(opId, kind, machineId, generation, args, argsHash));
-  }
-
-  /** Runs `fn` after every earlier operation on the same machine. */
-  async #serialized<T>(machineId: string, fn: () => Promise<T>): Promise<T> {
-    const prev = this.#queues.get(machineId) ?? Promise.resolve();
-    const next = prev.then(fn, fn);
-    const tail = next.catch(() => undefined);
-    this.#queues.set(machineId, tail);
-    void tail.then(() => {
-      if (this.#queues.get(machineId) === tail) this.#queues.delete(machineId);
-    });
-    return next;
+    return this.#perMachine.run(machineId, () => this.#execute(opId, kind, machineId, generation, args, argsHash));
   }
 
   async #execute(

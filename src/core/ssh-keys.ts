@@ -1,10 +1,12 @@
 /**
- * SSH key material: Ed25519 key pairs in the OpenSSH formats that both ssh2
- * and the system `ssh` read, with SHA256 fingerprints exactly as OpenSSH
- * prints them. Used by the CLI (ephemeral borrow keys, keeper keys) and the
- * agent (the gateway's host key, src/agent/ssh-keys.ts). No file I/O here.
+ * Ed25519 SSH key pairs in the OpenSSH formats that both ssh2 and the system
+ * `ssh` read: the CLI's borrow and keeper keys, the gateway's host key.
+ * Generation and encoding are ssh2's (`utils.generateKeyPairSync`, the
+ * unencrypted "openssh-key-v1" format); parsing accepts any unencrypted
+ * OpenSSH Ed25519 private key, including the files earlier berth versions
+ * wrote with their own encoder (70-column lines, same format).
  */
-import { createPrivateKey, generateKeyPairSync, randomBytes, type KeyObject } from "node:crypto";
+import { createPrivateKey, createPublicKey } from "node:crypto";
 import ssh2 from "ssh2";
 import { fingerprintOf } from "./ssh-public-key.js";
 
@@ -17,83 +19,32 @@ export interface SshKeyPair {
   fingerprint: string;
 }
 
-function sshString(b: Buffer | string): Buffer {
-  const data = typeof b === "string" ? Buffer.from(b, "utf8") : b;
-  const len = Buffer.alloc(4);
-  len.writeUInt32BE(data.length, 0);
-  return Buffer.concat([len, data]);
-}
+/**
+ * ssh2 1.17's Ed25519 generator strips leading zero bytes from the public key,
+ * so about 1 key in 256 comes out with a 31-byte public key that neither ssh2
+ * nor OpenSSH reads (mscdex/ssh2#1390, #1513). Such an output is discarded and
+ * a new key generated; 8 attempts all failing has probability 256^-8.
+ */
+const GENERATE_ATTEMPTS = 8;
 
-function uint32(n: number): Buffer {
-  const b = Buffer.alloc(4);
-  b.writeUInt32BE(n >>> 0, 0);
-  return b;
-}
-
-/** The raw 32-byte seed and 32-byte public point of an Ed25519 private key object. */
-function ed25519Raw(priv: KeyObject): { seed: Buffer; pub: Buffer } {
-  const jwk = priv.export({ format: "jwk" });
-  if (jwk.kty !== "OKP" || jwk.crv !== "Ed25519" || !jwk.d || !jwk.x) {
-    throw new Error("not an Ed25519 private key");
-  }
-  return { seed: Buffer.from(jwk.d, "base64url"), pub: Buffer.from(jwk.x, "base64url") };
-}
-
-/** The SSH wire blob of an Ed25519 public key: string "ssh-ed25519", string pub. */
-export function ed25519PublicBlob(pub: Buffer): Buffer {
-  return Buffer.concat([sshString("ssh-ed25519"), sshString(pub)]);
-}
-
-
-/** Encode an Ed25519 private key in the "openssh-key-v1" format, unencrypted. */
-export function toOpenSshPrivateKey(priv: KeyObject, comment = ""): string {
-  const { seed, pub } = ed25519Raw(priv);
-  const pubBlob = ed25519PublicBlob(pub);
-  const check = randomBytes(4).readUInt32BE(0);
-  let section = Buffer.concat([
-    uint32(check),
-    uint32(check),
-    sshString("ssh-ed25519"),
-    sshString(pub),
-    sshString(Buffer.concat([seed, pub])),
-    sshString(comment),
-  ]);
-  const pad: number[] = [];
-  for (let i = 1; (section.length + pad.length) % 8 !== 0; i++) pad.push(i);
-  section = Buffer.concat([section, Buffer.from(pad)]);
-  const body = Buffer.concat([
-    Buffer.from("openssh-key-v1\0", "latin1"),
-    sshString("none"),
-    sshString("none"),
-    sshString(""),
-    uint32(1),
-    sshString(pubBlob),
-    sshString(section),
-  ]);
-  const b64 = body.toString("base64").replace(/(.{70})/g, "$1\n").replace(/\n$/, "");
-  return `-----BEGIN OPENSSH PRIVATE KEY-----\n${b64}\n-----END OPENSSH PRIVATE KEY-----\n`;
-}
-
-/** A fresh Ed25519 key pair in OpenSSH formats. */
+/** A fresh Ed25519 key pair in OpenSSH formats (always one that parses back). */
 export function generateSshKeyPair(comment = "berth"): SshKeyPair {
-  const { privateKey } = generateKeyPairSync("ed25519");
-  return keyPairFromPrivate(privateKey, comment);
-}
-
-function keyPairFromPrivate(priv: KeyObject, comment: string): SshKeyPair {
-  const { pub } = ed25519Raw(priv);
-  const blob = ed25519PublicBlob(pub);
-  return {
-    privateKey: toOpenSshPrivateKey(priv, comment),
-    publicKey: `ssh-ed25519 ${blob.toString("base64")}${comment ? " " + comment : ""}`,
-    fingerprint: fingerprintOf(blob),
-  };
+  let last: unknown = null;
+  for (let i = 0; i < GENERATE_ATTEMPTS; i++) {
+    const { private: privateKey } = ssh2.utils.generateKeyPairSync("ed25519", { comment });
+    try {
+      return parseOpenSshEd25519(privateKey);
+    } catch (e) {
+      last = e;
+    }
+  }
+  throw new Error(`could not generate a readable Ed25519 key: ${last instanceof Error ? last.message : String(last)}`);
 }
 
 /**
- * Parse an OpenSSH Ed25519 private key file back into a key pair (used to reuse
- * the host key on restart). Throws on anything else, so a damaged file is
- * reported rather than replaced.
+ * Parse an OpenSSH Ed25519 private key back into a key pair (the host key on
+ * restart). Throws on anything else, so a damaged file is reported rather
+ * than replaced.
  */
 export function parseOpenSshEd25519(text: string): SshKeyPair {
   const parsed = ssh2.utils.parseKey(text);
@@ -104,11 +55,12 @@ export function parseOpenSshEd25519(text: string): SshKeyPair {
   }
   const blob = key.getPublicSSH();
   const comment = key.comment ?? "";
-  // Re-derive through node:crypto to prove the private half matches the public half.
-  const pem = key.getPrivatePEM();
-  const priv = createPrivateKey(pem);
-  const derived = ed25519PublicBlob(ed25519Raw(priv).pub);
-  if (!derived.equals(blob)) throw new Error("host key file is inconsistent: private and public halves differ");
+  // Re-derive the public half through node:crypto to prove the private half matches it.
+  const jwk = createPublicKey(createPrivateKey(key.getPrivatePEM())).export({ format: "jwk" });
+  const derived = jwk.crv === "Ed25519" && jwk.x ? Buffer.from(jwk.x, "base64url") : Buffer.alloc(0);
+  if (derived.length !== 32 || !derived.equals(blob.subarray(blob.length - 32))) {
+    throw new Error("host key file is inconsistent: private and public halves differ");
+  }
   return {
     privateKey: text,
     publicKey: `ssh-ed25519 ${blob.toString("base64")}${comment ? " " + comment : ""}`,

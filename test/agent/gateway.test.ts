@@ -7,20 +7,19 @@
  */
 import { test, after, before } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, rmSync, statSync, writeFileSync, existsSync, readFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { statSync, writeFileSync, existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { spawn } from "node:child_process";
-import { startGateway, type Gateway } from "../../src/agent/gateway.js";
-import { createRuntime } from "../../src/agent/runtime/index.js";
+import { startGateway, type Gateway } from "../../src/agent/ssh/gateway.js";
 import type { Runtime } from "../../src/agent/runtime/types.js";
-import { generateSshKeyPair } from "../../src/agent/ssh-keys.js";
-import { MemoryKeys, connect, run, Term } from "../../src/agent/ssh-testkit.js";
-import { hostGroupPresence } from "../../src/agent/sessions-probe.js";
+import { generateSshKeyPair } from "../../src/core/ssh-keys.js";
+import { MemoryKeys, connect, run, Term } from "../helpers/ssh-testkit.js";
+import { AgentHarness, quietLog as quiet, until } from "../helpers/agent.js";
+import { hostGroupPresence } from "../../src/agent/sessions/probe.js";
 
-const quiet = { info() {}, warn() {}, error() {} };
-const dir = mkdtempSync(join(tmpdir(), "berth-gw-"));
+const harness = new AgentHarness("berth-gw-");
 const M = "m_gateway";
+let dir: string;
 let runtime: Runtime;
 let keys: MemoryKeys;
 let gw: Gateway;
@@ -29,17 +28,11 @@ let useClock = false;
 const now = () => (useClock ? clock : Date.now());
 
 before(async () => {
-  runtime = createRuntime("process", join(dir, "rt"));
-  await runtime.create(M);
-  keys = new MemoryKeys();
-  gw = await startGateway({ hostKeyPath: join(dir, "host_key"), listen: { host: "127.0.0.1", port: 0 }, keys, runtime, now, log: quiet });
+  const rig = await harness.gateway("process", M, { now, borrowKey: false });
+  ({ dir, runtime, keys, gw } = rig);
 });
 
-after(async () => {
-  await gw.close();
-  await runtime.destroy(M);
-  rmSync(dir, { recursive: true, force: true });
-});
+after(() => harness.close());
 
 function borrowKey(expiresAt: number | null = null, machineId = M) {
   const pair = generateSshKeyPair("borrower");
@@ -49,14 +42,6 @@ function borrowKey(expiresAt: number | null = null, machineId = M) {
 
 async function refused(p: Promise<unknown>): Promise<void> {
   await assert.rejects(p, /authentication methods failed/);
-}
-
-async function until(cond: () => boolean | Promise<boolean>, what: string, ms = 20_000): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!(await cond())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
 }
 
 test("host key: persisted 0600, reused on restart, and the advertised line is what clients see", async () => {

@@ -7,27 +7,13 @@
  */
 import { strict as assert } from "node:assert";
 import { randomBytes } from "node:crypto";
-import { mkdtempSync, rmSync } from "node:fs";
-import { createServer, type IncomingMessage, type Server } from "node:http";
-import type { AddressInfo } from "node:net";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
-import { startAgent, type RunningAgent } from "../../src/agent/agent.js";
+import type { RunningAgent } from "../../src/agent/agent.js";
+import { AgentHarness, type Enroller } from "../helpers/agent.js";
 import { newToken } from "../../src/core/tokens.js";
 
-const dirs: string[] = [];
-const agents: RunningAgent[] = [];
-after(async () => {
-  for (const a of agents) await a.stop();
-  for (const d of dirs) rmSync(d, { recursive: true, force: true });
-});
-
-function tempDir(): string {
-  const d = mkdtempSync(join(tmpdir(), "berth-http-"));
-  dirs.push(d);
-  return d;
-}
+const harness = new AgentHarness("berth-http-");
+after(() => harness.close());
 
 async function call(
   url: string,
@@ -55,8 +41,7 @@ describe("agent HTTP API", () => {
   const token = newToken("host-call", randomBytes);
   let agent: RunningAgent;
   before(async () => {
-    agent = await startAgent({ stateDir: tempDir(), runtime: "process", hostCallToken: token, name: "http-test", slots: 3 });
-    agents.push(agent);
+    agent = await harness.agent({ hostCallToken: token, name: "http-test", slots: 3 });
   });
 
   it("refuses every route without a token, with a wrong token, and with a token of another kind", async () => {
@@ -74,8 +59,7 @@ describe("agent HTTP API", () => {
   });
 
   it("refuses every call before enrollment, even one carrying a token", async () => {
-    const a = await startAgent({ stateDir: tempDir(), runtime: "process" });
-    agents.push(a);
+    const a = await harness.agent();
     const r = await call(a.url, "/v1/agent/health", { token });
     assert.equal(r.status, 401);
     assert.equal(r.json.error.code, "unauthorized");
@@ -159,45 +143,26 @@ describe("agent HTTP API", () => {
 });
 
 describe("enrollment", () => {
-  interface Seen {
-    auth: string | undefined;
-    body: any;
-  }
-  let server: Server;
+  let enroller: Enroller;
   let coordinator: string;
-  const seen: Seen[] = [];
-  const enrollToken = newToken("enroll", randomBytes);
-  let answer: () => { hostId: string; hostCallToken: string } = () => ({ hostId: "h_first", hostCallToken: newToken("host-call", randomBytes) });
-  const issued: string[] = [];
+  let enrollToken: string;
+  /** Every request the enroll route saw, and the host-call tokens it issued. */
+  const seen = () => enroller.requests;
+  const issued = () => enroller.issued.map((e) => e.hostCallToken);
+  const answer = (hostId: string) => (enroller.answer = () => ({ hostId, hostCallToken: newToken("host-call", randomBytes) }));
 
   before(async () => {
-    server = createServer((req: IncomingMessage, res) => {
-      let text = "";
-      req.on("data", (c: Buffer) => (text += c.toString()));
-      req.on("end", () => {
-        seen.push({ auth: req.headers.authorization, body: JSON.parse(text) });
-        if (req.url !== "/v1/hosts/enroll" || req.headers.authorization !== `Bearer ${enrollToken}`) {
-          res.writeHead(401, { "content-type": "application/json" });
-          res.end(JSON.stringify({ error: { code: "unauthorized", message: "unauthorized: bad enroll token" } }));
-          return;
-        }
-        const a = answer();
-        issued.push(a.hostCallToken);
-        res.writeHead(200, { "content-type": "application/json" });
-        res.end(JSON.stringify(a));
-      });
-    });
-    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
-    coordinator = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    enroller = await harness.enroller();
+    answer("h_first");
+    coordinator = enroller.url;
+    enrollToken = enroller.token;
   });
-  after(() => new Promise<void>((r) => server.close(() => r())));
 
   it("enrolls with the exact shape, keeps the host id across a restart, and accepts only the newest host-call token", async () => {
-    const dir = tempDir();
-    let a = await startAgent({ stateDir: dir, runtime: "process", coordinatorUrl: coordinator, enrollToken, name: "enr", slots: 2, vcpu: 4, memoryMb: 4096 });
-    agents.push(a);
+    const dir = harness.dir();
+    let a = await harness.agent({ stateDir: dir, coordinatorUrl: coordinator, enrollToken, name: "enr", slots: 2, vcpu: 4, memoryMb: 4096 });
     assert.equal(a.hostId, "h_first");
-    const first = seen.at(-1)!;
+    const first = seen().at(-1)!;
     assert.equal(first.auth, `Bearer ${enrollToken}`);
     assert.deepEqual(first.body, {
       name: "enr",
@@ -207,26 +172,25 @@ describe("enrollment", () => {
       ssh: { host: "127.0.0.1", port: a.ssh.port, hostKey: a.ssh.hostKey, fingerprint: a.ssh.fingerprint },
     });
     assert.match(a.ssh.hostKey, /^ssh-ed25519 /);
-    const t1 = issued.at(-1)!;
+    const t1 = issued().at(-1)!;
     assert.equal((await call(a.url, "/v1/agent/health", { token: t1 })).json.hostId, "h_first");
     assert.notEqual(a.store.getMeta("hostCallTokenHash"), null);
     assert.equal(JSON.stringify(a.store.db.prepare("SELECT * FROM meta").all()).includes(t1), false, "only the hash is stored");
     await a.stop();
 
-    a = await startAgent({ stateDir: dir, runtime: "process", coordinatorUrl: coordinator, enrollToken, name: "enr" });
-    agents.push(a);
-    assert.equal(seen.at(-1)!.body.name, "enr", "re-enrollment under the same name (the coordinator keeps that host)");
-    assert.equal("hostId" in seen.at(-1)!.body, false, "the body keeps the coordinator's exact shape");
+    a = await harness.agent({ stateDir: dir, coordinatorUrl: coordinator, enrollToken, name: "enr" });
+    assert.equal(seen().at(-1)!.body.name, "enr", "re-enrollment under the same name (the coordinator keeps that host)");
+    assert.equal("hostId" in seen().at(-1)!.body, false, "the body keeps the coordinator's exact shape");
     assert.equal(a.hostId, "h_first");
-    const t2 = issued.at(-1)!;
+    const t2 = issued().at(-1)!;
     assert.equal((await call(a.url, "/v1/agent/health", { token: t2 })).status, 200);
     assert.equal((await call(a.url, "/v1/agent/health", { token: t1 })).status, 401, "the previous token no longer works");
     await a.stop();
 
     // A coordinator that answers with another host id for this state directory is refused.
-    answer = () => ({ hostId: "h_other", hostCallToken: newToken("host-call", randomBytes) });
+    answer("h_other");
     await assert.rejects(
-      startAgent({ stateDir: dir, runtime: "process", coordinatorUrl: coordinator, enrollToken, name: "enr" }),
+      harness.agent({ stateDir: dir, coordinatorUrl: coordinator, enrollToken, name: "enr" }),
       /belongs to host h_first/,
     );
   });
@@ -234,7 +198,7 @@ describe("enrollment", () => {
   it("[I8] stops the start when the coordinator refuses the enroll token, without echoing it", async () => {
     const bad = newToken("enroll", randomBytes);
     await assert.rejects(
-      startAgent({ stateDir: tempDir(), runtime: "process", coordinatorUrl: coordinator, enrollToken: bad }),
+      harness.agent({ coordinatorUrl: coordinator, enrollToken: bad }),
       (e: Error) => {
         assert.match(e.message, /refused the enrollment \(401 unauthorized\)/);
         assert.equal(e.message.includes(bad), false);

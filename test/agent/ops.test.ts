@@ -5,41 +5,16 @@
  * is exact.
  */
 import { strict as assert } from "node:assert";
-import { generateKeyPairSync, randomBytes } from "node:crypto";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { randomBytes } from "node:crypto";
+import { readFileSync } from "node:fs";
 import { after, describe, it } from "node:test";
 import { isBerthError } from "../../src/core/errors.js";
-import { startAgent, type RunningAgent } from "../../src/agent/agent.js";
-import { fingerprintOf } from "../../src/core/ssh-public-key.js";
+import type { RunningAgent } from "../../src/agent/agent.js";
+import { AgentHarness, sshKey } from "../helpers/agent.js";
 import { gvisorAvailability } from "../../src/agent/runtime/index.js";
 
-const dirs: string[] = [];
-const agents: RunningAgent[] = [];
-after(async () => {
-  for (const a of agents) await a.stop();
-  for (const d of dirs) rmSync(d, { recursive: true, force: true });
-});
-
-function tempDir(): string {
-  const d = mkdtempSync(join(tmpdir(), "berth-ops-"));
-  dirs.push(d);
-  return d;
-}
-
-/** A fresh Ed25519 public key as one OpenSSH line, and its fingerprint. */
-function sshKey(): { line: string; fingerprint: string } {
-  const { publicKey } = generateKeyPairSync("ed25519");
-  const raw = Buffer.from(publicKey.export({ format: "jwk" }).x as string, "base64url");
-  const len = (b: Buffer): Buffer => {
-    const l = Buffer.alloc(4);
-    l.writeUInt32BE(b.length);
-    return Buffer.concat([l, b]);
-  };
-  const blob = Buffer.concat([len(Buffer.from("ssh-ed25519")), len(raw)]);
-  return { line: `ssh-ed25519 ${blob.toString("base64")} test`, fingerprint: fingerprintOf(blob) };
-}
+const harness = new AgentHarness("berth-ops-");
+after(() => harness.close());
 
 function id(prefix: string): string {
   return `${prefix}_${randomBytes(6).toString("hex")}`;
@@ -50,9 +25,7 @@ interface Clock {
 }
 
 async function agentAt(stateDir: string, clock?: Clock): Promise<RunningAgent> {
-  const a = await startAgent({ stateDir, runtime: "process", ...(clock ? { now: () => clock.t } : {}) });
-  agents.push(a);
-  return a;
+  return harness.agent({ stateDir, ...(clock ? { now: () => clock.t } : {}) });
 }
 
 async function refusal(p: Promise<unknown>): Promise<{ code: string; message: string }> {
@@ -67,7 +40,7 @@ async function refusal(p: Promise<unknown>): Promise<{ code: string; message: st
 
 describe("agent operations", () => {
   it("[I4] answers a retried opId with the first result and never acts twice; other uses of the opId are refused", async () => {
-    const a = await agentAt(tempDir());
+    const a = await agentAt(harness.dir());
     const m = id("m");
     const first = await a.ops.run({ opId: "op-provision-1", kind: "provision", machineId: m, generation: 1 });
     const again = await a.ops.run({ opId: "op-provision-1", kind: "provision", machineId: m, generation: 1 });
@@ -97,7 +70,7 @@ describe("agent operations", () => {
   });
 
   it("[I4][I9] returns the first result for a retried opId after the agent restarts, and re-attaches the machine", async () => {
-    const dir = tempDir();
+    const dir = harness.dir();
     const m = id("m");
     const k = sshKey();
     let a = await agentAt(dir);
@@ -123,7 +96,7 @@ describe("agent operations", () => {
   });
 
   it("[I4] refuses a stale generation and changes nothing", async () => {
-    const a = await agentAt(tempDir());
+    const a = await agentAt(harness.dir());
     const m = id("m");
     const k = sshKey();
     await a.ops.run({ opId: id("op"), kind: "provision", machineId: m, generation: 1 });
@@ -154,7 +127,7 @@ describe("agent operations", () => {
   });
 
   it("[I4] an install for generation g+1 supersedes every grant key of generation g (revocation notified); a keeper key stays", async () => {
-    const a = await agentAt(tempDir());
+    const a = await agentAt(harness.dir());
     const m = id("m");
     const old = sshKey();
     const next = sshKey();
@@ -192,7 +165,7 @@ describe("agent operations", () => {
 
   it("[I3] a key is expired at now == expiresAt, and an install already expired is refused", async () => {
     const clock: Clock = { t: 1_900_000_000_000 };
-    const a = await agentAt(tempDir(), clock);
+    const a = await agentAt(harness.dir(), clock);
     const m = id("m");
     const k = sshKey();
     await a.ops.run({ opId: id("op"), kind: "provision", machineId: m, generation: 1 });
@@ -217,7 +190,7 @@ describe("agent operations", () => {
   });
 
   it("[I3] the expiry timer revokes the key with no coordinator at all", async () => {
-    const a = await agentAt(tempDir());
+    const a = await agentAt(harness.dir());
     const m = id("m");
     const k = sshKey();
     await a.ops.run({ opId: id("op"), kind: "provision", machineId: m, generation: 1 });
@@ -238,7 +211,7 @@ describe("agent operations", () => {
   });
 
   it("[I4] remove_key removes the exact key, and a delayed install of it at that generation is refused", async () => {
-    const a = await agentAt(tempDir());
+    const a = await agentAt(harness.dir());
     const m = id("m");
     const keep = sshKey();
     const gone = sshKey();
@@ -260,7 +233,7 @@ describe("agent operations", () => {
   });
 
   it("[I5] fence kills every process of the machine (a background one too) and proves none remain", async () => {
-    const a = await agentAt(tempDir());
+    const a = await agentAt(harness.dir());
     const m = id("m");
     const created = await a.ops.run({ opId: id("op"), kind: "provision", machineId: m, generation: 1 });
     const h = await a.runtime.exec(m, { argv: ["/bin/sh", "-c", "sleep 1000 >/dev/null 2>&1 & echo $!"], env: {} });
@@ -279,7 +252,7 @@ describe("agent operations", () => {
   });
 
   it("destroy removes the machine and its keys; a late provision of the same id is refused", async () => {
-    const a = await agentAt(tempDir());
+    const a = await agentAt(harness.dir());
     const m = id("m");
     const k = sshKey();
     await a.ops.run({ opId: id("op"), kind: "provision", machineId: m, generation: 1 });
@@ -305,10 +278,9 @@ describe("agent operations on the gvisor runtime", () => {
     "provision, fence (new incarnation, 0 processes), scrub, restart re-attaches the scrubbed sandbox, destroy leaves nothing",
     { skip: gvisor.ok ? false : `gvisor unavailable here: ${gvisor.why}` },
     async () => {
-      const dir = tempDir();
+      const dir = harness.dir();
       const m = id("m");
-      let a = await startAgent({ stateDir: dir, runtime: "gvisor" });
-      agents.push(a);
+      let a = await harness.agent({ stateDir: dir, runtime: "gvisor" });
       const created = await a.ops.run({ opId: id("op"), kind: "provision", machineId: m, generation: 1 });
       const fence = await a.ops.run({ opId: id("op"), kind: "fence", machineId: m, generation: 1 });
       const f = fence.result as { incarnationBefore: string; incarnationAfter: string; processesRemaining: number };
@@ -320,8 +292,7 @@ describe("agent operations on the gvisor runtime", () => {
       assert.equal(a.store.getMachine(m)?.incarnation, (await a.runtime.inspect(m)).incarnation);
       await a.stop();
       // ...so that the next start recognises the machine as its own.
-      a = await startAgent({ stateDir: dir, runtime: "gvisor" });
-      agents.push(a);
+      a = await harness.agent({ stateDir: dir, runtime: "gvisor" });
       assert.deepEqual(a.recovery.reattached, [m]);
       assert.deepEqual(a.recovery.mismatched, []);
       const d = await a.ops.run({ opId: id("op"), kind: "destroy", machineId: m, generation: 1 });

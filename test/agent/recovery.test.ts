@@ -6,48 +6,28 @@
  * processes live, then started again on the same state directory.
  */
 import { strict as assert } from "node:assert";
-import { generateKeyPairSync, randomBytes } from "node:crypto";
-import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { createServer, type Server } from "node:http";
-import type { AddressInfo } from "node:net";
-import { tmpdir } from "node:os";
+import { randomBytes } from "node:crypto";
+import type { ChildProcess } from "node:child_process";
+import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
 import { after, before, describe, it } from "node:test";
 import Database from "better-sqlite3";
-import { startAgent } from "../../src/agent/agent.js";
-import { fingerprintOf } from "../../src/core/ssh-public-key.js";
 import { argsHashOf } from "../../src/protocol/operations.js";
 import { AgentStore } from "../../src/agent/store.js";
 import { ProcessRuntime } from "../../src/agent/runtime/process.js";
 import type { ExecHandle } from "../../src/agent/runtime/types.js";
 import { newToken } from "../../src/core/tokens.js";
+import { AgentHarness, sshKey, type Enroller } from "../helpers/agent.js";
 
-const BERTH = fileURLToPath(new URL("../../../bin/berth", import.meta.url));
-const dirs: string[] = [];
-const children = new Set<ChildProcess>();
+const harness = new AgentHarness("berth-recovery-");
 const strays: ExecHandle[] = [];
 after(async () => {
-  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL");
-  for (const h of strays) {
-    await h.signalGroup("SIGKILL").catch(() => false);
-    h.killClient("SIGKILL");
+  for (const s of strays) {
+    await s.signalGroup("SIGKILL").catch(() => false);
+    s.killClient("SIGKILL");
   }
-  for (const d of dirs) rmSync(d, { recursive: true, force: true });
+  await harness.close();
 });
-
-function sshKey(): { line: string; fingerprint: string } {
-  const { publicKey } = generateKeyPairSync("ed25519");
-  const raw = Buffer.from(publicKey.export({ format: "jwk" }).x as string, "base64url");
-  const len = (b: Buffer): Buffer => {
-    const l = Buffer.alloc(4);
-    l.writeUInt32BE(b.length);
-    return Buffer.concat([l, b]);
-  };
-  const blob = Buffer.concat([len(Buffer.from("ssh-ed25519")), len(raw)]);
-  return { line: `ssh-ed25519 ${blob.toString("base64")}`, fingerprint: fingerprintOf(blob) };
-}
 
 function alive(pid: number): boolean {
   try {
@@ -63,60 +43,28 @@ interface Agent {
   exit: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
 }
 
-function startAgentProcess(stateDir: string, coordinator: string, tokenFile: string): Promise<Agent> {
-  const child = spawn(
-    process.execPath,
-    [BERTH, "agent", "--state-dir", stateDir, "--runtime", "process", "--coordinator", coordinator, "--enroll-token-file", tokenFile, "--name", "rec-host"],
-    { stdio: ["ignore", "pipe", "pipe"] },
-  );
-  children.add(child);
-  let stdout = "";
-  let stderr = "";
-  child.stderr!.on("data", (b: Buffer) => (stderr += b.toString()));
-  const exit = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
-    child.once("exit", (code, signal) => resolve({ code, signal })),
-  );
-  return new Promise((resolve, reject) => {
-    child.stdout!.on("data", (b: Buffer) => {
-      stdout += b.toString();
-      const m = /berth agent ready api=(\S+)/.exec(stdout);
-      if (m) resolve({ child, url: m[1]!, exit });
-    });
-    void exit.then((e) => reject(new Error(`agent exited (${e.code ?? e.signal}) before ready: ${stderr}`)));
-  });
+async function startAgentProcess(stateDir: string, coordinator: string, tokenFile: string): Promise<Agent> {
+  const p = harness.spawnAgent({ stateDir, coordinator, enrollTokenFile: tokenFile, name: "rec-host", logLevel: "info" });
+  return { child: p.child, url: (await p.ready).url, exit: p.exit };
 }
 
 describe("agent crash recovery", () => {
-  let server: Server;
+  let enroller: Enroller;
   let coordinator: string;
-  const enrollToken = newToken("enroll", randomBytes);
-  const enrollments: Array<{ body: any; token: string }> = [];
+  let enrollToken: string;
+  /** Successful enrollments: the body sent and the host-call token answered. */
+  const enrollments = () => enroller.issued.map((e) => ({ body: e.body, token: e.hostCallToken }));
 
   before(async () => {
-    server = createServer((req, res) => {
-      let text = "";
-      req.on("data", (c: Buffer) => (text += c.toString()));
-      req.on("end", () => {
-        if (req.url !== "/v1/hosts/enroll" || req.headers.authorization !== `Bearer ${enrollToken}`) {
-          res.writeHead(401, { "content-type": "application/json" });
-          res.end(JSON.stringify({ error: { code: "unauthorized", message: "unauthorized" } }));
-          return;
-        }
-        const body = JSON.parse(text);
-        const token = newToken("host-call", randomBytes);
-        enrollments.push({ body, token });
-        res.writeHead(200, { "content-type": "application/json" });
-        // Like the coordinator: one host per name.
-        res.end(JSON.stringify({ hostId: body.name === "rec-host" ? "h_rec" : "h_unexpected", hostCallToken: token }));
-      });
-    });
-    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
-    coordinator = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    enroller = await harness.enroller();
+    // Like the coordinator: one host per name.
+    enroller.answer = (body) => ({ hostId: body.name === "rec-host" ? "h_rec" : "h_unexpected", hostCallToken: newToken("host-call", randomBytes) });
+    coordinator = enroller.url;
+    enrollToken = enroller.token;
   });
-  after(() => new Promise<void>((r) => server.close(() => r())));
 
   async function call(agent: Agent, path: string, body?: unknown): Promise<{ status: number; json: any }> {
-    const token = enrollments.at(-1)!.token;
+    const token = enrollments().at(-1)!.token;
     const res = await fetch(agent.url + path, {
       method: body === undefined ? "GET" : "POST",
       headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
@@ -126,15 +74,14 @@ describe("agent crash recovery", () => {
   }
 
   it("[I9] after SIGKILL: a retried op returns its first result, a matching machine is re-attached, a mismatched one is never signalled", async () => {
-    const root = mkdtempSync(join(tmpdir(), "berth-recovery-"));
-    dirs.push(root);
+    const root = harness.dir();
     const stateDir = join(root, "state");
     const tokenFile = join(root, "enroll-token");
     writeFileSync(tokenFile, enrollToken + "\n", { mode: 0o600 });
 
     // --- first life -------------------------------------------------------
     let agent = await startAgentProcess(stateDir, coordinator, tokenFile);
-    assert.equal(enrollments.length, 1);
+    assert.equal(enrollments().length, 1);
     const live = sshKey();
     const short = sshKey();
     const createM1 = { opId: "op_c1", kind: "provision", machineId: "m_kept", generation: 1 };
@@ -174,8 +121,8 @@ describe("agent crash recovery", () => {
 
     // --- second life ------------------------------------------------------
     agent = await startAgentProcess(stateDir, coordinator, tokenFile);
-    assert.equal(enrollments.length, 2);
-    assert.deepEqual(Object.keys(enrollments[1]!.body).sort(), ["capacity", "name", "runtime", "ssh", "url"]);
+    assert.equal(enrollments().length, 2);
+    assert.deepEqual(Object.keys(enrollments()[1]!.body).sort(), ["capacity", "name", "runtime", "ssh", "url"]);
     assert.equal((await call(agent, "/v1/agent/health")).json.hostId, "h_rec", "the same host after the restart");
 
     // The retried operations answer with their first results, acting on nothing.
@@ -215,8 +162,7 @@ describe("agent crash recovery", () => {
 
 describe("agent recovery of an operation cut short", () => {
   it("[I9] a create whose process died after its intent record is left pending, and its retry (same opId) finishes it once", async () => {
-    const stateDir = mkdtempSync(join(tmpdir(), "berth-midop-"));
-    dirs.push(stateDir);
+    const stateDir = harness.dir();
     // What an agent leaves when it dies right after writing the create's
     // intent and the runtime created the machine, before recording the result.
     const store = AgentStore.open(stateDir);
@@ -230,7 +176,7 @@ describe("agent recovery of an operation cut short", () => {
     store.close();
     const made = await new ProcessRuntime({ stateDir }).create("m_mid");
 
-    const agent = await startAgent({ stateDir, runtime: "process" });
+    const agent = await harness.agent({ stateDir });
     try {
       assert.deepEqual(agent.recovery.pending, [{ machineId: "m_mid", ops: ["op_mid"] }]);
       assert.deepEqual(agent.recovery.mismatched, []);

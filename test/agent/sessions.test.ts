@@ -8,81 +8,30 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { mkdtempSync, rmSync, writeFileSync, createReadStream } from "node:fs";
-import { tmpdir } from "node:os";
+import { writeFileSync, createReadStream } from "node:fs";
 import { join, resolve } from "node:path";
 import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
 import { spawn } from "node:child_process";
 import Database from "better-sqlite3";
 import type ssh2 from "ssh2";
-import { startGateway, type Gateway } from "../../src/agent/gateway.js";
+import { startGateway } from "../../src/agent/ssh/gateway.js";
 import { createRuntime, gvisorAvailability } from "../../src/agent/runtime/index.js";
-import type { Runtime, RuntimeKind } from "../../src/agent/runtime/types.js";
-import { generateSshKeyPair } from "../../src/agent/ssh-keys.js";
-import { MemoryKeys, connect, run, Term } from "../../src/agent/ssh-testkit.js";
-import { hostGroupPresence, readHostProcess } from "../../src/agent/sessions-probe.js";
-import { memorySessionStore, sqliteSessionStore, type SessionRecord } from "../../src/agent/sessions-store.js";
-import { recoveryDecision } from "../../src/agent/sessions-recovery.js";
+import { generateSshKeyPair } from "../../src/core/ssh-keys.js";
+import { MemoryKeys, connect, run, Term } from "../helpers/ssh-testkit.js";
+import { AgentHarness, quietLog as quiet, until, type GatewayRig } from "../helpers/agent.js";
+import { hostGroupPresence, readHostProcess } from "../../src/agent/sessions/probe.js";
+import { sqliteSessionStore, type SessionRecord } from "../../src/agent/sessions/store.js";
+import { recoveryDecision } from "../../src/agent/sessions/recovery.js";
 
 // RFC 4254 lists no TSTP, so the ssh2 client refuses to send it; berth's protocol does
 // (seed 3.3: Suspend -> SIGTSTP). Teach this process's client the name.
 (createRequire(import.meta.url)("ssh2/lib/protocol/constants.js") as { SIGNALS: Record<string, number> }).SIGNALS.TSTP = 1;
 
-const quiet = { info() {}, warn() {}, error() {} };
-const root = mkdtempSync(join(tmpdir(), "berth-sess-"));
-after(() => rmSync(root, { recursive: true, force: true }));
+const harness = new AgentHarness("berth-sess-");
+after(() => harness.close());
 
 const PTY = { rows: 24, cols: 80, term: "xterm", width: 0, height: 0, modes: {} } as const;
-
-interface Rig {
-  runtime: Runtime;
-  gw: Gateway;
-  keys: MemoryKeys;
-  store: ReturnType<typeof memorySessionStore>;
-  machine: string;
-  client(): Promise<ssh2.Client>;
-  close(): Promise<void>;
-}
-
-async function rig(kind: RuntimeKind, name: string): Promise<Rig> {
-  const dir = mkdtempSync(join(root, `${kind}-`));
-  const runtime = createRuntime(kind, join(dir, "rt"));
-  const machine = `m_${name}`;
-  await runtime.create(machine);
-  const keys = new MemoryKeys();
-  const store = memorySessionStore();
-  const gw = await startGateway({ hostKeyPath: join(dir, "host_key"), listen: { host: "127.0.0.1", port: 0 }, keys, runtime, log: quiet, sessionStore: store });
-  const pair = generateSshKeyPair();
-  keys.install({ machineId: machine, fingerprint: pair.fingerprint, grantId: "g_test", expiresAt: null });
-  const clients: ssh2.Client[] = [];
-  return {
-    runtime,
-    gw,
-    keys,
-    store,
-    machine,
-    async client() {
-      const c = await connect({ port: gw.port, username: machine, privateKey: pair.privateKey, hostKey: gw.hostKey });
-      c.on("error", () => {});
-      clients.push(c);
-      return c;
-    },
-    async close() {
-      for (const c of clients) c.end();
-      await gw.close();
-      await runtime.destroy(machine);
-    },
-  };
-}
-
-async function until(cond: () => boolean | Promise<boolean>, what: string, ms = 30_000): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!(await cond())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
 
 /** `stty size` inside the PTY, answered after the last marker. */
 async function sttySize(t: Term): Promise<string> {
@@ -128,10 +77,10 @@ function slowRun(c: ssh2.Client, command: string, pty: ssh2.PseudoTtyOptions): P
 for (const kind of ["process", "gvisor"] as const) {
   const skip = kind === "gvisor" && !gvisorAvailability().ok ? (gvisorAvailability() as { why: string }).why : null;
   const name = (s: string) => `${kind}: ${s}`;
-  const maybe = (title: string, fn: (r: Rig) => Promise<void>) =>
+  const maybe = (title: string, fn: (r: GatewayRig) => Promise<void>) =>
     test(name(title), async (t) => {
       if (skip) return t.skip(`gvisor runtime unavailable: ${skip}`);
-      const r = await rig(kind, title.replace(/[^a-z0-9]+/gi, "_").slice(0, 40));
+      const r = await harness.gateway(kind, `m_${title.replace(/[^a-z0-9]+/gi, "_").slice(0, 40)}`);
       try {
         await fn(r);
       } finally {
@@ -155,7 +104,7 @@ for (const kind of ["process", "gvisor"] as const) {
   });
 
   /** Wait until the machine runs at least `n` processes (the shell and its foreground job). */
-  const running = (r: Rig, n: number) => until(async () => (await r.runtime.inspect(r.machine)).liveProcesses >= n, `${n} processes in the machine`);
+  const running = (r: GatewayRig, n: number) => until(async () => (await r.runtime.inspect(r.machine)).liveProcesses >= n, `${n} processes in the machine`);
 
   for (const jobControl of [false, true]) {
     maybe(`signal INT stops a foreground sleep and the shell survives (job control ${jobControl ? "on" : "off"})`, async (r) => {
@@ -357,20 +306,21 @@ test("recovery decisions: clean only on verified absence; exact leftovers stoppe
 });
 
 test("[I9] hard loss: SIGKILL of the agent mid-session, restart: nothing reattached, records cleaned only after absence, a mismatch retained and never signalled", async () => {
-  const dir = mkdtempSync(join(root, "hardloss-"));
+  const dir = harness.dir();
   const dbPath = join(dir, "agent.db");
   const pair = generateSshKeyPair();
   const machine = "m_hardloss";
   // A child process plays the agent, so that it can be SIGKILLed.
   const script = join(dir, "agent.mjs");
   const dist = resolve("dist/src/agent");
+  const helpers = resolve("dist/test/helpers");
   writeFileSync(
     script,
     `import Database from ${JSON.stringify(pathToFileURL(createRequire(import.meta.url).resolve("better-sqlite3")).href)};
-import { startGateway } from "${dist}/gateway.js";
+import { startGateway } from "${dist}/ssh/gateway.js";
 import { createRuntime } from "${dist}/runtime/index.js";
-import { sqliteSessionStore } from "${dist}/sessions-store.js";
-import { MemoryKeys } from "${dist}/ssh-testkit.js";
+import { sqliteSessionStore } from "${dist}/sessions/store.js";
+import { MemoryKeys } from "${helpers}/ssh-testkit.js";
 const runtime = createRuntime("process", ${JSON.stringify(join(dir, "rt"))});
 await runtime.create(${JSON.stringify(machine)});
 const keys = new MemoryKeys();

@@ -3,59 +3,17 @@
  * state directory; the lock goes with its holder, even one SIGKILLed.
  */
 import { strict as assert } from "node:assert";
-import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
 import { after, describe, it } from "node:test";
 import Database from "better-sqlite3";
 import { AGENT_MIGRATIONS, AgentLockedError, AgentStore, STORE_FILE } from "../../src/agent/store.js";
 import { argsHashOf } from "../../src/protocol/operations.js";
+import { AgentHarness } from "../helpers/agent.js";
 
-const BERTH = fileURLToPath(new URL("../../../bin/berth", import.meta.url));
-const dirs: string[] = [];
-const children = new Set<ChildProcess>();
-after(() => {
-  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL");
-  for (const d of dirs) rmSync(d, { recursive: true, force: true });
-});
-
-function tempDir(): string {
-  const d = mkdtempSync(join(tmpdir(), "berth-store-"));
-  dirs.push(d);
-  return d;
-}
-
-interface Spawned {
-  child: ChildProcess;
-  /** Resolves with the ready line, or rejects with the exit and stderr. */
-  ready: Promise<string>;
-  exit: Promise<{ code: number | null; signal: NodeJS.Signals | null; stderr: string }>;
-}
-
-function spawnAgent(stateDir: string): Spawned {
-  const child = spawn(process.execPath, [BERTH, "agent", "--state-dir", stateDir, "--runtime", "process", "--log-level", "warn"], {
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  children.add(child);
-  let stdout = "";
-  let stderr = "";
-  child.stderr!.on("data", (b: Buffer) => (stderr += b.toString()));
-  const exit = new Promise<{ code: number | null; signal: NodeJS.Signals | null; stderr: string }>((resolve) =>
-    child.once("exit", (code, signal) => resolve({ code, signal, stderr })),
-  );
-  const ready = new Promise<string>((resolve, reject) => {
-    child.stdout!.on("data", (b: Buffer) => {
-      stdout += b.toString();
-      const line = stdout.split("\n").find((l) => l.startsWith("berth agent ready "));
-      if (line) resolve(line);
-    });
-    void exit.then((e) => reject(new Error(`agent exited (${e.code ?? e.signal}) before ready: ${e.stderr}`)));
-  });
-  ready.catch(() => undefined);
-  return { child, ready, exit };
-}
+const harness = new AgentHarness("berth-store-");
+after(() => harness.close());
+const tempDir = (): string => harness.dir();
+const spawnAgent = (stateDir: string) => harness.spawnAgent({ stateDir });
 
 describe("agent store lock", () => {
   it("a second agent process on the same state directory refuses to start; the lock is free once the holder is gone", async () => {

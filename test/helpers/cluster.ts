@@ -7,7 +7,7 @@ import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { Api } from "../../src/cli/api.js";
-import { generateSshKeyPair, type SshKeyPair } from "../../src/agent/ssh-keys.js";
+import { generateSshKeyPair, type SshKeyPair } from "../../src/core/ssh-keys.js";
 import { tempDir } from "./env.js";
 
 export const BIN = resolve("bin/berth");

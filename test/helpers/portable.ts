@@ -11,7 +11,7 @@
 import assert from "node:assert/strict";
 import type { OperationOutcome, OperationRequest, Provider, ProviderCapabilities } from "../../src/providers/provider.js";
 import { parsePublicKey } from "../../src/core/ssh-public-key.js";
-import { generateSshKeyPair } from "../../src/agent/ssh-keys.js";
+import { generateSshKeyPair } from "../../src/core/ssh-keys.js";
 import type { Coordinator } from "../../src/coordinator/server.js";
 import { ApiError, type Api } from "../../src/cli/api.js";
 import { startTestCoordinator, TestClock, type Engine, type TestCoordinator } from "./env.js";

@@ -1,25 +1,7 @@
-/** Small pieces both runtimes share: per-machine serialisation, the clean environment, incarnation ids. */
+/** Small pieces both runtimes share: the clean environment, the login shell, PTY sizes, incarnation ids. */
 import { existsSync } from "node:fs";
 import { randomBytes } from "node:crypto";
 import { BerthError } from "../../core/errors.js";
-
-/**
- * Serialises operations per machine id (create/exec-start/fence/scrub/destroy),
- * so a fence never races a half-started command or a second fence.
- */
-export class KeyedLock {
-  private readonly tails = new Map<string, Promise<unknown>>();
-  run<T>(key: string, fn: () => Promise<T>): Promise<T> {
-    const prev = this.tails.get(key) ?? Promise.resolve();
-    const next = prev.then(fn, fn);
-    const tail = next.catch(() => undefined);
-    this.tails.set(key, tail);
-    void tail.then(() => {
-      if (this.tails.get(key) === tail) this.tails.delete(key);
-    });
-    return next;
-  }
-}
 
 /** A fresh boot id: 128 random bits as 32 hex characters. */
 export function newIncarnation(): string {
@@ -37,7 +19,7 @@ const RESERVED = new Set(["PATH", "HOME", "USER", "SHELL", "BERTH_MACHINE", "BER
 export function cleanEnv(requested: Record<string, string>, base: Record<string, string>): Record<string, string> {
   const env: Record<string, string> = { LANG: "C.UTF-8" };
   for (const [k, v] of Object.entries(requested)) {
-    // BERTH_* other than the reserved names pass: the agent's allowlist (sessions-events.ts)
+    // BERTH_* other than the reserved names pass: the agent's allowlist (sessions/events.ts)
     // already refused the names it sets itself, and the base below always wins.
     if (RESERVED.has(k)) continue;
     if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k) || v.includes("\0")) continue;

@@ -1,7 +1,7 @@
 /**
  * The `gvisor` runtime: one runsc sandbox per machine (Linux, root).
  *
- * Sandbox: an OCI bundle generated per incarnation under
+ * Sandbox: an OCI bundle (gvisor-oci.ts) generated per incarnation under
  * <stateDir>/machines/<id>/bundle-<inc>/, run under a private runsc state root
  * <stateDir>/runsc (so `runsc --root <stateDir>/runsc list` shows exactly this
  * agent's containers):
@@ -28,7 +28,7 @@
  * exact host pid, proven gone, the new one started, and the old container's
  * state is deleted in the background (destroy waits for it).
  *
- * Exec and leader identity: `runsc exec --process <spec>` (non-detached, so the
+ * Exec and leader identity (gvisor-oci.ts, gvisor-identity.ts): `runsc exec --process <spec>` (non-detached, so the
  * client's exit status is the command's). The spec runs a two-line wrapper that
  * prints one identity line — its own in-sandbox /proc/self/stat — on stderr
  * (the merged stream for a PTY) and then execs the command with the same pid.
@@ -47,18 +47,23 @@
  * otherwise kills/deletes by container id under its private root, never by a
  * bare pid.
  */
-import { execFile, spawn } from "node:child_process";
-import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
-import { delimiter, join, resolve } from "node:path";
+import { spawn } from "node:child_process";
+import { existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { join, resolve } from "node:path";
 import { createHash, randomBytes } from "node:crypto";
 import pty from "node-pty";
 import { BerthError } from "../../core/errors.js";
 import { isId, parseId } from "../../core/ids.js";
 import { readRecord, wipeDirectory, writeRecord } from "./durable.js";
-import { allPids, isDead, matches, parseStat, readCmdline, readStat, signalExact, sleep, waitUntil } from "./procfs.js";
-import { IDENTITY_PREFIX, fromChild, fromPty, type Plumbing } from "./streams.js";
+import { isDead, matches, readStat, signalExact, sleep, waitUntil } from "./procfs.js";
+import { fromChild, fromPty, type Plumbing } from "./streams.js";
+import { COUNT_SCRIPT, PATH_IN, SIGNAL_SCRIPT, execProcessSpec, sandboxSpec } from "./gvisor-oci.js";
+import { awaitExecIdentity } from "./gvisor-identity.js";
+import { Runsc, findRunsc } from "./gvisor-runsc.js";
+import { gvisorExecHandle } from "./gvisor-handle.js";
 import type { ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeMachine } from "./types.js";
-import { KeyedLock, cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
+import { cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
+import { KeyedLock } from "../keyed-lock.js";
 
 interface ContainerRecord {
   id: string;
@@ -84,46 +89,11 @@ export interface GvisorRuntimeOptions {
   platform?: "ptrace" | "kvm";
 }
 
-const CAPS = [
-  "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
-  "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
-];
-const CAPABILITIES = { bounding: CAPS, effective: CAPS, permitted: CAPS, inheritable: CAPS };
-const PATH_IN = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-/** Prints the identity line then becomes the command (same pid). */
-const EXEC_WRAPPER = `read -r s < /proc/$$/stat; printf '${IDENTITY_PREFIX.replace("\x1e", "\\036")}%s\\n' "$s" >&2; exec "$@"`;
-
-/** Signal the group only if the leader is still exactly the recorded process. Exit 3/4: mismatch. */
-const SIGNAL_SCRIPT = `p=$1; st=$2; g=$3; sig=$4
-read -r s < /proc/$p/stat 2>/dev/null || exit 3
-r=\${s##*) }
-set -- $r
-[ "$3" = "$g" ] && [ "\${20}" = "$st" ] || exit 4
-kill -$sig -$g || exit 5`;
-
-/** Live processes outside init's group (pgid 1) and outside this counting shell's own group. */
-const COUNT_SCRIPT = `n=0
-for f in /proc/[0-9]*/stat; do
-  read -r s < "$f" 2>/dev/null || continue
-  r=\${s##*) }
-  set -- $r
-  [ "$1" = Z ] && continue
-  [ "$3" = 1 ] && continue
-  [ "$3" = "$$" ] && continue
-  n=$((n+1))
-done
-echo $n`;
-
-const INIT = ["/bin/sh", "-c", 'trap "exit 0" TERM; while :; do sleep 3600 & wait; done'];
-
 export class GvisorRuntime implements Runtime {
   readonly kind = "gvisor" as const;
   private readonly stateDir: string;
   private readonly machinesDir: string;
-  private readonly runscRoot: string;
-  private readonly runsc: string;
-  private readonly platform: "ptrace" | "kvm";
+  private readonly runsc: Runsc;
   private readonly lock = new KeyedLock();
   /** Background deletion of retired containers, per machine. */
   private readonly garbage = new Map<string, Promise<void>>();
@@ -140,13 +110,12 @@ export class GvisorRuntime implements Runtime {
   constructor(opts: GvisorRuntimeOptions) {
     this.stateDir = resolve(opts.stateDir);
     this.machinesDir = join(this.stateDir, "machines");
-    this.runscRoot = join(this.stateDir, "runsc");
+    const runscRoot = join(this.stateDir, "runsc");
     mkdirSync(this.machinesDir, { recursive: true, mode: 0o700 });
-    mkdirSync(this.runscRoot, { recursive: true, mode: 0o700 });
+    mkdirSync(runscRoot, { recursive: true, mode: 0o700 });
     const bin = opts.runsc ?? findRunsc();
     if (!bin) throw new BerthError("provider_unavailable", "provider_unavailable: runsc is not installed; install the runsc package or use --runtime process");
-    this.runsc = bin;
-    this.platform = opts.platform ?? "ptrace";
+    this.runsc = new Runsc(bin, runscRoot, opts.platform ?? "ptrace");
   }
 
   // ---- records -------------------------------------------------------------
@@ -186,53 +155,6 @@ export class GvisorRuntime implements Runtime {
     return c !== null && c.sandboxPid > 0 && matches({ pid: c.sandboxPid, startTime: c.sandboxStart });
   }
 
-  // ---- runsc plumbing ------------------------------------------------------
-
-  private run(args: string[], timeoutMs = 30_000): Promise<{ code: number; stdout: string; stderr: string }> {
-    return new Promise((resolveP) => {
-      execFile(this.runsc, ["--root", this.runscRoot, ...args], { timeout: timeoutMs, maxBuffer: 8 << 20 }, (err, stdout, stderr) => {
-        const code = err ? (typeof (err as { code?: unknown }).code === "number" ? ((err as { code: number }).code) : 1) : 0;
-        resolveP({ code, stdout: String(stdout), stderr: String(stderr) });
-      });
-    });
-  }
-
-  private async listContainers(): Promise<Array<{ id: string; pid: number; status: string }>> {
-    const r = await this.run(["list", "--format", "json"]);
-    if (r.code !== 0) throw new BerthError("operation_failed", `operation_failed: runsc list failed: ${r.stderr.trim().slice(0, 300)}`);
-    const parsed = JSON.parse(r.stdout.trim() || "[]") as Array<{ id: string; pid: number; status: string }> | null;
-    return parsed ?? [];
-  }
-
-  private spec(rec: GvisorMachineRecord, inc: string, bundle: string): unknown {
-    const ws = join(this.dir(rec.machineId), "workspace");
-    const mounts: unknown[] = [
-      { destination: "/proc", type: "proc", source: "proc" },
-      { destination: "/dev", type: "tmpfs", source: "tmpfs", options: ["nosuid", "mode=755"] },
-      { destination: "/sys", type: "sysfs", source: "sysfs", options: ["nosuid", "noexec", "nodev", "ro"] },
-      { destination: "/tmp", type: "tmpfs", source: "tmpfs", options: ["nosuid", "nodev", "mode=1777"] },
-      { destination: "/workspace", type: "bind", source: ws, options: ["rbind", "rw"] },
-      { destination: "/run/berth", type: "bind", source: join(bundle, "run"), options: ["rbind", "ro"] },
-      // Mask the agent's state (records, runsc state, other machines' workspaces).
-      { destination: this.stateDir, type: "tmpfs", source: "tmpfs", options: ["ro", "size=4k"] },
-    ];
-    return {
-      ociVersion: "1.0.2",
-      process: {
-        terminal: false,
-        user: { uid: 0, gid: 0 },
-        args: INIT,
-        env: [`PATH=${PATH_IN}`, "HOME=/workspace", `BERTH_MACHINE=${rec.machineId}`, `BERTH_INCARNATION=${inc}`],
-        cwd: "/workspace",
-        capabilities: CAPABILITIES,
-      },
-      root: { path: "/", readonly: false },
-      hostname: rec.machineId.slice(0, 63),
-      mounts,
-      linux: { namespaces: [{ type: "pid" }, { type: "ipc" }, { type: "uts" }, { type: "mount" }, { type: "network" }] },
-    };
-  }
-
   /** Start a new incarnation. The record names the container before runsc runs (intent). */
   private async start(rec: GvisorMachineRecord): Promise<GvisorMachineRecord> {
     const inc = newIncarnation();
@@ -241,56 +163,17 @@ export class GvisorRuntime implements Runtime {
     mkdirSync(join(bundle, "run"), { recursive: true, mode: 0o700 });
     mkdirSync(join(this.dir(rec.machineId), "workspace"), { recursive: true, mode: 0o700 });
     writeFileSync(join(bundle, "run", "incarnation"), inc + "\n", { mode: 0o644 });
-    writeFileSync(join(bundle, "config.json"), JSON.stringify(this.spec(rec, inc, bundle)), { mode: 0o600 });
+    const spec = sandboxSpec({ machineId: rec.machineId, incarnation: inc, workspace: join(this.dir(rec.machineId), "workspace"), runDir: join(bundle, "run"), stateDir: this.stateDir });
+    writeFileSync(join(bundle, "config.json"), JSON.stringify(spec), { mode: 0o600 });
     const intent: GvisorMachineRecord = { ...rec, incarnation: inc, container: { id: cid, bundle, sandboxPid: 0, sandboxStart: 0 } };
     this.save(intent);
 
-    const pidFile = join(bundle, "sandbox.pid");
-    const logPath = join(bundle, "runsc.log");
-    const logFd = openSync(logPath, "w", 0o600);
-    const code = await new Promise<number>((res) => {
-      // detached: the gofer stays in runsc's process group; keep it out of the agent's.
-      const child = spawn(
-        this.runsc,
-        [
-          "--root", this.runscRoot, "--network=none", "--overlay2=root:memory", "--ignore-cgroups", `--platform=${this.platform}`,
-          "run", "--detach", "--pid-file", pidFile, "--bundle", bundle, cid,
-        ],
-        { detached: true, stdio: ["ignore", "ignore", logFd] },
-      );
-      child.on("exit", (c) => res(c ?? 1));
-      child.on("error", () => res(127));
-    });
-    closeSync(logFd);
-    if (code !== 0) {
-      const log = safeRead(logPath).trim().split("\n").slice(-3).join(" | ").slice(0, 400);
-      throw new BerthError("operation_failed", `operation_failed: runsc run for machine ${rec.machineId} exited ${code}: ${log}`);
-    }
-    const pid = Number(safeRead(pidFile).trim());
+    const pid = await this.runsc.runDetached(bundle, cid, `machine ${rec.machineId}`);
     const st = Number.isInteger(pid) && pid > 0 ? readStat(pid) : null;
     if (!st || isDead(st)) throw new BerthError("operation_failed", `operation_failed: sandbox of machine ${rec.machineId} is not running after runsc run`);
     const started: GvisorMachineRecord = { ...intent, container: { id: cid, bundle, sandboxPid: pid, sandboxStart: st.startTime } };
     this.save(started);
     return started;
-  }
-
-  /** Host processes that belong to container `c`: sandbox, gofer, exec clients (by bundle path or root+id in argv). */
-  private hostProcessesOf(c: ContainerRecord): Array<{ pid: number; startTime: number }> {
-    const out: Array<{ pid: number; startTime: number }> = [];
-    for (const pid of allPids()) {
-      if (pid === process.pid) continue;
-      const argv = readCmdline(pid);
-      if (argv.length === 0) continue;
-      const joined = argv.join("\0");
-      const ours =
-        joined.includes(`--bundle=${c.bundle}`) ||
-        (argv.includes(c.bundle) && argv.includes("--bundle")) ||
-        (joined.includes(this.runscRoot) && argv.includes(c.id));
-      if (!ours) continue;
-      const st = readStat(pid);
-      if (st && !isDead(st)) out.push({ pid, startTime: st.startTime });
-    }
-    return out;
   }
 
   /**
@@ -310,13 +193,13 @@ export class GvisorRuntime implements Runtime {
     } else {
       // Only an intent was recorded (crash during runsc run): runsc's own state
       // under our private root names the container; let runsc kill it.
-      const r = await this.run(["delete", "--force", c.id]);
+      const r = await this.runsc.run(["delete", "--force", c.id]);
       how = `container ${c.id} from an interrupted start deleted (runsc exit ${r.code})`;
     }
     // Everything else of the container (gofer, exec clients, signal helpers).
     let others = 0;
     for (let round = 0; ; round++) {
-      const live = this.hostProcessesOf(c);
+      const live = this.runsc.hostProcessesOf(c);
       if (live.length === 0) break;
       if (round >= 50) {
         throw new BerthError("operation_failed", `operation_failed: ${live.length} host processes of sandbox ${c.id} survived SIGKILL; quarantine machine ${rec.machineId}`);
@@ -339,7 +222,7 @@ export class GvisorRuntime implements Runtime {
   private collect(machineId: string, c: ContainerRecord): void {
     const prev = this.garbage.get(machineId) ?? Promise.resolve();
     const next = prev.then(async () => {
-      await this.run(["delete", "--force", c.id]);
+      await this.runsc.run(["delete", "--force", c.id]);
       rmSync(c.bundle, { recursive: true, force: true });
     });
     this.garbage.set(machineId, next.catch(() => undefined));
@@ -391,26 +274,15 @@ export class GvisorRuntime implements Runtime {
         const specPath = join(execDir, `${tag}.json`);
         const ipidPath = join(execDir, `${tag}.pid`);
         // The spec file keeps the environment out of argv (visible in ps).
-        writeFileSync(
-          specPath,
-          JSON.stringify({
-            terminal: Boolean(req.pty),
-            user: { uid: 0, gid: 0 },
-            args: ["/bin/sh", "-c", EXEC_WRAPPER, "berth-exec", ...argv],
-            env: Object.entries(env).map(([k, v]) => `${k}=${v}`),
-            cwd: "/workspace",
-            capabilities: CAPABILITIES,
-          }),
-          { mode: 0o600 },
-        );
-        const args = ["--root", this.runscRoot, "exec", "--internal-pid-file", ipidPath, "--process", specPath, c.id];
+        writeFileSync(specPath, JSON.stringify(execProcessSpec(argv, env, Boolean(req.pty))), { mode: 0o600 });
+        const args = this.runsc.execArgs(c.id, specPath, ipidPath);
         let setLine!: (l: string | null) => void;
         const line = new Promise<string | null>((r) => (setLine = r));
         let plumbing: Plumbing;
         let clientPid: number;
         let p: pty.IPty | null = null;
         if (req.pty) {
-          p = pty.spawn(this.runsc, args, {
+          p = pty.spawn(this.runsc.bin, args, {
             name: env.TERM,
             cols: req.pty.cols,
             rows: req.pty.rows,
@@ -421,7 +293,7 @@ export class GvisorRuntime implements Runtime {
           clientPid = p.pid;
           plumbing = fromPty(p, setLine);
         } else {
-          const child = spawn(this.runsc, args, { detached: true, stdio: ["pipe", "pipe", "pipe"] });
+          const child = spawn(this.runsc.bin, args, { detached: true, stdio: ["pipe", "pipe", "pipe"] });
           if (child.pid === undefined) throw new BerthError("operation_failed", "operation_failed: could not start runsc exec");
           clientPid = child.pid;
           plumbing = fromChild(child, setLine);
@@ -435,87 +307,24 @@ export class GvisorRuntime implements Runtime {
         return { rec, c, client, plumbing, p, line, specPath, ipidPath };
       })
       .then(async ({ rec, c, client, plumbing, p, line, specPath, ipidPath }) => {
-        // Outside the lock: wait for the wrapper's identity line. A quick command's
-        // client can exit before its stderr is read, so an early exit only bounds the
-        // wait: the line (or the end of stderr, which resolves it as null) still decides.
-        const timeout = sleep(15_000).then(() => "timeout" as const);
-        const afterExit = plumbing.exited.then(() => Promise.race([line, sleep(2_000).then(() => null)]));
-        const first = await Promise.race([line, afterExit, timeout]);
-        rmSync(specPath, { force: true });
-        const fail = (why: string): never => {
-          signalExact(client, "SIGKILL");
-          rmSync(ipidPath, { force: true });
-          throw new BerthError("operation_failed", `operation_failed: command in machine ${machineId} did not start: ${why}`);
-        };
-        if (first === "timeout") fail("no identity from the sandbox within 15 s");
-        if (typeof first !== "string" || !first.startsWith(IDENTITY_PREFIX)) {
-          fail(typeof first === "string" ? first.replace(/[^\x20-\x7e]/g, "").slice(0, 300) : "runsc exec exited before the command started");
-        }
-        const st = parseStat((first as string).slice(IDENTITY_PREFIX.length));
-        if (!st) fail("unreadable identity line");
-        const leaderStat = st as NonNullable<typeof st>;
-        // Cross-check with the pid runsc reports (host-side, not borrower-controlled).
-        await waitUntil(() => existsSync(ipidPath) && safeRead(ipidPath).trim() !== "", 2_000, 2);
-        const reported = Number(safeRead(ipidPath).trim());
-        rmSync(ipidPath, { force: true });
-        if (Number.isInteger(reported) && reported > 0 && reported !== leaderStat.pid) {
-          fail(`identity mismatch: runsc reports pid ${reported}, wrapper reports ${leaderStat.pid}`);
-        }
-        const leader: ProcessIdentity = { pid: leaderStat.pid, startTime: leaderStat.startTime, pgid: leaderStat.pgid };
-        return this.handle(machineId, rec.incarnation as string, c.id, client, leader, plumbing, p);
+        // Outside the lock: the identity handshake (gvisor-identity.ts).
+        const leader = await awaitExecIdentity({
+          machineId,
+          client,
+          line,
+          exited: plumbing.exited,
+          ipidPath,
+          settled: () => rmSync(specPath, { force: true }),
+        });
+        return gvisorExecHandle({
+          incarnation: rec.incarnation as string,
+          client,
+          leader,
+          plumbing,
+          pty: p,
+          signalLeaderGroup: (signal) => this.signalLeaderGroup(machineId, c.id, leader, signal),
+        });
       });
-  }
-
-  private handle(
-    machineId: string,
-    incarnation: string,
-    cid: string,
-    client: ProcessIdentity,
-    leader: ProcessIdentity,
-    plumbing: Plumbing,
-    p: pty.IPty | null,
-  ): ExecHandle {
-    let chain: Promise<unknown> = Promise.resolve();
-    const signalGroup = (signal: NodeJS.Signals): Promise<boolean> => {
-      const next = chain.then(() => this.signalLeaderGroup(machineId, cid, leader, signal));
-      chain = next.catch(() => undefined);
-      return next;
-    };
-    // With a PTY the exec client forwards the signals it receives to the foreground process
-    // group of the session of the process it started (runsc's own terminal handling): the
-    // in-sandbox equivalent of the host tty's tpgid, which gVisor's /proc does not report.
-    // The leader is checked in the sandbox first (same script, signal 0), then the exact
-    // client is signalled on the host; while that client lives, the process it waits for is
-    // the recorded leader, so the forwarding cannot reach another session.
-    const signalForeground = (signal: NodeJS.Signals): Promise<boolean> => {
-      if (!p) return signalGroup(signal);
-      const next = chain.then(async () => {
-        if (!(await this.signalLeaderGroup(machineId, cid, leader, "0"))) return false;
-        return signalExact(client, signal);
-      });
-      chain = next.catch(() => undefined);
-      return next;
-    };
-    return {
-      incarnation,
-      client,
-      leader,
-      stdin: plumbing.stdin,
-      stdout: plumbing.stdout,
-      stderr: plumbing.stderr,
-      resize(cols, rows) {
-        if (!p) throw new BerthError("invalid_request", "invalid_request: resize needs a PTY session");
-        validatePty(cols, rows);
-        p.resize(cols, rows);
-        void signalGroup("SIGWINCH").catch(() => undefined);
-      },
-      signalGroup,
-      signalForeground,
-      killClient: (signal = "SIGKILL") => signalExact(client, signal),
-      exited: plumbing.exited,
-      pause: plumbing.pause,
-      resume: plumbing.resume,
-    };
   }
 
   /** kill -SIG -PGID inside the sandbox, only if the leader is still exactly `leader` in the same container. */
@@ -526,7 +335,7 @@ export class GvisorRuntime implements Runtime {
     if (leader.pid !== leader.pgid || leader.pgid <= 1) return false;
     const name = signal.replace(/^SIG/, "");
     if (!/^[A-Z0-9]+$/.test(name)) throw new BerthError("invalid_request", `invalid_request: unknown signal ${signal}`);
-    const r = await this.run(["exec", cid, "/bin/sh", "-c", SIGNAL_SCRIPT, "berth-signal", String(leader.pid), String(leader.startTime), String(leader.pgid), name], 10_000);
+    const r = await this.runsc.run(["exec", cid, "/bin/sh", "-c", SIGNAL_SCRIPT, "berth-signal", String(leader.pid), String(leader.startTime), String(leader.pgid), name], 10_000);
     if (r.code === 0) return true;
     if (r.code === 3 || r.code === 4) return false;
     // The sandbox went away in the meantime: nothing of the group can remain.
@@ -588,12 +397,12 @@ export class GvisorRuntime implements Runtime {
       this.garbage.delete(machineId);
       // Anything runsc still knows of this machine (e.g. left by a crashed agent).
       const prefix = this.containerPrefix(machineId) + ".";
-      for (const ct of await this.listContainers()) {
+      for (const ct of await this.runsc.list()) {
         if (!ct.id.startsWith(prefix)) continue;
-        const r = await this.run(["delete", "--force", ct.id]);
+        const r = await this.runsc.run(["delete", "--force", ct.id]);
         if (r.code !== 0) throw new BerthError("operation_failed", `operation_failed: runsc delete ${ct.id} failed: ${r.stderr.trim().slice(0, 300)}`);
       }
-      const left = (await this.listContainers()).filter((ct) => ct.id.startsWith(prefix));
+      const left = (await this.runsc.list()).filter((ct) => ct.id.startsWith(prefix));
       if (left.length > 0) throw new BerthError("operation_failed", `operation_failed: runsc still lists ${left.map((l) => l.id).join(", ")} after destroy`);
       rmSync(dir, { recursive: true, force: true, maxRetries: 3 });
       if (existsSync(dir)) throw new BerthError("operation_failed", `operation_failed: ${dir} still exists after destroy`);
@@ -606,7 +415,7 @@ export class GvisorRuntime implements Runtime {
     const rec = this.record(machineId);
     if (!rec) return { exists: false, incarnation: null, liveProcesses: 0 };
     if (!this.isRunning(rec.container)) return { exists: true, incarnation: null, liveProcesses: 0 };
-    const r = await this.run(["exec", rec.container.id, "/bin/sh", "-c", COUNT_SCRIPT], 10_000);
+    const r = await this.runsc.run(["exec", rec.container.id, "/bin/sh", "-c", COUNT_SCRIPT], 10_000);
     const n = Number(r.stdout.trim());
     if (r.code !== 0 || !Number.isInteger(n)) {
       throw new BerthError("operation_failed", `operation_failed: could not count processes in machine ${machineId}: ${r.stderr.trim().slice(0, 200)}`);
@@ -620,25 +429,8 @@ export class GvisorRuntime implements Runtime {
 
   /** Containers under this agent's runsc root (for tests and recovery reports). */
   async containers(): Promise<string[]> {
-    return (await this.listContainers()).map((c) => c.id);
+    return (await this.runsc.list()).map((c) => c.id);
   }
 }
 
-function safeRead(p: string): string {
-  try {
-    return readFileSync(p, "utf8");
-  } catch {
-    return "";
-  }
-}
-
-/** Absolute path of runsc on PATH (plus /usr/bin, /usr/local/bin), or null. */
-export function findRunsc(): string | null {
-  const dirs = [...(process.env.PATH ?? "").split(delimiter), "/usr/local/bin", "/usr/bin", "/usr/sbin"];
-  for (const d of dirs) {
-    if (!d) continue;
-    const p = join(d, "runsc");
-    if (existsSync(p)) return p;
-  }
-  return null;
-}
+export { findRunsc };

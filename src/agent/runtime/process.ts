@@ -35,28 +35,19 @@
  * why it is only a supplement.
  */
 import { spawn } from "node:child_process";
-import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, rmdirSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, rmSync, rmdirSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { createHash } from "node:crypto";
 import { userInfo } from "node:os";
 import pty from "node-pty";
 import { BerthError } from "../../core/errors.js";
 import { isId, parseId } from "../../core/ids.js";
 import { readRecord, wipeDirectory, writeRecord } from "./durable.js";
-import {
-  allPids,
-  isDead,
-  readEnviron,
-  readStat,
-  signalExact,
-  signalForegroundExact,
-  signalGroupExact,
-  sleep,
-  type ProcStat,
-} from "./procfs.js";
+import { readStat, signalExact, signalForegroundExact, signalGroupExact, sleep, type ProcStat } from "./procfs.js";
 import { fromChild, fromPty, type Plumbing } from "./streams.js";
 import type { ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeMachine } from "./types.js";
-import { KeyedLock, cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
+import { cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
+import { KeyedLock } from "../keyed-lock.js";
+import { findCgroupBase, machineProcesses, readCgroupProcs } from "./process-scan.js";
 
 interface ProcessMachineRecord {
   v: 1;
@@ -245,53 +236,9 @@ export class ProcessRuntime implements Runtime {
     });
   }
 
-  /** Every live process of the machine by marker, cgroup, descent, or recorded group. */
+  /** Every live process of the machine (process-scan.ts). */
   private scan(rec: ProcessMachineRecord): ProcStat[] {
-    const incs = new Set(rec.incarnations);
-    const machineMark = `BERTH_MACHINE=${rec.machineId}`;
-    const stats = new Map<number, ProcStat>();
-    for (const pid of allPids()) {
-      const st = readStat(pid);
-      if (st && !isDead(st)) stats.set(pid, st);
-    }
-    const found = new Set<number>();
-    for (const st of stats.values()) {
-      const env = readEnviron(st.pid);
-      if (!env.includes(machineMark)) continue;
-      const vars = env.split("\0");
-      if (!vars.includes(machineMark)) continue;
-      const inc = vars.find((v) => v.startsWith("BERTH_INCARNATION="))?.slice("BERTH_INCARNATION=".length);
-      if (inc !== undefined && incs.has(inc)) found.add(st.pid);
-    }
-    if (rec.cgroup) {
-      for (const pid of readCgroupProcs(rec.cgroup)) if (stats.has(pid)) found.add(pid);
-    }
-    for (const t of this.tracked.get(rec.machineId) ?? []) {
-      const lst = stats.get(t.leader.pid);
-      if (!lst || lst.startTime !== t.leader.startTime) continue;
-      for (const st of stats.values()) if (st.pgid === t.leader.pgid) found.add(st.pid);
-    }
-    // Descendants of anything found (a child that cleared its environment but
-    // has not been orphaned yet).
-    const children = new Map<number, number[]>();
-    for (const st of stats.values()) {
-      const list = children.get(st.ppid) ?? [];
-      list.push(st.pid);
-      children.set(st.ppid, list);
-    }
-    const queue = [...found];
-    while (queue.length > 0) {
-      const p = queue.pop() as number;
-      for (const c of children.get(p) ?? []) {
-        if (!found.has(c)) {
-          found.add(c);
-          queue.push(c);
-        }
-      }
-    }
-    found.delete(process.pid);
-    found.delete(process.ppid);
-    return [...found].map((p) => stats.get(p) as ProcStat);
+    return machineProcesses(rec, [...(this.tracked.get(rec.machineId) ?? [])].map((t) => t.leader));
   }
 
   /** Kill every process of the machine until a scan finds none (bounded). Returns evidence text. */
@@ -408,36 +355,3 @@ function safeUser(): string {
     return String(process.getuid?.() ?? "user");
   }
 }
-
-/**
- * Where this agent's machine cgroups go (cgroup v2, root only), or null.
- * Nothing is created here: create() makes `<base>/<machine>` and falls back to
- * marker-only fencing if that fails; destroy() removes it and the base when empty.
- */
-function findCgroupBase(stateDir: string): string | null {
-  if (process.getuid?.() !== 0) return null;
-  let mounts: string;
-  try {
-    mounts = readFileSync("/proc/self/mounts", "utf8");
-  } catch {
-    return null;
-  }
-  for (const line of mounts.split("\n")) {
-    const [, mnt, type] = line.split(" ");
-    if (type !== "cgroup2" || !mnt) continue;
-    return join(mnt, `berth-${createHash("sha256").update(stateDir).digest("hex").slice(0, 12)}`);
-  }
-  return null;
-}
-
-function readCgroupProcs(cg: string): number[] {
-  try {
-    return readFileSync(join(cg, "cgroup.procs"), "utf8")
-      .split("\n")
-      .filter((s) => s.length > 0)
-      .map(Number);
-  } catch {
-    return [];
-  }
-}
-

@@ -162,6 +162,15 @@ export function signalForegroundExact(leader: ProcessIdentity, signal: NodeJS.Si
   }
 }
 
+/** A small file's text (a pid file, a log), or "" when it cannot be read. */
+export function safeRead(path: string): string {
+  try {
+    return readFileSync(path, "utf8");
+  } catch {
+    return "";
+  }
+}
+
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 /** Poll until `done()` or the deadline; returns the final value of done(). */

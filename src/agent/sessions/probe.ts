@@ -12,7 +12,7 @@
  * retained rather than guessing "gone".
  */
 import { readFileSync, readdirSync } from "node:fs";
-import type { ProcessIdentity, Runtime } from "./runtime/types.js";
+import type { ProcessIdentity, Runtime } from "../runtime/types.js";
 
 export type GroupPresence = "present" | "absent" | "unknown";
 

@@ -5,8 +5,8 @@
  */
 import ssh2 from "ssh2";
 import type { ClientChannel, PseudoTtyOptions } from "ssh2";
-import type { InstalledKey, KeyAuthority } from "./contracts.js";
-import { fingerprintOf, parsePublicKey } from "../core/ssh-public-key.js";
+import type { InstalledKey, KeyAuthority } from "../../src/agent/contracts.js";
+import { fingerprintOf, parsePublicKey } from "../../src/core/ssh-public-key.js";
 
 /** Keys per machine and a current generation per machine; `now < expiresAt` authorizes. */
 export class MemoryKeys implements KeyAuthority {

@@ -1,7 +1,7 @@
 /**
- * The gateway's persistent host key.
+ * The gateway's persistent host key (Ed25519, OpenSSH format).
  *
- * The host key file is written whole (temp file, fsync, rename, fsync of the
+ * The file is written whole (temp file, fsync, rename, fsync of the
  * directory) and only then used, so a crash while creating it leaves either
  * no key or a complete key, never a truncated one that a restart would
  * silently replace (which would break every pinned known_hosts line). An
@@ -9,14 +9,12 @@
  * new key.
  */
 import { readFileSync } from "node:fs";
-import { writeFileDurable } from "../store/durable-file.js";
-import { generateSshKeyPair, parseOpenSshEd25519, type SshKeyPair } from "../core/ssh-keys.js";
-
-export { generateSshKeyPair, parseOpenSshEd25519, type SshKeyPair };
+import { generateSshKeyPair, parseOpenSshEd25519, type SshKeyPair } from "../../core/ssh-keys.js";
+import { writeFileDurable } from "../../store/durable-file.js";
 
 /**
- * The gateway's host key: read it if the file exists, otherwise create it
- * durably. Reusing it across restarts keeps every pinned known_hosts line valid.
+ * Read the host key if the file exists, otherwise create it durably. Reusing
+ * it across restarts keeps every pinned known_hosts line valid.
  */
 export function loadOrCreateHostKey(path: string): SshKeyPair {
   let text: string | null = null;

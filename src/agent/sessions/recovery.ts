@@ -18,10 +18,10 @@
  * whose leader is gone, an unverifiable observation — stays recorded and is
  * reported; the machine's fence removes it, and a later sweep cleans it.
  */
-import type { ProcessIdentity, Runtime } from "./runtime/types.js";
-import type { SessionRecord, SessionStore } from "./sessions-store.js";
-import type { Log } from "./sessions.js";
-import { hostGroupPresence, matchHostProcess, probeGroup, type GroupPresence, type HostProcessMatch } from "./sessions-probe.js";
+import type { ProcessIdentity, Runtime } from "../runtime/types.js";
+import type { SessionRecord, SessionStore } from "./store.js";
+import type { Log } from "./types.js";
+import { hostGroupPresence, matchHostProcess, probeGroup, type GroupPresence, type HostProcessMatch } from "./probe.js";
 
 export interface RecoveryObservation {
   /** What the runtime sees of the session's machine. */

@@ -9,9 +9,10 @@
  *      group leader's exact identities;
  *   4. only then are terminal events (input, resize, signal) admitted.
  *   A crash between 1 and 3 leaves an `intent` without identities; recovery
- *   (sessions-recovery.ts) cleans it only after runtime absence is verified.
+ *   (recovery.ts) cleans it only after runtime absence is verified.
  *
- * Event loop: every session has one serialized loop over bounded queues —
+ * Event loop: every session has one serialized loop over bounded queues (the
+ * data queues are pump.ts) —
  * close, completion, signal (<= 16 pending), resize (latest wins), input
  * (bounded bytes; the SSH channel is paused, so the client's SSH window closes)
  * and output (bounded bytes; the exec output is paused while the channel's
@@ -25,95 +26,19 @@
  * (or exit-signal), then EOF/close, then release.
  *
  * Release (channel closed, client lost, key revoked or expired, PTY lost,
- * exec client lost, gateway closing, or after completion):
- *   1. record `release_intent`, keeping every identity;
- *   2. while the recorded group still has members and the runtime confirms the
- *      leader identity still matches: SIGHUP, grace, SIGTERM, grace, SIGKILL.
- *      A refused signalGroup (leader gone or mismatched) ends signalling: a
- *      numeric group is never signalled on a mismatch;
- *   3. wait (bounded) for the exec client to be reaped, destroy the PTY/pipe
- *      streams;
- *   4. record `clean` only when group, client and PTY are all gone; otherwise
- *      the record stays `release_intent` with a note (the machine's fence, or
- *      recovery after a fence, finishes it). A child that left the group
- *      (setsid) is not a member and does not block release.
+ * exec client lost, gateway closing, or after completion): release.ts.
  */
 import { constants as osConstants } from "node:os";
 import type { ServerChannel } from "ssh2";
-import type { ExecHandle, ExecRequest, PtyRequest, Runtime } from "./runtime/types.js";
-import type { SessionRecord, SessionStore } from "./sessions-store.js";
-import { groupSignalFor, sshSignalName, validWindow } from "./sessions-events.js";
-import { probeGroup, type GroupPresence } from "./sessions-probe.js";
+import type { ExecHandle, ExecRequest } from "../runtime/types.js";
+import type { SessionRecord } from "./store.js";
+import { groupSignalFor, sshSignalName, validWindow } from "./events.js";
+import { Pump } from "./pump.js";
+import { releaseSession } from "./release.js";
+import type { SessionDeps, SessionOutcome, SessionSpec } from "./types.js";
 
-export interface Log {
-  info(obj: object, msg: string): void;
-  warn(obj: object, msg: string): void;
-  error(obj: object, msg: string): void;
-}
-
-/** Grace periods and bounds; all short and configurable (tests use the defaults). */
-export interface SessionTiming {
-  /** Wait after SIGHUP before SIGTERM. */
-  hupGraceMs: number;
-  /** Wait after SIGTERM before SIGKILL. */
-  termGraceMs: number;
-  /** Wait after SIGKILL for the group to vanish. */
-  killWaitMs: number;
-  /** Wait for the exec client to be reaped once the group is gone. */
-  reapWaitMs: number;
-  /** Completion: give up when no output progress (read or sent) for this long. */
-  drainIdleMs: number;
-  /** Completion: stop reading output this long after exit even if bytes still flow. */
-  drainMaxMs: number;
-}
-
-export const DEFAULT_TIMING: SessionTiming = {
-  hupGraceMs: 200,
-  termGraceMs: 500,
-  killWaitMs: 2000,
-  reapWaitMs: 5000,
-  drainIdleMs: 2000,
-  drainMaxMs: 30_000,
-};
-
-export interface SessionDeps {
-  /** Run the command and signal its exact group. */
-  runtime: Runtime;
-  /** Durable session records (intent/running/release_intent/clean). */
-  store: SessionStore;
-  /** The agent's clock (epoch ms), for record timestamps. */
-  now: () => number;
-  log: Log;
-  timing: SessionTiming;
-}
-
-export interface SessionSpec {
-  sessionId: string;
-  machineId: string;
-  grantId: string;
-  fingerprint: string;
-  /** null: the machine's login shell (SSH `shell`). */
-  argv: string[] | null;
-  env: Record<string, string>;
-  pty: PtyRequest | null;
-}
-
-/** How a session ended, for the registry and tests. */
-export interface SessionOutcome {
-  sessionId: string;
-  state: "clean" | "release_intent";
-  reason: string;
-  note: string | null;
-}
-
-const OUTPUT_BOUND = 256 * 1024;
-const INPUT_BOUND = 64 * 1024;
 const SIGNAL_BOUND = 16;
 const YIELD_EVERY = 32;
-
-type Chunk = { err: boolean; buf: Buffer };
-
-const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 export class Session {
   readonly spec: SessionSpec;
@@ -133,20 +58,8 @@ export class Session {
 
   private readonly signals: NodeJS.Signals[] = [];
   private resizeTo: { cols: number; rows: number } | null = null;
-  private readonly input: Buffer[] = [];
-  private inputBytes = 0;
-  private inputEof = false;
-  private stdinBlocked = false;
-  private channelPaused = false;
-
-  private readonly output: Chunk[] = [];
-  private outputBytes = 0;
-  private execPaused = false;
-  private outEnded = false;
-  private errEnded = false;
-  private channelBlocked = false;
-  private pendingWrites = 0;
-  private lastProgress = 0;
+  /** The data path (pump.ts); exists from the exec on. */
+  private pump: Pump | null = null;
 
   private waiter: (() => void) | null = null;
   private releasing: Promise<SessionOutcome> | null = null;
@@ -232,7 +145,7 @@ export class Session {
     log.info({ session: s.sessionId, machine: s.machineId, grant: s.grantId, leader: handle.leader, client: handle.client, pty: !!s.pty }, "session running");
     if (this.closeReason === null) {
       this.admitting = true;
-      this.wireChannel();
+      this.pump!.wireChannel();
     }
     void this.loop();
   }
@@ -274,23 +187,13 @@ export class Session {
     h.stdin.on("error", () => {
       /* EPIPE after exit: the completion path reports the outcome */
     });
-    const onData = (err: boolean) => (buf: Buffer) => {
-      this.lastProgress = Date.now();
-      if (this.closeReason !== null || this.releasing !== null) return; // being released: discard
-      this.output.push({ err, buf });
-      this.outputBytes += buf.length;
-      if (this.outputBytes >= OUTPUT_BOUND && !this.execPaused) {
-        this.execPaused = true;
-        h.pause();
-      }
-      this.poke();
-    };
-    h.stdout.on("data", onData(false));
-    h.stderr.on("data", onData(true));
-    h.stdout.on("end", () => ((this.outEnded = true), this.poke()));
-    h.stderr.on("end", () => ((this.errEnded = true), this.poke()));
-    h.stdout.on("close", () => ((this.outEnded = true), this.poke()));
-    h.stderr.on("close", () => ((this.errEnded = true), this.poke()));
+    this.pump = new Pump(h, this.channel, Boolean(this.spec.pty), {
+      poke: () => this.poke(),
+      discarding: () => this.closeReason !== null || this.releasing !== null,
+      admitting: () => this.admitting,
+      channelClosed: () => this.channelClosed,
+    });
+    this.pump.wireExec();
     const lost = (what: string) => (e: Error) => {
       // EIO on a PTY master is how Linux reports "all slave ends closed": that is EOF, not loss.
       if ((e as NodeJS.ErrnoException).code === "EIO") return;
@@ -309,25 +212,6 @@ export class Session {
         this.poke();
       },
     );
-  }
-
-  private wireChannel(): void {
-    const ch = this.channel;
-    ch.on("data", (buf: Buffer) => {
-      if (!this.admitting) return;
-      this.input.push(buf);
-      this.inputBytes += buf.length;
-      if (this.inputBytes >= INPUT_BOUND && !this.channelPaused) {
-        this.channelPaused = true;
-        ch.pause();
-      }
-      this.poke();
-    });
-    ch.on("end", () => {
-      // Client EOF: a pipe session's stdin ends after the queued input; a PTY ignores it (as sshd does).
-      this.inputEof = true;
-      this.poke();
-    });
   }
 
   // ---- the serialized loop ----------------------------------------------------
@@ -383,73 +267,21 @@ export class Session {
         }
         continue;
       }
-      if (this.forwardInput()) continue;
-      if (this.forwardOutput()) continue;
+      if (this.pump!.forwardInput()) continue;
+      if (this.pump!.forwardOutput()) continue;
       await this.wait();
     }
   }
 
-  /** One input chunk to the exec's stdin; false when nothing could be done. */
-  private forwardInput(): boolean {
-    const h = this.handle!;
-    if (this.stdinBlocked) return false;
-    const buf = this.input.shift();
-    if (!buf) {
-      if (this.inputEof && !this.spec.pty && h.stdin.writable) {
-        h.stdin.end();
-        return true;
-      }
-      return false;
-    }
-    this.inputBytes -= buf.length;
-    if (this.channelPaused && this.inputBytes < INPUT_BOUND / 2) {
-      this.channelPaused = false;
-      this.channel.resume();
-    }
-    if (!h.stdin.writable) return true;
-    if (!h.stdin.write(buf)) {
-      this.stdinBlocked = true;
-      h.stdin.once("drain", () => ((this.stdinBlocked = false), this.poke()));
-    }
-    return true;
-  }
-
-  /** One output chunk to the channel; false when nothing could be done. */
-  private forwardOutput(): boolean {
-    if (this.channelBlocked || this.channelClosed) return false;
-    const c = this.output.shift();
-    if (!c) return false;
-    this.outputBytes -= c.buf.length;
-    if (this.execPaused && this.outputBytes < OUTPUT_BOUND / 2) {
-      this.execPaused = false;
-      this.handle!.resume();
-    }
-    const stream = c.err ? this.channel.stderr : this.channel;
-    this.pendingWrites++;
-    const ok = stream.write(c.buf, () => {
-      this.pendingWrites--;
-      this.lastProgress = Date.now();
-      this.poke();
-    });
-    if (!ok) {
-      this.channelBlocked = true;
-      stream.once("drain", () => {
-        this.channelBlocked = false;
-        this.lastProgress = Date.now();
-        this.poke();
-      });
-    }
-    return true;
-  }
-
   /** Normal completion: drain in order, one exit status after the last byte, close, release. */
   private async complete(): Promise<void> {
+    const pump = this.pump!;
     this.admitting = false;
-    this.input.length = 0;
+    pump.dropInput();
     this.signals.length = 0;
     this.resizeTo = null;
     const exitedAt = Date.now();
-    this.lastProgress = Math.max(this.lastProgress, exitedAt);
+    pump.lastProgress = Math.max(pump.lastProgress, exitedAt);
     const { drainIdleMs, drainMaxMs } = this.deps.timing;
     let reason = "completed";
     for (;;) {
@@ -457,20 +289,20 @@ export class Session {
         reason = this.closeReason;
         break;
       }
-      const readDone = (this.outEnded && this.errEnded) || Date.now() - exitedAt >= drainMaxMs;
-      if (readDone && this.output.length === 0 && this.pendingWrites === 0) {
-        if (!this.outEnded || !this.errEnded) reason = "completed (output drain deadline)";
+      const readDone = (pump.outEnded && pump.errEnded) || Date.now() - exitedAt >= drainMaxMs;
+      if (readDone && pump.outputFlushed) {
+        if (!pump.outEnded || !pump.errEnded) reason = "completed (output drain deadline)";
         this.sendExit();
         break;
       }
-      if (Date.now() - this.lastProgress >= drainIdleMs) {
+      if (Date.now() - pump.lastProgress >= drainIdleMs) {
         // Nothing read and nothing sent for a while: a writer holds the output open
         // or the client stopped reading. Send what is already handed over, no more.
-        if (this.output.length === 0 && this.pendingWrites === 0) this.sendExit();
+        if (pump.outputFlushed) this.sendExit();
         reason = "completed (output drain deadline)";
         break;
       }
-      if (this.forwardOutput()) continue;
+      if (pump.forwardOutput()) continue;
       await this.wait(Math.min(drainIdleMs, 100));
     }
     await this.release(reason);
@@ -513,81 +345,17 @@ export class Session {
   }
 
   private async doRelease(reason: string): Promise<SessionOutcome> {
-    const { store, now, log, timing } = this.deps;
-    const s = this.spec;
-    const h = this.handle!;
     this.admitting = false;
-    this.output.length = 0;
-    this.input.length = 0;
-    // 1. Durable intent first, identities kept: a crash from here on resumes from it.
-    try {
-      store.transition(s.sessionId, ["intent", "running"], { state: "release_intent", note: reason, updatedAt: now() });
-    } catch (e) {
-      log.error({ session: s.sessionId, err: String(e) }, "could not record release intent; releasing anyway");
-    }
-    if (reason !== "completed") this.closeChannel();
-    h.resume(); // let a blocked writer finish or see SIGHUP instead of hanging on a full PTY
-
-    // 2. Stop the exact group: HUP, TERM, KILL, each only while the leader still matches.
-    let group: GroupPresence = await this.groupPresence();
-    const steps: [NodeJS.Signals, number][] = [
-      ["SIGHUP", timing.hupGraceMs],
-      ["SIGTERM", timing.termGraceMs],
-      ["SIGKILL", timing.killWaitMs],
-    ];
-    let refused = false;
-    for (const [sig, grace] of steps) {
-      if (group === "absent") break;
-      const ok = await h.signalGroup(sig).catch(() => false);
-      if (!ok) {
-        refused = true;
-        break;
-      }
-      group = await this.waitGroupGone(grace);
-    }
-    const reapedWithin = (ms: number) =>
-      Promise.race([
-        h.exited.then(
-          () => true,
-          () => true,
-        ),
-        sleep(ms).then(() => false),
-      ]);
-    if (refused) {
-      // A refusal usually means the leader just exited; the runtime knows that for sure once the
-      // exec client is reaped (a PTY's client is reaped after its output drained), so wait
-      // (bounded) before observing the group again.
-      await reapedWithin(timing.reapWaitMs / 2);
-      group = await this.groupPresence();
-    }
-
-    // 3. Reap the exec client (bounded; killed only while it is still the exact recorded process),
-    //    then close the PTY / pipes.
-    let reaped = await reapedWithin(timing.reapWaitMs / 2);
-    if (!reaped) {
-      const killed = h.killClient("SIGKILL");
-      log.warn({ session: s.sessionId, killed }, "exec client outlived its group; killed it");
-      reaped = await reapedWithin(timing.reapWaitMs / 2);
-    }
-    for (const st of [h.stdin, h.stdout, h.stderr]) st.destroy();
-    this.closeChannel();
-
-    // 4. Clean only when everything is verifiably gone.
-    const missing: string[] = [];
-    if (group !== "absent") missing.push(group === "present" ? "process group still has members (left for the machine's fence)" : "process group absence could not be verified");
-    if (!reaped) missing.push("exec client not reaped");
-    const note = missing.length ? `${reason}; ${missing.join("; ")}` : reason;
-    let rec: SessionRecord | null = null;
-    try {
-      rec = missing.length
-        ? store.transition(s.sessionId, ["release_intent"], { state: "release_intent", note, updatedAt: now() })
-        : store.transition(s.sessionId, ["release_intent"], { state: "clean", note, updatedAt: now() });
-    } catch (e) {
-      log.error({ session: s.sessionId, err: String(e) }, "could not record the release outcome");
-    }
-    if (missing.length) log.warn({ session: s.sessionId, machine: s.machineId, note, refused }, "session released with retained record");
-    else log.info({ session: s.sessionId, machine: s.machineId, reason }, "session clean");
-    return this.finish(rec, reason, note);
+    this.pump?.dropOutput();
+    this.pump?.dropInput();
+    const { record, note } = await releaseSession(this.deps, {
+      sessionId: this.spec.sessionId,
+      machineId: this.spec.machineId,
+      handle: this.handle!,
+      exited: () => this.exitInfo !== null,
+      closeChannel: () => this.closeChannel(),
+    }, reason);
+    return this.finish(record, reason, note);
   }
 
   private finish(rec: SessionRecord | null, reason: string, note: string = reason): SessionOutcome {
@@ -600,19 +368,5 @@ export class Session {
     this.releasing ??= Promise.resolve(out);
     this.resolveDone(out);
     return out;
-  }
-
-  private groupPresence(): Promise<GroupPresence> {
-    const h = this.handle!;
-    return probeGroup(this.deps.runtime, this.spec.machineId, h.leader.pgid, this.exitInfo !== null);
-  }
-
-  private async waitGroupGone(ms: number): Promise<GroupPresence> {
-    const until = Date.now() + ms;
-    for (;;) {
-      const g = await this.groupPresence();
-      if (g === "absent" || Date.now() >= until) return g;
-      await sleep(Math.min(25, Math.max(1, until - Date.now())));
-    }
   }
 }

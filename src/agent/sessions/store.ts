@@ -19,7 +19,7 @@
  * an agent without a state directory) and a table in a better-sqlite3 database.
  */
 import type Database from "better-sqlite3";
-import type { ProcessIdentity } from "./runtime/types.js";
+import type { ProcessIdentity } from "../runtime/types.js";
 
 export type SessionState = "intent" | "running" | "release_intent" | "clean";
 

@@ -1,7 +1,7 @@
 /**
  * The agent's SSH gateway: an ssh2 server in front of the machines on this host.
  *
- * - Host key: one persistent Ed25519 key (ssh-keys.ts), written whole before
+ * - Host key: one persistent Ed25519 key (host-key.ts), written whole before
  *   first use and reused on restart, so pinned known_hosts lines stay valid.
  * - Who: the SSH user names the machine; only public-key authentication; the
  *   key's SHA256 fingerprint must be authorized by the key authority for that
@@ -17,22 +17,23 @@
  *   timer at the key's `expiresAt`, so access ends at that instant even if the
  *   authority's own timer is late.
  * - Restart: before listening, records a previous process left are recovered
- *   (sessions-recovery.ts): never reattached, cleaned only after absence is
+ *   (sessions/recovery.ts): never reattached, cleaned only after absence is
  *   verified, a mismatch retained and reported.
  */
 import { randomBytes } from "node:crypto";
 import type { AddressInfo } from "node:net";
 import ssh2 from "ssh2";
 import type { Connection, PublicKeyAuthContext, AuthContext, ServerChannel, Session as SshSession } from "ssh2";
-import { isId, newId } from "../core/ids.js";
-import type { InstalledKey, KeyAuthority, SessionRegistry } from "./contracts.js";
-import type { PtyRequest, Runtime } from "./runtime/types.js";
-import { envDecision, validWindow } from "./sessions-events.js";
-import { memorySessionStore, type SessionStore } from "./sessions-store.js";
-import { recoverSessions, type RecoveryReport } from "./sessions-recovery.js";
-import { DEFAULT_TIMING, Session, type Log, type SessionTiming } from "./sessions.js";
-import { loadOrCreateHostKey } from "./ssh-keys.js";
-import { fingerprintOf } from "../core/ssh-public-key.js";
+import { isId, newId } from "../../core/ids.js";
+import type { InstalledKey, KeyAuthority, SessionRegistry } from "../contracts.js";
+import type { PtyRequest, Runtime } from "../runtime/types.js";
+import { envDecision, validWindow } from "../sessions/events.js";
+import { memorySessionStore, type SessionStore } from "../sessions/store.js";
+import { recoverSessions, type RecoveryReport } from "../sessions/recovery.js";
+import { Session } from "../sessions/session.js";
+import { DEFAULT_TIMING, type Log, type SessionTiming } from "../sessions/types.js";
+import { loadOrCreateHostKey } from "./host-key.js";
+import { fingerprintOf } from "../../core/ssh-public-key.js";
 
 export interface GatewayOptions {
   /** Where the Ed25519 host key lives (created 0600 on first start, reused after). */

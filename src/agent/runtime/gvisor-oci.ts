@@ -1,0 +1,114 @@
+/**
+ * What the gvisor runtime hands to runsc: the OCI bundle spec of a machine's
+ * sandbox, the process spec of one `runsc exec`, and the small shell scripts
+ * that run inside the sandbox. Pure (no I/O, no runsc), so the spec and the
+ * scripts are tested on any host (test/agent/gvisor-oci.test.ts).
+ *
+ * Sandbox spec: the host's `/` as root (made read-only-underneath by runsc's
+ * `--overlay2=root:memory`), /workspace bound read-write, /tmp a tmpfs,
+ * /run/berth (the boot id) bound read-only, the agent's state directory masked
+ * by an empty read-only tmpfs, and private pid/ipc/uts/mount/network
+ * namespaces. Its init only sleeps and reaps, so no borrower command ever
+ * joins init's process group (pgid 1).
+ */
+import { IDENTITY_PREFIX } from "./streams.js";
+
+const CAPS = [
+  "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
+  "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+];
+export const CAPABILITIES = { bounding: CAPS, effective: CAPS, permitted: CAPS, inheritable: CAPS };
+
+/** PATH inside the sandbox. */
+export const PATH_IN = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/** The sandbox's init: sleeps and reaps; exits on TERM. */
+export const INIT = ["/bin/sh", "-c", 'trap "exit 0" TERM; while :; do sleep 3600 & wait; done'];
+
+/**
+ * The in-sandbox half of the exec identity handshake (host half:
+ * gvisor-identity.ts): print one identity line — this shell's own
+ * /proc/self/stat — on stderr, then become the command (same pid).
+ */
+export const EXEC_WRAPPER = `read -r s < /proc/$$/stat; printf '${IDENTITY_PREFIX.replace("\x1e", "\\036")}%s\\n' "$s" >&2; exec "$@"`;
+
+/**
+ * Signal the group only if the leader is still exactly the recorded process.
+ * Arguments: pid start-time pgid signal-name. Exit 3: no such process; 4: a
+ * different process (start time or group); 5: kill failed; 0: signalled.
+ */
+export const SIGNAL_SCRIPT = `p=$1; st=$2; g=$3; sig=$4
+read -r s < /proc/$p/stat 2>/dev/null || exit 3
+r=\${s##*) }
+set -- $r
+[ "$3" = "$g" ] && [ "\${20}" = "$st" ] || exit 4
+kill -$sig -$g || exit 5`;
+
+/** Prints the number of live processes outside init's group (pgid 1) and outside this counting shell's own group. */
+export const COUNT_SCRIPT = `n=0
+for f in /proc/[0-9]*/stat; do
+  read -r s < "$f" 2>/dev/null || continue
+  r=\${s##*) }
+  set -- $r
+  [ "$1" = Z ] && continue
+  [ "$3" = 1 ] && continue
+  [ "$3" = "$$" ] && continue
+  n=$((n+1))
+done
+echo $n`;
+
+export interface SandboxSpecInput {
+  machineId: string;
+  /** The boot id of this start (env BERTH_INCARNATION). */
+  incarnation: string;
+  /** Host directory bound at /workspace. */
+  workspace: string;
+  /** Host directory bound read-only at /run/berth (holds the `incarnation` file). */
+  runDir: string;
+  /** The agent's state directory, masked inside the sandbox. */
+  stateDir: string;
+}
+
+/** The OCI runtime spec (config.json) of one sandbox incarnation. */
+export function sandboxSpec(i: SandboxSpecInput): Record<string, unknown> {
+  const mounts: unknown[] = [
+    { destination: "/proc", type: "proc", source: "proc" },
+    { destination: "/dev", type: "tmpfs", source: "tmpfs", options: ["nosuid", "mode=755"] },
+    { destination: "/sys", type: "sysfs", source: "sysfs", options: ["nosuid", "noexec", "nodev", "ro"] },
+    { destination: "/tmp", type: "tmpfs", source: "tmpfs", options: ["nosuid", "nodev", "mode=1777"] },
+    { destination: "/workspace", type: "bind", source: i.workspace, options: ["rbind", "rw"] },
+    { destination: "/run/berth", type: "bind", source: i.runDir, options: ["rbind", "ro"] },
+    // Mask the agent's state (records, runsc state, other machines' workspaces).
+    { destination: i.stateDir, type: "tmpfs", source: "tmpfs", options: ["ro", "size=4k"] },
+  ];
+  return {
+    ociVersion: "1.0.2",
+    process: {
+      terminal: false,
+      user: { uid: 0, gid: 0 },
+      args: INIT,
+      env: [`PATH=${PATH_IN}`, "HOME=/workspace", `BERTH_MACHINE=${i.machineId}`, `BERTH_INCARNATION=${i.incarnation}`],
+      cwd: "/workspace",
+      capabilities: CAPABILITIES,
+    },
+    root: { path: "/", readonly: false },
+    hostname: i.machineId.slice(0, 63),
+    mounts,
+    linux: { namespaces: [{ type: "pid" }, { type: "ipc" }, { type: "uts" }, { type: "mount" }, { type: "network" }] },
+  };
+}
+
+/**
+ * The process spec of one `runsc exec --process` (written to a file, so the
+ * environment never appears in argv): the identity wrapper, then `argv`.
+ */
+export function execProcessSpec(argv: string[], env: Record<string, string>, terminal: boolean): Record<string, unknown> {
+  return {
+    terminal,
+    user: { uid: 0, gid: 0 },
+    args: ["/bin/sh", "-c", EXEC_WRAPPER, "berth-exec", ...argv],
+    env: Object.entries(env).map(([k, v]) => `${k}=${v}`),
+    cwd: "/workspace",
+    capabilities: CAPABILITIES,
+  };
+}

@@ -1,0 +1,113 @@
+/**
+ * The runsc command line as the gvisor runtime uses it: every call under the
+ * agent's private state root (so `runsc --root <root> list` shows exactly this
+ * agent's containers), `runsc run` detached with a pid file, the arguments of
+ * one `runsc exec`, and finding a container's host processes by their argv.
+ * No machine records here; gvisor.ts owns those and their ordering.
+ */
+import { closeSync, existsSync, openSync } from "node:fs";
+import { execFile, spawn } from "node:child_process";
+import { delimiter, join } from "node:path";
+import { BerthError } from "../../core/errors.js";
+import { allPids, isDead, readCmdline, readStat, safeRead } from "./procfs.js";
+
+export interface RunscResult {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+export class Runsc {
+  /**
+   * @param bin the runsc binary
+   * @param root the agent's private runsc state root
+   * @param platform gVisor platform for new sandboxes
+   */
+  constructor(
+    readonly bin: string,
+    readonly root: string,
+    private readonly platform: "ptrace" | "kvm",
+  ) {}
+
+  /** `runsc --root <root> ARGS`; never rejects (a failure is a non-zero code). */
+  run(args: string[], timeoutMs = 30_000): Promise<RunscResult> {
+    return new Promise((resolveP) => {
+      execFile(this.bin, ["--root", this.root, ...args], { timeout: timeoutMs, maxBuffer: 8 << 20 }, (err, stdout, stderr) => {
+        const code = err ? (typeof (err as { code?: unknown }).code === "number" ? ((err as { code: number }).code) : 1) : 0;
+        resolveP({ code, stdout: String(stdout), stderr: String(stderr) });
+      });
+    });
+  }
+
+  async list(): Promise<Array<{ id: string; pid: number; status: string }>> {
+    const r = await this.run(["list", "--format", "json"]);
+    if (r.code !== 0) throw new BerthError("operation_failed", `operation_failed: runsc list failed: ${r.stderr.trim().slice(0, 300)}`);
+    const parsed = JSON.parse(r.stdout.trim() || "[]") as Array<{ id: string; pid: number; status: string }> | null;
+    return parsed ?? [];
+  }
+
+  /**
+   * `runsc run --detach` of `bundle` as container `cid`: no network, the root
+   * overlay in sandbox memory, cgroups ignored. Resolves with the sandbox's
+   * host pid; throws with the tail of runsc's log when it fails.
+   */
+  async runDetached(bundle: string, cid: string, what: string): Promise<number> {
+    const pidFile = join(bundle, "sandbox.pid");
+    const logPath = join(bundle, "runsc.log");
+    const logFd = openSync(logPath, "w", 0o600);
+    const code = await new Promise<number>((res) => {
+      // detached: the gofer stays in runsc's process group; keep it out of the agent's.
+      const child = spawn(
+        this.bin,
+        [
+          "--root", this.root, "--network=none", "--overlay2=root:memory", "--ignore-cgroups", `--platform=${this.platform}`,
+          "run", "--detach", "--pid-file", pidFile, "--bundle", bundle, cid,
+        ],
+        { detached: true, stdio: ["ignore", "ignore", logFd] },
+      );
+      child.on("exit", (c) => res(c ?? 1));
+      child.on("error", () => res(127));
+    });
+    closeSync(logFd);
+    if (code !== 0) {
+      const log = safeRead(logPath).trim().split("\n").slice(-3).join(" | ").slice(0, 400);
+      throw new BerthError("operation_failed", `operation_failed: runsc run for ${what} exited ${code}: ${log}`);
+    }
+    return Number(safeRead(pidFile).trim());
+  }
+
+  /** Arguments of one non-detached `runsc exec` of a process spec file. */
+  execArgs(cid: string, specPath: string, ipidPath: string): string[] {
+    return ["--root", this.root, "exec", "--internal-pid-file", ipidPath, "--process", specPath, cid];
+  }
+
+  /** Live host processes of container `c`: sandbox, gofer, exec clients (by bundle path, or root and id, in argv). */
+  hostProcessesOf(c: { id: string; bundle: string }): Array<{ pid: number; startTime: number }> {
+    const out: Array<{ pid: number; startTime: number }> = [];
+    for (const pid of allPids()) {
+      if (pid === process.pid) continue;
+      const argv = readCmdline(pid);
+      if (argv.length === 0) continue;
+      const joined = argv.join("\0");
+      const ours =
+        joined.includes(`--bundle=${c.bundle}`) ||
+        (argv.includes(c.bundle) && argv.includes("--bundle")) ||
+        (joined.includes(this.root) && argv.includes(c.id));
+      if (!ours) continue;
+      const st = readStat(pid);
+      if (st && !isDead(st)) out.push({ pid, startTime: st.startTime });
+    }
+    return out;
+  }
+}
+
+/** Absolute path of runsc on PATH (plus /usr/bin, /usr/local/bin), or null. */
+export function findRunsc(): string | null {
+  const dirs = [...(process.env.PATH ?? "").split(delimiter), "/usr/local/bin", "/usr/bin", "/usr/sbin"];
+  for (const d of dirs) {
+    if (!d) continue;
+    const p = join(d, "runsc");
+    if (existsSync(p)) return p;
+  }
+  return null;
+}
