@@ -76,3 +76,8 @@ export async function setOwnerUsage(tx: Tx, org: string, owner: string, used: Us
 export async function isPrincipalOf(tx: Tx, id: string, org: string): Promise<boolean> {
   return (await tx.get<{ id: string }>("SELECT id FROM api_tokens WHERE id = ? AND org = ?", [id, org])) !== undefined;
 }
+
+/** Every owner of every organisation (metrics). */
+export async function allOwners(tx: Tx): Promise<OwnerRecord[]> {
+  return (await tx.all<OwnerRow>("SELECT * FROM alloc_owners ORDER BY org, owner")).map(ownerFromRow);
+}

@@ -106,3 +106,9 @@ export async function expiredAllocations(tx: Tx, now: number, limit: number): Pr
   const rows = await tx.all<AllocationRow>("SELECT * FROM allocations WHERE state <> 'released' AND expires_at <= ? ORDER BY expires_at LIMIT ?", [now, limit]);
   return rows.map(allocationFromRow);
 }
+
+/** Live allocations by state (metrics). */
+export async function liveAllocationCounts(tx: Tx): Promise<Array<{ state: string; n: number }>> {
+  const rows = await tx.all<{ state: string; n: number }>("SELECT state, COUNT(*) AS n FROM allocations WHERE state <> 'released' GROUP BY state");
+  return rows.map((r) => ({ state: r.state, n: Number(r.n) }));
+}

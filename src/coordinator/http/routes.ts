@@ -12,6 +12,7 @@ import { drainPool } from "../actions/drain.js";
 import { presentPool, presentBorrow, presentHost } from "./present.js";
 import { BerthError } from "../../core/errors.js";
 import type { PortableApi } from "../actions/portable-api.js";
+import { registerAllocationRoutes } from "./allocation-routes.js";
 
 export interface RouteDeps {
   ctx: Ctx;
@@ -115,5 +116,6 @@ export function buildRouter(d: RouteDeps): Router {
     const body = validate(enrollSchema, req.body);
     return ok(await enrollHost(ctx, p, body, d.secret));
   });
+  registerAllocationRoutes(r, { ctx: { ...ctx, onRefusal: (reason) => ctx.metrics.allocationRefusals.inc({ reason }) }, auth });
   return r;
 }
