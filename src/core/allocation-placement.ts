@@ -88,7 +88,7 @@ function better(strategy: Strategy, a: Verdict & { fits: true }, b: Verdict & { 
   return a.hostId < b.hostId;
 }
 
-/** Chooses a host; one pass over the accounts (O(hosts)). */
+/** Chooses a host and gives every host's verdict (for `plan` and refusals); one pass (O(hosts)). */
 export function place(hosts: readonly HostAccount[], size: Size, strategy: Strategy = "binpack", exclude: ReadonlySet<string> = new Set()): PlacementDecision {
   const verdicts: Verdict[] = [];
   let best: (Verdict & { fits: true }) | null = null;
@@ -98,6 +98,38 @@ export function place(hosts: readonly HostAccount[], size: Size, strategy: Strat
     if (v.fits && (best === null || better(strategy, v, best))) best = v;
   }
   return { chosen: best ? { hostId: best.hostId, name: best.name } : null, verdicts };
+}
+
+/**
+ * The same choice as `place` without building verdicts: the hot path of a
+ * create, where only the chosen host matters (no allocation per host).
+ */
+export function choose(hosts: readonly HostAccount[], size: Size, strategy: Strategy = "binpack", exclude: ReadonlySet<string> = new Set()): HostAccount | null {
+  let best: HostAccount | null = null;
+  let bm = 0;
+  let bv = 0;
+  let bs = 0;
+  const spread = strategy === "spread";
+  for (const h of hosts) {
+    if (h.standing !== "ready" || exclude.has(h.hostId)) continue;
+    const m = h.capacity.memoryMib - h.used.memoryMib - size.memoryMib;
+    const v = h.capacity.vcpu - h.used.vcpu - size.vcpu;
+    const s = h.capacity.slots - h.used.slots - 1;
+    if (m < 0 || v < 0 || s < 0) continue;
+    let wins: boolean;
+    if (best === null) wins = true;
+    else if (m !== bm) wins = spread ? m > bm : m < bm;
+    else if (v !== bv) wins = spread ? v > bv : v < bv;
+    else if (spread && s !== bs) wins = s > bs;
+    else wins = h.hostId < best.hostId;
+    if (wins) {
+      best = h;
+      bm = m;
+      bv = v;
+      bs = s;
+    }
+  }
+  return best;
 }
 
 /** One line for a refusal: every host's reason, or that there are no hosts. */

@@ -6,7 +6,7 @@
  * under the lock.
  */
 import type { Tx } from "./store.js";
-import type { Capacity, HostAccount, HostStanding } from "../core/allocation-placement.js";
+import type { Capacity, HostAccount, HostStanding, Strategy } from "../core/allocation-placement.js";
 
 export interface HostAccountRow {
   host_id: string;
@@ -36,6 +36,20 @@ export function hostAccountFromRow(r: HostAccountRow): HostAccount & { org: stri
 
 export async function listHostAccounts(tx: Tx, org: string): Promise<HostAccount[]> {
   return (await tx.all<HostAccountRow>("SELECT * FROM host_accounts WHERE org = ? ORDER BY host_id", [org])).map(hostAccountFromRow);
+}
+
+/**
+ * The best few ready hosts with room for `need`, in the strategy's order
+ * (the same order as core `choose`, which makes the decision over them):
+ * the database filters and sorts, so a create does not ship every host row.
+ */
+export async function candidateHostAccounts(tx: Tx, org: string, need: { vcpu: number; memoryMib: number }, strategy: Strategy, limit: number): Promise<HostAccount[]> {
+  const order = strategy === "spread" ? "memory_mib - used_memory_mib DESC, vcpu - used_vcpu DESC, slots - used_slots DESC, host_id" : "memory_mib - used_memory_mib, vcpu - used_vcpu, host_id";
+  const rows = await tx.all<HostAccountRow>(
+    `SELECT * FROM host_accounts WHERE org = ? AND standing = 'ready' AND vcpu - used_vcpu >= ? AND memory_mib - used_memory_mib >= ? AND slots - used_slots >= 1 ORDER BY ${order} LIMIT ?`,
+    [org, need.vcpu, need.memoryMib, limit],
+  );
+  return rows.map(hostAccountFromRow);
 }
 
 export async function lockHostAccount(tx: Tx, hostId: string): Promise<(HostAccount & { org: string }) | null> {

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { place, noCapacityMessage, type HostAccount, type HostStanding } from "../../src/core/allocation-placement.js";
+import { choose, place, noCapacityMessage, type HostAccount, type HostStanding } from "../../src/core/allocation-placement.js";
 import { lookupSize, sizeCatalog } from "../../src/core/allocation-sizes.js";
 
 const small = lookupSize(sizeCatalog(), "small");
@@ -66,4 +66,22 @@ test("no capacity message lists every host's reason, or says there are no hosts"
   assert.match(noCapacityMessage(place([], small), small), /no host is enrolled/);
   const msg = noCapacityMessage(place([host("a", empty, "withdrawn"), host("b", { vcpu: 8, memoryMib: 0, slots: 0 })], small), small);
   assert.equal(msg, "no_capacity: no host has room for small (n-a: host is withdrawn; n-b: vcpu: 0/8 free, small needs 2); see berth alloc plan --size small");
+});
+
+test("choose (the create hot path) agrees with place on random inputs", () => {
+  let seed = 7;
+  const rnd = (n: number) => {
+    seed = (seed * 1103515245 + 12345) % 2147483648;
+    return seed % n;
+  };
+  const standings: HostStanding[] = ["ready", "ready", "ready", "draining", "withdrawn", "not_ready"];
+  for (let run = 0; run < 500; run++) {
+    const hosts = Array.from({ length: 1 + rnd(12) }, (_, i) =>
+      host(`h${rnd(6)}${i}`, { vcpu: rnd(9), memoryMib: 1024 * rnd(17), slots: rnd(5) }, standings[rnd(standings.length)]!),
+    );
+    const exclude = new Set(hosts.filter(() => rnd(8) === 0).map((h) => h.hostId));
+    for (const strategy of ["binpack", "spread"] as const) {
+      assert.equal(choose(hosts, small, strategy, exclude)?.hostId ?? null, place(hosts, small, strategy, exclude).chosen?.hostId ?? null, `run ${run} ${strategy}`);
+    }
+  }
 });

@@ -20,15 +20,18 @@ import { BerthError } from "../../core/errors.js";
 import { parseId } from "../../core/ids.js";
 import { admit } from "../../core/allocation-budget.js";
 import { lookupSize, sizeCatalog } from "../../core/allocation-sizes.js";
-import { noCapacityMessage, place, verdict, type Strategy } from "../../core/allocation-placement.js";
+import { choose, noCapacityMessage, place, verdict, type Strategy } from "../../core/allocation-placement.js";
 import { expiryFor } from "../../core/allocation.js";
 import type { Store } from "../../store/store.js";
 import type { CoordinatorConfig } from "../context.js";
 import { lockOwner, setOwnerUsage } from "../../store/alloc-owners.js";
-import { listHostAccounts, lockHostAccount, setHostUsage } from "../../store/host-accounts.js";
+import { candidateHostAccounts, listHostAccounts, lockHostAccount, setHostUsage } from "../../store/host-accounts.js";
 import { getAllocation, insertAllocation, type AllocationRecord } from "../../store/allocations.js";
 import { appendLedger } from "../../store/allocation-ledger.js";
 import { setDue } from "../../store/due.js";
+
+/** How many best candidates the database returns per placement attempt. */
+const CANDIDATES = 8;
 
 /** What allocation actions need from the coordinator's Ctx. */
 export interface AllocCtx {
@@ -80,12 +83,17 @@ export async function createAllocation(ctx: AllocCtx, org: string, owner: string
       if (adm.kind === "refuse") throw new BerthError("budget_exhausted", adm.message);
       const exclude = new Set<string>();
       for (;;) {
-        const decision = place(await listHostAccounts(tx, org), size, input.strategy, exclude);
-        if (!decision.chosen) throw new BerthError("no_capacity", noCapacityMessage(decision, size));
-        const host = await lockHostAccount(tx, decision.chosen.hostId);
+        // The database narrows to the best few candidates; `choose` decides among them.
+        const chosen = choose(await candidateHostAccounts(tx, org, size, input.strategy, exclude.size + CANDIDATES), size, input.strategy, exclude);
+        if (!chosen) {
+          // Every host's reason, for the refusal (the slow path reads them all).
+          throw new BerthError("no_capacity", noCapacityMessage(place(await listHostAccounts(tx, org), size, input.strategy), size));
+        }
+        const host = await lockHostAccount(tx, chosen.hostId);
         const v = host ? verdict(host, size) : null;
         if (!host || !v || !v.fits) {
-          exclude.add(decision.chosen.hostId);
+          // Changed between the read and the lock (filled, withdrawn): place again without it.
+          exclude.add(chosen.hostId);
           continue;
         }
         const allocation: AllocationRecord = {
