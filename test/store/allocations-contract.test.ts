@@ -16,6 +16,9 @@ import { planAllocation, showAllocation } from "../../src/coordinator/actions/al
 import { readLedger, type LedgerEntry } from "../../src/store/allocation-ledger.js";
 import { DEFAULT_SIZES } from "../../src/core/allocation-sizes.js";
 import { isBerthError } from "../../src/core/errors.js";
+import { applyTakeover } from "../../src/coordinator/actions/allocation-takeover.js";
+import { getActor } from "../../src/store/allocation-actors.js";
+import { takeoverDecision } from "../../src/core/allocation-takeover.js";
 import { PG_SKIP, dropSchema, openStore, tempDir, TestClock, type Engine } from "../helpers/env.js";
 
 const ORG = "acme";
@@ -400,6 +403,40 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         }
         const ids = await w.store.transaction((tx) => tx.all<{ id: string }>("SELECT id FROM allocations"));
         assert.equal(new Set(ids.map((r) => r.id)).size, ids.length);
+      } finally {
+        await w.close();
+      }
+    });
+
+    test("takeover: replacements racing on one actor record admit exactly one; the loser sees the winner's record", async () => {
+      const w = await world(engine);
+      try {
+        const first = takeoverDecision("t1", { kind: "none" }, { kind: "absent" }, "wanted");
+        assert.deepEqual(await w.store.transaction((tx) => applyTakeover(tx, "t1", first, "c-old", 1)), { kind: "won", generation: 1 });
+        const prior = (await w.store.transaction((tx) => getActor(tx, "t1")))!;
+        assert.deepEqual(prior, { allocationId: "t1", generation: 1, actor: "c-old", kind: "actor" });
+        // c-old died before its hold: two replacements see it terminal and no hold, at the same moment.
+        const racers = ["c-a", "c-b", "c-c", "c-d"];
+        const outcomes = await Promise.all(
+          racers.map((me, i) =>
+            w.store.transaction(async (tx) => {
+              const d = takeoverDecision("t1", { kind: "recorded", record: prior, liveness: "terminal" }, { kind: "absent" }, i % 2 ? "retired" : "wanted");
+              return applyTakeover(tx, "t1", d, me, 2);
+            }),
+          ),
+        );
+        assert.equal(outcomes.filter((o) => o.kind === "won").length, 1, JSON.stringify(outcomes));
+        assert.equal(outcomes.filter((o) => o.kind === "lost").length, racers.length - 1);
+        const now = (await w.store.transaction((tx) => getActor(tx, "t1")))!;
+        assert.equal(now.generation, 2);
+        assert.ok(racers.includes(now.actor));
+        // A late replacement still deciding on the old record loses and writes nothing.
+        const late = takeoverDecision("t1", { kind: "recorded", record: prior, liveness: "terminal" }, { kind: "absent" }, "wanted");
+        assert.deepEqual(await w.store.transaction((tx) => applyTakeover(tx, "t1", late, "c-late", 3)), { kind: "lost" });
+        assert.deepEqual(await w.store.transaction((tx) => getActor(tx, "t1")), now);
+        // Two first actors racing (no record yet): one wins.
+        const firsts = await Promise.all(["x", "y"].map((me) => w.store.transaction((tx) => applyTakeover(tx, "t2", takeoverDecision("t2", { kind: "none" }, { kind: "absent" }, "wanted"), me, 4))));
+        assert.deepEqual(firsts.map((o) => o.kind).sort(), ["lost", "won"]);
       } finally {
         await w.close();
       }
