@@ -54,7 +54,7 @@ export function clientFrom(flags: ConfigFlags): { api: Api; config: ClientConfig
 
 export function exitCodeOf(e: unknown): number {
   const code = e instanceof ApiError || isBerthError(e) ? e.code : null;
-  if (code === "pool_exhausted" || code === "provider_unavailable" || code === "store_busy") return EXIT.unavailable;
+  if (code === "pool_exhausted" || code === "provider_unavailable" || code === "store_busy" || code === "no_capacity") return EXIT.unavailable;
   if ((e as { code?: string }).code === "ECONNREFUSED") return EXIT.unavailable;
   return EXIT.error;
 }

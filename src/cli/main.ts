@@ -13,6 +13,7 @@ import * as pool from "./commands/pool.js";
 import * as borrow from "./commands/borrow.js";
 import * as run from "./commands/run.js";
 import * as ssh from "./commands/ssh.js";
+import * as alloc from "./commands/alloc.js";
 
 const program = new Command();
 program
@@ -33,5 +34,5 @@ program.exitOverride((err) => {
   process.exit(err.exitCode === 0 ? 0 : 2);
 });
 
-for (const m of [up, serve, agent, token, pool, borrow, run, ssh]) m.register(program);
+for (const m of [up, serve, agent, token, pool, borrow, run, ssh, alloc]) m.register(program);
 await program.parseAsync(process.argv);

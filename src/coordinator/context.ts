@@ -8,6 +8,7 @@ import type { Store } from "../store/store.js";
 import type { Metrics } from "./metrics.js";
 import type { Logger } from "pino";
 import type { Providers } from "../providers/provider.js";
+import { DEFAULT_SIZES, type Size } from "../core/allocation-sizes.js";
 
 export interface CoordinatorConfig {
   /** Grace added to every heartbeat interval before a borrow counts as abandoned. */
@@ -20,6 +21,10 @@ export interface CoordinatorConfig {
   ackTimeoutMs: number;
   /** Maximum (and default) portable borrow duration. */
   maxBorrowMs: number;
+  /** The allocation size catalog (operator-defined; default small and large). */
+  allocationSizes: readonly Size[];
+  /** Maximum (and default) allocation lifetime, fixed at create. */
+  maxAllocationMs: number;
 }
 
 export const DEFAULT_CONFIG: CoordinatorConfig = {
@@ -28,6 +33,8 @@ export const DEFAULT_CONFIG: CoordinatorConfig = {
   portable: false,
   ackTimeoutMs: 60_000,
   maxBorrowMs: 30 * 60_000,
+  allocationSizes: DEFAULT_SIZES,
+  maxAllocationMs: 24 * 3_600_000,
 };
 
 export interface Ctx {

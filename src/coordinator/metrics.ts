@@ -22,9 +22,20 @@ export class Metrics {
   readonly clientReports = new client.Histogram({ name: "berth_client_report_seconds", help: "Client-reported timings (telemetry only, never proof): first_command, scrub", labelNames: ["kind"], buckets: [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5], registers: [this.registry] });
   readonly machines = new client.Gauge({ name: "berth_machines", help: "Machines by pool and state", labelNames: ["pool", "state"], registers: [this.registry] });
 
+  readonly allocationRefusals = new client.Counter({ name: "berth_allocation_refusals_total", help: "Allocation creates refused, by reason: budget_exhausted, no_capacity, not_admitted", labelNames: ["reason"], registers: [this.registry] });
+  readonly allocations = new client.Gauge({ name: "berth_allocations", help: "Allocations by state", labelNames: ["state"], registers: [this.registry] });
+  readonly ownerUse = new client.Gauge({ name: "berth_allocation_budget_used_ratio", help: "Share of each owner's budget in use, by dimension (owner is an API token id, never a secret)", labelNames: ["owner", "dimension"], registers: [this.registry] });
+
   /** Set before each scrape from the store (collect hook). */
   setMachineCounts(rows: { pool: string; state: string; n: number }[]): void {
     this.machines.reset();
     for (const r of rows) this.machines.set({ pool: r.pool, state: r.state }, r.n);
+  }
+
+  setAllocationCounts(states: { state: string; n: number }[], owners: { owner: string; vcpu: number; memory: number; count: number }[]): void {
+    this.allocations.reset();
+    for (const r of states) this.allocations.set({ state: r.state }, r.n);
+    this.ownerUse.reset();
+    for (const o of owners) for (const dim of ["vcpu", "memory", "count"] as const) this.ownerUse.set({ owner: o.owner, dimension: dim }, o[dim]);
   }
 }

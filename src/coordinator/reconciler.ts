@@ -27,6 +27,7 @@ import type { OperationExecutor, StartedOp } from "./executor.js";
 import { rotationMarginMs, fillDecision } from "../core/pool.js";
 import { countCapacity } from "./actions/capacity.js";
 import { handleGrantDueRow, invalidateGrantsOfBorrower } from "./actions/grants.js";
+import { onAllocationExpiryDue } from "./actions/allocation-release.js";
 
 export interface TickResult {
   visited: number;
@@ -101,6 +102,9 @@ async function handle(tx: Tx, ctx: Ctx, executor: ReconcilerDeps["executor"], ro
     case "ack":
     case "grant":
       if (await handleGrantDueRow(tx, ctx, row.kind, row.ref, now, nonceOf(seed))) tx.afterCommit(() => ctx.kick());
+      return null;
+    case "alloc_expiry":
+      await onAllocationExpiryDue(tx, ctx, row.ref, now);
       return null;
     default:
       // An unknown kind (a newer coordinator's) is left for it, pushed back so it does not block the index.

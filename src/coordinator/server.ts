@@ -16,6 +16,8 @@ import { providerRegistry, type Provider } from "../providers/provider.js";
 import { HostsProvider } from "../providers/hosts/hosts-provider.js";
 import { readHost } from "../store/hosts.js";
 import { machineCounts } from "../store/machines.js";
+import { liveAllocationCounts } from "../store/allocations.js";
+import { allOwners } from "../store/alloc-owners.js";
 import { createPortable, grantHooks } from "./actions/grants.js";
 import { registerProvisioned } from "./actions/register.js";
 import type { PortableApi } from "./actions/portable-api.js";
@@ -89,6 +91,11 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
   loop = new ReconcilerLoop(reconciler, o.reconcileIntervalMs ?? 250);
   const metricsText = async () => {
     metrics.setMachineCounts(await ctx.store.transaction((tx) => machineCounts(tx)));
+    const alloc = await ctx.store.transaction(async (tx) => ({ states: await liveAllocationCounts(tx), owners: await allOwners(tx) }));
+    metrics.setAllocationCounts(
+      alloc.states,
+      alloc.owners.map((o) => ({ owner: o.owner, vcpu: o.used.vcpu / o.budget.vcpu, memory: o.used.memoryMib / o.budget.memoryMib, count: o.used.count / o.budget.count })),
+    );
     return metrics.registry.metrics();
   };
   const app = createHttpServer({ log, internalMessage: "internal: the coordinator failed to handle this request; see its log" });

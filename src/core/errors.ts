@@ -28,6 +28,9 @@ export type ErrorCode =
   | "operation_failed"
   | "store_busy"
   | "method_not_allowed"
+  | "not_admitted"
+  | "budget_exhausted"
+  | "no_capacity"
   | "internal";
 
 const STATUS: Record<ErrorCode, number> = {
@@ -55,6 +58,9 @@ const STATUS: Record<ErrorCode, number> = {
   operation_failed: 502,
   store_busy: 503,
   method_not_allowed: 405,
+  not_admitted: 403,
+  budget_exhausted: 409,
+  no_capacity: 503,
   internal: 500,
 };
 

@@ -7,6 +7,7 @@
  * both registration paths refuse a resource that is live under the other.
  */
 import type { Migration } from "./migrate.js";
+import { ALLOCATIONS_MIGRATION } from "./allocation-schema.js";
 
 export const MIGRATIONS: readonly Migration[] = [
   {
@@ -173,4 +174,5 @@ CREATE INDEX grants_machine ON grants (machine_id, state);
 CREATE INDEX grants_borrower ON grants (borrower, state);
 `,
   },
+  ALLOCATIONS_MIGRATION,
 ];

@@ -185,7 +185,7 @@ for (const runtime of ["process", "gvisor"] as const) {
       // Allocations do not exist yet: refused with a clear message.
       const alloc = berthSync(["ssh", "a_dev1", "--config", cluster.clientConfig]);
       assert.equal(alloc.status, 2);
-      assert.match(alloc.stderr, /allocations are not implemented/);
+      assert.match(alloc.stderr, /allocations are placed and charged but not launched on an agent/);
 
       // SIGTERM to berth mid-session: terminal restored, status 143.
       const sshCmd = `${process.execPath} ${BIN} ssh --receipt ${receipt} --config ${cluster.clientConfig}`;

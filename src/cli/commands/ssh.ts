@@ -291,7 +291,7 @@ Examples:
         if (!o.receipt) {
           if (target.length === 0) throw new BerthError("invalid_request", "invalid_request: say what to connect to: berth ssh --receipt FILE");
           process.stderr.write(
-            `berth: allocations are not implemented in berth yet, so there is no allocation ${JSON.stringify(target[0])} to connect to; use a borrow instead: berth borrow POOL --receipt FILE, then berth ssh --receipt FILE\n`,
+            `berth: berth ssh ALLOCATION is not available yet: allocations are placed and charged but not launched on an agent (docs/allocations.md), so there is nothing to connect to for ${JSON.stringify(target[0])}; use a borrow instead: berth borrow POOL --receipt FILE, then berth ssh --receipt FILE\n`,
           );
           process.exit(EXIT.usage);
         }

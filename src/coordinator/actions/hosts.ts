@@ -15,6 +15,7 @@ import { poolRef, setDue } from "../../store/due.js";
 import { insertHost, listHosts as listHostRows, lockHostByName, updateHost, type HostRow } from "../../store/hosts.js";
 import { setHostAddressOfMachines } from "../../store/machines.js";
 import { poolNamesOfProvider } from "../../store/pools.js";
+import { accountEnrolledHost } from "./alloc-owners.js";
 
 export interface EnrollInput {
   name: string;
@@ -34,9 +35,11 @@ export async function enrollHost(ctx: Ctx, p: Principal, input: EnrollInput, sec
       await updateHost(tx, existing.id, input, now);
       // Machines on this host learn its (possibly new) gateway address.
       await setHostAddressOfMachines(tx, existing.id, input.ssh);
+      await accountEnrolledHost(tx, ctx.actor, { id: existing.id, org: p.org, name: input.name, ...input.capacity }, now);
       return existing.id;
     }
     await insertHost(tx, fresh, p.org, input.name, input, now);
+    await accountEnrolledHost(tx, ctx.actor, { id: fresh, org: p.org, name: input.name, ...input.capacity }, now);
     // New capacity: every hosts-provider pool of the org may now be filled.
     for (const pool of await poolNamesOfProvider(tx, p.org, "hosts")) await setDue(tx, "fill", poolRef(p.org, pool), now);
     return fresh;

@@ -1,0 +1,192 @@
+/** Bodies of `berth alloc …` and `berth owner …` (loaded only when one of them runs). */
+import { randomBytes } from "node:crypto";
+import { BerthError } from "../../core/errors.js";
+import { newId } from "../../core/ids.js";
+import { gib } from "../../core/allocation-sizes.js";
+import { formatDuration } from "../../core/durations.js";
+import { ApiError, type Api } from "../api.js";
+import { clientFrom, iso, printJson, printTable, runCommand } from "../common.js";
+import type { ConfigFlags } from "../config.js";
+
+interface Flags extends ConfigFlags {
+  json: boolean;
+}
+
+interface AllocationView {
+  id: string;
+  owner: string;
+  size: string;
+  vcpu: number;
+  memoryMib: number;
+  state: string;
+  hostId: string;
+  plan: { hostId: string; hostName: string; strategy: string; size: string; vcpu: number; memoryMib: number; placedAt: number };
+  createdAt: number;
+  expiresAt: number;
+  stateSince: number;
+  reason: string | null;
+  created?: boolean;
+}
+
+async function withApi(o: Flags, fn: (api: Api) => Promise<void>): Promise<void> {
+  await runCommand(async () => {
+    const { api } = clientFrom(o);
+    try {
+      await fn(api);
+      return 0;
+    } finally {
+      await api.close();
+    }
+  });
+}
+
+const seg = (s: string) => encodeURIComponent(s);
+
+function printAllocation(a: AllocationView): void {
+  process.stdout.write(
+    `allocation ${a.id}${a.created === false ? " (already created with this id)" : ""}\n` +
+      `  state      ${a.state}${a.reason ? ` (${a.reason})` : ""}\n` +
+      `  size       ${a.size}: ${a.vcpu} vCPU, ${gib(a.memoryMib)} GiB\n` +
+      `  owner      ${a.owner}\n` +
+      `  host       ${a.plan.hostName} (${a.hostId}), placed ${iso(a.plan.placedAt)} by ${a.plan.strategy}\n` +
+      `  expires    ${iso(a.expiresAt)}\n`,
+  );
+}
+
+/** Create with a client-chosen id, so a lost answer is retried safely with the same id. */
+export function create(o: Flags & { size: string; id?: string; for?: number; strategy: string; owner?: string }): Promise<void> {
+  return withApi(o, async (api) => {
+    const id = o.id ?? newId("al", (n) => randomBytes(n));
+    const body = { id, size: o.size, strategy: o.strategy, ...(o.for !== undefined ? { durationMs: o.for } : {}), ...(o.owner ? { owner: o.owner } : {}) };
+    let a: AllocationView | null = null;
+    for (let attempt = 0; a === null; attempt++) {
+      try {
+        a = await api.call<AllocationView>("POST", "/v1/allocations", body);
+      } catch (e) {
+        // Only a transport failure (no answer) is retried; every refusal is final.
+        if (e instanceof ApiError || e instanceof BerthError || attempt >= 2) throw e;
+        await new Promise((r) => setTimeout(r, 500 * (attempt + 1)));
+      }
+    }
+    if (o.json) printJson(a);
+    else printAllocation(a);
+  });
+}
+
+export function list(o: Flags & { all: boolean }): Promise<void> {
+  return withApi(o, async (api) => {
+    const r = await api.call<{ allocations: AllocationView[] }>("GET", `/v1/allocations${o.all ? "?all=true" : ""}`);
+    if (o.json) printJson(r.allocations);
+    else printTable(["ID", "STATE", "SIZE", "HOST", "OWNER", "EXPIRES"], r.allocations.map((a) => [a.id, a.state, a.size, a.plan.hostName, a.owner, iso(a.expiresAt)]));
+  });
+}
+
+export function show(id: string, o: Flags): Promise<void> {
+  return withApi(o, async (api) => {
+    const a = await api.call<AllocationView>("GET", `/v1/allocations/${seg(id)}`);
+    if (o.json) printJson(a);
+    else printAllocation(a);
+  });
+}
+
+export function release(id: string, o: Flags & { keepVolume: boolean }): Promise<void> {
+  return withApi(o, async (api) => {
+    const a = await api.call<AllocationView>("POST", `/v1/allocations/${seg(id)}/release`, { keepVolume: o.keepVolume });
+    if (o.json) printJson(a);
+    else process.stdout.write(`allocation ${a.id}: ${a.state}${a.state === "released" ? "; slot and budget returned" : "; slot and budget stay charged until cleanup is proven"}\n`);
+  });
+}
+
+interface PlanView {
+  size: { name: string; vcpu: number; memoryMib: number };
+  strategy: string;
+  decision: { chosen: { hostId: string; name: string } | null; verdicts: Array<{ hostId: string; name: string; fits: boolean; reason?: string }> };
+  budget: { admitted: true; fits: boolean; message: string | null } | null;
+}
+
+export function plan(o: Flags & { size: string; strategy: string }): Promise<void> {
+  return withApi(o, async (api) => {
+    const p = await api.call<PlanView>("POST", "/v1/allocations/plan", { size: o.size, strategy: o.strategy });
+    if (o.json) {
+      printJson(p);
+      return;
+    }
+    process.stdout.write(`plan for ${p.size.name} (${p.size.vcpu} vCPU, ${gib(p.size.memoryMib)} GiB) by ${p.strategy}: ${p.decision.chosen ? `would place on ${p.decision.chosen.name}` : "no host fits"}\n`);
+    process.stdout.write(`budget: ${p.budget === null ? "you are not admitted to allocate" : p.budget.fits ? "fits" : p.budget.message}\n`);
+    printTable(["HOST", "ID", "FITS", "WHY NOT"], p.decision.verdicts.map((v) => [v.name, v.hostId, v.fits ? "yes" : "no", v.fits ? "" : (v.reason ?? "")]));
+  });
+}
+
+export function sizes(o: Flags): Promise<void> {
+  return withApi(o, async (api) => {
+    const r = await api.call<{ sizes: { name: string; vcpu: number; memoryMib: number }[]; maxDurationMs: number }>("GET", "/v1/sizes");
+    if (o.json) printJson(r);
+    else {
+      printTable(["SIZE", "VCPU", "MEMORY"], r.sizes.map((s) => [s.name, s.vcpu, `${gib(s.memoryMib)} GiB`]));
+      process.stdout.write(`longest lifetime: ${formatDuration(r.maxDurationMs)}\n`);
+    }
+  });
+}
+
+interface HostAccountView {
+  hostId: string;
+  name: string;
+  standing: string;
+  capacity: { vcpu: number; memoryMib: number; slots: number };
+  used: { vcpu: number; memoryMib: number; slots: number };
+}
+
+export function hosts(o: Flags): Promise<void> {
+  return withApi(o, async (api) => {
+    const r = await api.call<{ hosts: HostAccountView[] }>("GET", "/v1/host-accounts");
+    if (o.json) printJson(r.hosts);
+    else
+      printTable(
+        ["HOST", "ID", "STANDING", "VCPU", "MEMORY", "SLOTS"],
+        r.hosts.map((h) => [h.name, h.hostId, h.standing, `${h.used.vcpu}/${h.capacity.vcpu}`, `${gib(h.used.memoryMib)}/${gib(h.capacity.memoryMib)} GiB`, `${h.used.slots}/${h.capacity.slots}`]),
+      );
+  });
+}
+
+export function standing(host: string, to: string, o: Flags): Promise<void> {
+  return withApi(o, async (api) => {
+    const r = await api.call<{ hostId: string; standing: string }>("POST", `/v1/hosts/${seg(host)}/standing`, { standing: to });
+    if (o.json) printJson(r);
+    else process.stdout.write(`host ${r.hostId}: ${r.standing}\n`);
+  });
+}
+
+/** "16GiB", "512MiB", "16G", "16" (GiB) -> MiB. */
+export function parseMemory(s: string): number {
+  const m = /^(-?\d+(?:\.\d+)?)\s*(GiB|G|MiB|M)?$/i.exec(s.trim());
+  if (!m) throw new BerthError("invalid_request", `invalid_request: --memory ${JSON.stringify(s)} is not a size; use e.g. 16GiB or 512MiB`);
+  const v = Number(m[1]);
+  const unit = (m[2] ?? "GiB").toLowerCase();
+  return Math.round(unit.startsWith("m") ? v : v * 1024);
+}
+
+interface OwnerView {
+  owner: string;
+  budget: { vcpu: number; memoryMib: number; count: number };
+  used: { vcpu: number; memoryMib: number; count: number };
+}
+
+export function budget(id: string, o: Flags & { vcpu: number; memory: string; count: number }, verb: "admit" | "budget"): Promise<void> {
+  return withApi(o, async (api) => {
+    const r = await api.call<OwnerView>("POST", `/v1/owners/${seg(id)}/${verb}`, { vcpu: o.vcpu, memoryMib: parseMemory(o.memory), count: o.count });
+    if (o.json) printJson(r);
+    else process.stdout.write(`owner ${r.owner}: budget ${r.budget.vcpu} vCPU, ${gib(r.budget.memoryMib)} GiB, ${r.budget.count} allocations; in use ${r.used.vcpu} vCPU, ${gib(r.used.memoryMib)} GiB, ${r.used.count}\n`);
+  });
+}
+
+export function owners(o: Flags): Promise<void> {
+  return withApi(o, async (api) => {
+    const r = await api.call<{ owners: OwnerView[] }>("GET", "/v1/owners");
+    if (o.json) printJson(r.owners);
+    else
+      printTable(
+        ["OWNER", "VCPU", "MEMORY", "ALLOCATIONS"],
+        r.owners.map((w) => [w.owner, `${w.used.vcpu}/${w.budget.vcpu}`, `${gib(w.used.memoryMib)}/${gib(w.budget.memoryMib)} GiB`, `${w.used.count}/${w.budget.count}`]),
+      );
+  });
+}

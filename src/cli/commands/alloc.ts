@@ -1,0 +1,61 @@
+/**
+ * `berth alloc create|ls|show|release|plan|hosts|standing` and `berth owner
+ * admit|budget|ls`: the definitions only. Each action loads its body from
+ * alloc-run.ts when it runs, so other commands never pay for loading it.
+ */
+import type { Command } from "commander";
+import { Argument, Option } from "commander";
+import { durationArg, intArg } from "../common.js";
+
+type Run = typeof import("./alloc-run.js");
+const load = (): Promise<Run> => import("./alloc-run.js");
+
+function clientOpts(c: Command): Command {
+  return c.option("--url <url>", "coordinator URL (or BERTH_URL)").option("--token-file <file>", "API token file (or BERTH_TOKEN_FILE)").option("--config <file>", "client config file").option("--json", "print JSON", false);
+}
+
+const strategy = () => new Option("--strategy <s>", "binpack fills the fullest host that fits; spread the emptiest").choices(["binpack", "spread"]).default("binpack");
+
+export function register(program: Command): void {
+  const alloc = program.command("alloc").description("Allocations: sized workspaces placed on hosts and charged to your budget");
+
+  clientOpts(
+    alloc
+      .command("create")
+      .description("Create an allocation (retrying the same --id is safe: it answers the same allocation)")
+      .requiredOption("--size <size>", "a size from the catalog (berth alloc sizes), e.g. small or large")
+      .option("--id <id>", "allocation id, 1-128 of A-Z a-z 0-9 _ - (default: a fresh one)")
+      .option("--for <duration>", "lifetime, e.g. 8h (default and maximum: the coordinator's policy)", durationArg("--for"))
+      .addOption(strategy())
+      .option("--owner <token-id>", "create for another admitted owner (operators)"),
+  ).action(async (o) => (await load()).create(o));
+
+  clientOpts(alloc.command("ls").description("List your live allocations (an operator sees the organisation's)").option("--all", "include released ones", false)).action(async (o) => (await load()).list(o));
+  clientOpts(alloc.command("show").description("Show one allocation and its placement plan").argument("<id>", "allocation id")).action(async (id: string, o) => (await load()).show(id, o));
+  clientOpts(alloc.command("release").description("Release an allocation; slot and budget come back once its cleanup is proven").argument("<id>", "allocation id").option("--keep-volume", "keep the workspace volume", false)).action(
+    async (id: string, o) => (await load()).release(id, o),
+  );
+  clientOpts(alloc.command("plan").description("Dry run: where a size would go, and per host why it does not fit").requiredOption("--size <size>", "size to place").addOption(strategy())).action(async (o) => (await load()).plan(o));
+  clientOpts(alloc.command("sizes").description("The size catalog and the longest lifetime allowed")).action(async (o) => (await load()).sizes(o));
+  clientOpts(alloc.command("hosts").description("Hosts' standing and capacity in use by allocations")).action(async (o) => (await load()).hosts(o));
+  clientOpts(
+    alloc
+      .command("standing")
+      .description("Set a host's standing (operators): only ready hosts take new allocations; withdrawn and draining hosts never launch one")
+      .argument("<host-id>", "host id (berth alloc hosts)")
+      .addArgument(new Argument("<standing>", "the host's new standing").choices(["ready", "draining", "withdrawn", "not_ready"])),
+  ).action(async (host: string, standing: string, o) => (await load()).standing(host, standing, o));
+
+  const owner = program.command("owner").description("Owners: API principals admitted to allocate, with a budget (operators)");
+  const budgetOpts = (c: Command) =>
+    clientOpts(
+      c
+        .argument("<token-id>", "the owner's API token id (berth token ls)")
+        .requiredOption("--vcpu <n>", "vCPU budget", intArg("--vcpu", -1_000_000, 1_000_000))
+        .requiredOption("--memory <size>", "memory budget, e.g. 16GiB or 512MiB (a plain number is GiB)")
+        .requiredOption("--count <n>", "most live allocations at once", intArg("--count", -1_000_000, 1_000_000)),
+    );
+  budgetOpts(owner.command("admit").description("Admit an owner with a budget (or set the budget of one admitted)")).action(async (id: string, o) => (await load()).budget(id, o, "admit"));
+  budgetOpts(owner.command("budget").description("Change an admitted owner's budget (usage is kept)")).action(async (id: string, o) => (await load()).budget(id, o, "budget"));
+  clientOpts(owner.command("ls").description("Owners with budget and use")).action(async (o) => (await load()).owners(o));
+}

@@ -1,0 +1,58 @@
+/**
+ * Admission of owners and host standing, by operators.
+ *
+ * An owner is an API principal (token id) of the organisation; an operator
+ * admits it with a budget, or changes the budget later (usage is kept; a
+ * budget lowered below what is in use refuses new allocations until enough
+ * are released). Host standing (ready, draining, withdrawn, not_ready) decides
+ * whether placement may choose the host and whether a placed allocation may
+ * still launch there. Both changes are written to the allocation ledger while
+ * their row is locked, so an audit sees them in order with reservations.
+ */
+import { BerthError } from "../../core/errors.js";
+import { parseId } from "../../core/ids.js";
+import { checkBudget, type Budget } from "../../core/allocation-budget.js";
+import type { HostStanding } from "../../core/allocation-placement.js";
+import { isPrincipalOf, listOwners, lockOwner, upsertOwnerBudget, type OwnerRecord } from "../../store/alloc-owners.js";
+import { lockHostAccount, setHostStanding, upsertHostAccount, listHostAccounts } from "../../store/host-accounts.js";
+import { appendLedger } from "../../store/allocation-ledger.js";
+import type { Tx } from "../../store/store.js";
+import type { AllocCtx } from "./allocation-create.js";
+
+export async function setOwnerBudget(ctx: AllocCtx, org: string, rawOwner: string, budget: Budget, mustExist: boolean): Promise<OwnerRecord> {
+  const owner = parseId(rawOwner, "owner");
+  checkBudget(budget);
+  const now = ctx.now();
+  return ctx.store.transaction(async (tx) => {
+    if (!(await isPrincipalOf(tx, owner, org))) throw new BerthError("not_found", `not_found: no API token ${owner} in this organisation; owners are API principals (see berth token ls)`);
+    const before = await lockOwner(tx, org, owner);
+    if (mustExist && !before) throw new BerthError("not_admitted", `not_admitted: ${owner} is not admitted yet; run berth owner admit ${owner} first`);
+    await upsertOwnerBudget(tx, org, owner, budget, now);
+    await appendLedger(tx, { at: now, event: "budget", org, allocation_id: null, owner, host_id: null, vcpu: budget.vcpu, memory_mib: budget.memoryMib, detail: String(budget.count), actor: ctx.actor });
+    return (await lockOwner(tx, org, owner))!;
+  }, { name: "owner_budget" });
+}
+
+export async function ownersOf(ctx: AllocCtx, org: string): Promise<OwnerRecord[]> {
+  return ctx.store.transaction((tx) => listOwners(tx, org));
+}
+
+export async function changeHostStanding(ctx: AllocCtx, org: string, rawHost: string, standing: HostStanding): Promise<void> {
+  const hostId = parseId(rawHost, "host");
+  const now = ctx.now();
+  await ctx.store.transaction(async (tx) => {
+    const h = await lockHostAccount(tx, hostId);
+    if (!h || h.org !== org) throw new BerthError("not_found", `not_found: no host ${hostId} in this organisation`);
+    await setHostStanding(tx, hostId, standing, now);
+    await appendLedger(tx, { at: now, event: "host_account", org, allocation_id: null, owner: null, host_id: hostId, vcpu: h.capacity.vcpu, memory_mib: h.capacity.memoryMib, detail: standing, actor: ctx.actor });
+  }, { name: "host_standing" });
+}
+
+/** Called in the enrollment transaction: the host's account follows its declared capacity. */
+export async function accountEnrolledHost(tx: Tx, actor: string, host: { id: string; org: string; name: string; vcpu: number; memoryMb: number; slots: number }, now: number): Promise<void> {
+  await upsertHostAccount(tx, host.id, host.org, host.name, { vcpu: host.vcpu, memoryMib: host.memoryMb, slots: host.slots }, now);
+  const h = await lockHostAccount(tx, host.id);
+  await appendLedger(tx, { at: now, event: "host_account", org: host.org, allocation_id: null, owner: null, host_id: host.id, vcpu: host.vcpu, memory_mib: host.memoryMb, detail: `${h?.standing ?? "ready"} slots=${host.slots}`, actor });
+}
+
+export { listHostAccounts };

@@ -1,0 +1,130 @@
+/**
+ * Creating an allocation: admission against the owner's budget, placement on
+ * a host, and the reservation of both, in one transaction.
+ *
+ * The transaction locks exactly two rows: the owner's budget row first, then
+ * the chosen host's account row (the same order as release, so the two never
+ * deadlock). Placement reads the org's host accounts without locks, locks the
+ * chosen one, and decides again on the locked row; if the host changed
+ * meanwhile (filled, withdrawn) it is excluded and placement runs again.
+ * A host withdrawn after this commit never launches the allocation: the
+ * launch re-checks the standing (core/allocation.ts `launchGate`).
+ *
+ * Create is idempotent by id: the same id with the same request (owner,
+ * size, duration, strategy) returns the allocation already made, without
+ * charging again; another request under that id is `conflict`. The id is
+ * checked by the one id constructor before anything is read or written.
+ */
+import { createHash } from "node:crypto";
+import { BerthError } from "../../core/errors.js";
+import { parseId } from "../../core/ids.js";
+import { admit } from "../../core/allocation-budget.js";
+import { lookupSize, sizeCatalog } from "../../core/allocation-sizes.js";
+import { choose, noCapacityMessage, place, verdict, type Strategy } from "../../core/allocation-placement.js";
+import { expiryFor } from "../../core/allocation.js";
+import type { Store } from "../../store/store.js";
+import type { CoordinatorConfig } from "../context.js";
+import { lockOwner, setOwnerUsage } from "../../store/alloc-owners.js";
+import { candidateHostAccounts, listHostAccounts, lockHostAccount, setHostUsage } from "../../store/host-accounts.js";
+import { getAllocation, insertAllocation, type AllocationRecord } from "../../store/allocations.js";
+import { appendLedger } from "../../store/allocation-ledger.js";
+import { setDue } from "../../store/due.js";
+
+/** How many best candidates the database returns per placement attempt. */
+const CANDIDATES = 8;
+
+/** What allocation actions need from the coordinator's Ctx. */
+export interface AllocCtx {
+  store: Store;
+  now: () => number;
+  /** This coordinator instance, for the ledger. */
+  actor: string;
+  config: Pick<CoordinatorConfig, "allocationSizes" | "maxAllocationMs">;
+  /** Counts a refusal by reason (metrics); optional so store tests need no metrics. */
+  onRefusal?: (reason: string) => void;
+}
+
+export interface CreateInput {
+  id: string;
+  size: string;
+  /** Requested lifetime; null = the policy maximum. */
+  durationMs: number | null;
+  strategy: Strategy;
+}
+
+export interface CreateResult {
+  allocation: AllocationRecord;
+  /** false when an earlier create with the same id and request made it. */
+  created: boolean;
+}
+
+/** The fingerprint of a create request, to tell a retry from a different request under the same id. */
+export function requestHash(owner: string, input: Omit<CreateInput, "id">): string {
+  return createHash("sha256").update(JSON.stringify(["berth-alloc-v1", owner, input.size, input.durationMs, input.strategy])).digest("hex");
+}
+
+export async function createAllocation(ctx: AllocCtx, org: string, owner: string, input: CreateInput): Promise<CreateResult> {
+  const id = parseId(input.id, "allocation id");
+  const size = lookupSize(sizeCatalog(ctx.config.allocationSizes), input.size);
+  const now = ctx.now();
+  const expiry = expiryFor(now, input.durationMs, ctx.config.maxAllocationMs);
+  if (!expiry.ok) throw new BerthError("invalid_request", expiry.message);
+  const hash = requestHash(owner, { size: size.name, durationMs: input.durationMs, strategy: input.strategy });
+  for (let attempt = 0; ; attempt++) {
+    const r = await ctx.store.transaction(async (tx): Promise<CreateResult | "raced"> => {
+      const o = await lockOwner(tx, org, owner);
+      const existing = await getAllocation(tx, id);
+      if (existing) {
+        if (existing.org === org && existing.owner === owner && existing.requestHash === hash) return { allocation: existing, created: false };
+        throw new BerthError("conflict", `conflict: allocation id ${id} is already taken by a different request; retry with the same request or choose another id`);
+      }
+      if (!o) throw new BerthError("not_admitted", `not_admitted: ${owner} is not admitted to allocate in this organisation; an operator runs berth owner admit ${owner}`);
+      const adm = admit(o.budget, o.used, size);
+      if (adm.kind === "refuse") throw new BerthError("budget_exhausted", adm.message);
+      const exclude = new Set<string>();
+      for (;;) {
+        // The database narrows to the best few candidates; `choose` decides among them.
+        const chosen = choose(await candidateHostAccounts(tx, org, size, input.strategy, exclude.size + CANDIDATES), size, input.strategy, exclude);
+        if (!chosen) {
+          // Every host's reason, for the refusal (the slow path reads them all).
+          throw new BerthError("no_capacity", noCapacityMessage(place(await listHostAccounts(tx, org), size, input.strategy), size));
+        }
+        const host = await lockHostAccount(tx, chosen.hostId);
+        const v = host ? verdict(host, size) : null;
+        if (!host || !v || !v.fits) {
+          // Changed between the read and the lock (filled, withdrawn): place again without it.
+          exclude.add(chosen.hostId);
+          continue;
+        }
+        const allocation: AllocationRecord = {
+          id,
+          org,
+          owner,
+          size: size.name,
+          vcpu: size.vcpu,
+          memoryMib: size.memoryMib,
+          requestHash: hash,
+          state: "placed",
+          hostId: host.hostId,
+          plan: { hostId: host.hostId, hostName: host.name, strategy: input.strategy, size: size.name, vcpu: size.vcpu, memoryMib: size.memoryMib, placedAt: now },
+          createdAt: now,
+          expiresAt: expiry.expiresAt,
+          stateSince: now,
+          reason: null,
+        };
+        // Another owner took this id after our read: start over (the re-read then answers conflict).
+        if (!(await insertAllocation(tx, allocation))) return "raced";
+        await setOwnerUsage(tx, org, owner, adm.after, now);
+        await setHostUsage(tx, host.hostId, { vcpu: host.used.vcpu + size.vcpu, memoryMib: host.used.memoryMib + size.memoryMib, slots: host.used.slots + 1 });
+        await appendLedger(tx, { at: now, event: "reserve", org, allocation_id: id, owner, host_id: host.hostId, vcpu: size.vcpu, memory_mib: size.memoryMib, detail: size.name, actor: ctx.actor });
+        await setDue(tx, "alloc_expiry", id, expiry.expiresAt);
+        return { allocation, created: true };
+      }
+    }, { name: "alloc_create" }).catch((e: unknown) => {
+      if (e instanceof BerthError && (e.code === "budget_exhausted" || e.code === "no_capacity" || e.code === "not_admitted")) ctx.onRefusal?.(e.code);
+      throw e;
+    });
+    if (r !== "raced") return r;
+    if (attempt >= 2) throw new BerthError("store_busy", `store_busy: allocation id ${id} kept being taken concurrently; try again`);
+  }
+}

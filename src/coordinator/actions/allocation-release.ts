@@ -1,0 +1,73 @@
+/**
+ * Releasing an allocation (by its owner, an operator, or expiry).
+ *
+ * One transaction locks the owner's budget row, then re-reads the allocation
+ * under that lock and applies the lifecycle transition; when the transition
+ * returns the reservation (`refund`: only on the edge into `released`), the
+ * host's account row is locked too and both are credited, and the ledger
+ * records the refund. Lock order owner → host, as at create.
+ *
+ * An allocation that never launched (`placed`) is released at once. One that
+ * launched goes to `releasing`, keeping slot and budget charged until its
+ * cleanup is proven (the cleanup executor is part of the launch work, not
+ * built yet: see docs/allocations.md).
+ */
+import { BerthError } from "../../core/errors.js";
+import { parseId } from "../../core/ids.js";
+import { refund } from "../../core/allocation-budget.js";
+import { allocationTransition, expired, type ReleaseCause } from "../../core/allocation.js";
+import type { Tx } from "../../store/store.js";
+import { lockOwner, setOwnerUsage } from "../../store/alloc-owners.js";
+import { lockHostAccount, setHostUsage } from "../../store/host-accounts.js";
+import { casAllocationState, getAllocation, type AllocationRecord } from "../../store/allocations.js";
+import { appendLedger } from "../../store/allocation-ledger.js";
+import { clearDue, setDue } from "../../store/due.js";
+import type { AllocCtx } from "./allocation-create.js";
+
+export interface Requester {
+  org: string;
+  /** The principal asking; an owner may release only its own allocations. */
+  principal: string;
+  operator: boolean;
+}
+
+/** Applies a release inside `tx`; returns the allocation as it now is. */
+async function releaseIn(tx: Tx, ctx: AllocCtx, a0: AllocationRecord, cause: ReleaseCause, keepVolume: boolean, now: number): Promise<AllocationRecord> {
+  const owner = await lockOwner(tx, a0.org, a0.owner);
+  // Re-read under the owner's lock: every change of a reservation-holding allocation takes that lock first.
+  const a = (await getAllocation(tx, a0.id, true))!;
+  const t = allocationTransition(a.state, { kind: "release", cause, keepVolume });
+  if (!t.ok) throw new BerthError("conflict", `conflict: allocation ${a.id}: ${t.refusal}`);
+  if (!t.changed) return a;
+  if (t.effects.some((e) => e.kind === "refund")) {
+    if (!owner) throw new Error(`allocation ${a.id} has no owner row for ${a.owner}`);
+    const host = await lockHostAccount(tx, a.hostId);
+    if (!host) throw new Error(`allocation ${a.id} has no host account ${a.hostId}`);
+    const size = { name: a.size, vcpu: a.vcpu, memoryMib: a.memoryMib };
+    await setOwnerUsage(tx, a.org, a.owner, refund(owner.used, size), now);
+    await setHostUsage(tx, a.hostId, { vcpu: host.used.vcpu - a.vcpu, memoryMib: host.used.memoryMib - a.memoryMib, slots: host.used.slots - 1 });
+    await appendLedger(tx, { at: now, event: "refund", org: a.org, allocation_id: a.id, owner: a.owner, host_id: a.hostId, vcpu: a.vcpu, memory_mib: a.memoryMib, detail: cause, actor: ctx.actor });
+  }
+  if (!(await casAllocationState(tx, a.id, a.state, t.state, now, t.reason))) throw new Error(`allocation ${a.id} changed under the owner's lock`);
+  return { ...a, state: t.state, stateSince: now, reason: t.reason };
+}
+
+export async function releaseAllocation(ctx: AllocCtx, who: Requester, rawId: string, keepVolume: boolean): Promise<AllocationRecord> {
+  const id = parseId(rawId, "allocation id");
+  const now = ctx.now();
+  return ctx.store.transaction(async (tx) => {
+    const a = await getAllocation(tx, id);
+    if (!a || a.org !== who.org) throw new BerthError("not_found", `not_found: no allocation ${id} in this organisation`);
+    if (!who.operator && a.owner !== who.principal) throw new BerthError("forbidden", `forbidden: allocation ${id} belongs to another owner; only it or an operator may release it`);
+    return releaseIn(tx, ctx, a, who.operator && a.owner !== who.principal ? "operator" : "owner", keepVolume, now);
+  }, { name: "alloc_release" });
+}
+
+/** The reconciler's handler of an `alloc_expiry` due row: release at expiry (at equality), else re-arm. */
+export async function onAllocationExpiryDue(tx: Tx, ctx: AllocCtx, id: string, now: number): Promise<void> {
+  const a = await getAllocation(tx, id);
+  if (!a || a.state === "released") return clearDue(tx, "alloc_expiry", id);
+  if (!expired(a.expiresAt, now)) return setDue(tx, "alloc_expiry", id, a.expiresAt);
+  await clearDue(tx, "alloc_expiry", id);
+  await releaseIn(tx, ctx, a, "expiry", false, now);
+}

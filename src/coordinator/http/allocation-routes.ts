@@ -1,0 +1,116 @@
+/**
+ * Allocation routes, kept apart from routes.ts so they can move with the
+ * HTTP layer as one registration:
+ *
+ *   GET  /v1/sizes                              the size catalog
+ *   GET  /v1/allocations[?all=true]             live allocations (a member's own; an operator's org)
+ *   POST /v1/allocations                        create (idempotent by id)
+ *   POST /v1/allocations/plan                   placement dry run
+ *   GET  /v1/allocations/{allocation}
+ *   POST /v1/allocations/{allocation}/release
+ *   GET  /v1/owners                             owners and budgets (operator)
+ *   POST /v1/owners/{owner}/admit               admit with a budget (operator)
+ *   POST /v1/owners/{owner}/budget              change an admitted owner's budget (operator)
+ *   GET  /v1/host-accounts                      hosts' standing and capacity use
+ *   POST /v1/hosts/{host}/standing              ready | draining | withdrawn | not_ready (operator)
+ *
+ * Every `{param}` and every body id goes through the one id constructor.
+ */
+import { z } from "zod";
+import type { IncomingMessage } from "node:http";
+import { Reply, type HttpServer } from "../../http/server.js";
+import { allows, requireRole, type Principal, type Role } from "../auth.js";
+import { idSchema } from "./schemas.js";
+import { HOST_STANDINGS } from "../../core/allocation-placement.js";
+import { newId } from "../../core/ids.js";
+import { createAllocation, type AllocCtx } from "../actions/allocation-create.js";
+import { releaseAllocation, type Requester } from "../actions/allocation-release.js";
+import { listAllocationsFor, planAllocation, showAllocation } from "../actions/allocation-read.js";
+import { changeHostStanding, ownersOf, setOwnerBudget, listHostAccounts } from "../actions/alloc-owners.js";
+import type { AllocationRecord } from "../../store/allocations.js";
+import type { OwnerRecord } from "../../store/alloc-owners.js";
+
+const int = (min: number, max: number) => z.number().int().min(min).max(max);
+
+export const createAllocationSchema = z.strictObject({
+  id: idSchema.optional(),
+  size: z.string().min(1).max(64),
+  durationMs: z.number().int().optional(),
+  strategy: z.enum(["binpack", "spread"]).default("binpack"),
+  /** Operators may create for another admitted owner. */
+  owner: idSchema.optional(),
+});
+
+export const planSchema = z.strictObject({ size: z.string().min(1).max(64), strategy: z.enum(["binpack", "spread"]).default("binpack") });
+export const releaseAllocationSchema = z.strictObject({ keepVolume: z.boolean().default(false) });
+// Non-positive budgets reach checkBudget, which refuses them with one message for every dimension.
+export const budgetSchema = z.strictObject({ vcpu: int(-1_000_000, 1_000_000), memoryMib: int(-1_000_000_000, 1_000_000_000), count: int(-1_000_000, 1_000_000) });
+export const standingSchema = z.strictObject({ standing: z.enum(HOST_STANDINGS as [string, ...string[]]) });
+
+export function presentAllocation(a: AllocationRecord) {
+  return {
+    id: a.id,
+    owner: a.owner,
+    size: a.size,
+    vcpu: a.vcpu,
+    memoryMib: a.memoryMib,
+    state: a.state,
+    hostId: a.hostId,
+    plan: a.plan,
+    createdAt: a.createdAt,
+    expiresAt: a.expiresAt,
+    stateSince: a.stateSince,
+    reason: a.reason,
+  };
+}
+
+export function presentOwner(o: OwnerRecord) {
+  return { owner: o.owner, budget: o.budget, used: o.used, admittedAt: o.admittedAt, updatedAt: o.updatedAt };
+}
+
+export interface AllocationRouteDeps {
+  ctx: AllocCtx & { randomBytes: (n: number) => Uint8Array };
+  /** Authentication and the role, both checked before the body is read. */
+  auth: (role?: Role) => { auth: (req: IncomingMessage) => Promise<Principal> };
+}
+
+function requester(p: Principal): Requester {
+  return { org: p.org, principal: p.tokenId, operator: allows(p, "operator") };
+}
+
+function queryFlag(raw: IncomingMessage, name: string): boolean {
+  const url = raw.url ?? "";
+  const q = url.indexOf("?");
+  return q >= 0 && new URLSearchParams(url.slice(q + 1)).get(name) === "true";
+}
+
+export function registerAllocationRoutes(app: HttpServer, d: AllocationRouteDeps): void {
+  const { ctx, auth } = d;
+  app.get("/v1/sizes", auth(), async () => ({ sizes: ctx.config.allocationSizes, maxDurationMs: ctx.config.maxAllocationMs }));
+  app.get("/v1/allocations", auth("member"), async (req) => ({
+    allocations: (await listAllocationsFor(ctx, requester(req.auth), queryFlag(req.raw, "all"))).map(presentAllocation),
+  }));
+  app.post("/v1/allocations", { ...auth("member"), body: createAllocationSchema }, async (req) => {
+    const p = req.auth;
+    const body = req.body;
+    if (body.owner !== undefined && body.owner !== p.tokenId) requireRole(p, "operator");
+    // Without a client id the create cannot be retried safely; the CLI always sends one.
+    const id = body.id ?? newId("al", ctx.randomBytes);
+    const res = await createAllocation(ctx, p.org, body.owner ?? p.tokenId, { id, size: body.size, durationMs: body.durationMs ?? null, strategy: body.strategy });
+    return new Reply(res.created ? 201 : 200, { ...presentAllocation(res.allocation), created: res.created });
+  });
+  app.post("/v1/allocations/plan", { ...auth("member"), body: planSchema }, async (req) => planAllocation(ctx, requester(req.auth), req.body.size, req.body.strategy));
+  app.get("/v1/allocations/:allocation", auth("member"), async (req) => presentAllocation(await showAllocation(ctx, requester(req.auth), req.params.allocation!)));
+  app.post("/v1/allocations/:allocation/release", { ...auth("member"), body: releaseAllocationSchema }, async (req) =>
+    presentAllocation(await releaseAllocation(ctx, requester(req.auth), req.params.allocation!, req.body.keepVolume)),
+  );
+  app.get("/v1/owners", auth("operator"), async (req) => ({ owners: (await ownersOf(ctx, req.auth.org)).map(presentOwner) }));
+  for (const [path, mustExist] of [["/v1/owners/:owner/admit", false], ["/v1/owners/:owner/budget", true]] as const) {
+    app.post(path, { ...auth("operator"), body: budgetSchema }, async (req) => presentOwner(await setOwnerBudget(ctx, req.auth.org, req.params.owner!, req.body, mustExist)));
+  }
+  app.get("/v1/host-accounts", auth("member"), async (req) => ({ hosts: await ctx.store.transaction((tx) => listHostAccounts(tx, req.auth.org)) }));
+  app.post("/v1/hosts/:host/standing", { ...auth("operator"), body: standingSchema }, async (req) => {
+    await changeHostStanding(ctx, req.auth.org, req.params.host!, req.body.standing as (typeof HOST_STANDINGS)[number]);
+    return { hostId: req.params.host, standing: req.body.standing };
+  });
+}

@@ -1,0 +1,50 @@
+/**
+ * The size catalog of allocations. A size is an exact grant (vCPU and memory)
+ * the runtime is meant to enforce; the catalog is operator-defined, with a
+ * default of `small` (2 vCPU / 4 GiB) and `large` (4 vCPU / 8 GiB).
+ * Memory is counted in MiB everywhere; messages show GiB.
+ */
+import { BerthError } from "./errors.js";
+
+export interface Size {
+  name: string;
+  vcpu: number;
+  memoryMib: number;
+}
+
+export type SizeCatalog = ReadonlyMap<string, Size>;
+
+export const DEFAULT_SIZES: readonly Size[] = [
+  { name: "small", vcpu: 2, memoryMib: 4096 },
+  { name: "large", vcpu: 4, memoryMib: 8192 },
+];
+
+const SIZE_NAME = /^[a-z][a-z0-9-]{0,31}$/;
+
+/** Builds a catalog, refusing duplicate names, bad names and non-positive dimensions. */
+export function sizeCatalog(sizes: readonly Size[] = DEFAULT_SIZES): SizeCatalog {
+  const m = new Map<string, Size>();
+  for (const s of sizes) {
+    if (!SIZE_NAME.test(s.name)) throw new BerthError("invalid_request", `invalid_request: size name ${JSON.stringify(s.name)} must be 1 to 32 of a-z, 0-9, '-' starting with a letter`);
+    if (!Number.isInteger(s.vcpu) || s.vcpu < 1) throw new BerthError("invalid_request", `invalid_request: size ${s.name} needs a whole number of vCPU, at least 1`);
+    if (!Number.isInteger(s.memoryMib) || s.memoryMib < 64) throw new BerthError("invalid_request", `invalid_request: size ${s.name} needs at least 64 MiB of memory`);
+    if (m.has(s.name)) throw new BerthError("invalid_request", `invalid_request: size ${s.name} is defined twice`);
+    m.set(s.name, { ...s });
+  }
+  return m;
+}
+
+export function lookupSize(catalog: SizeCatalog, name: string): Size {
+  const s = catalog.get(name);
+  if (!s) {
+    const known = [...catalog.keys()].join(", ");
+    throw new BerthError("invalid_request", `invalid_request: unknown size ${JSON.stringify(name.length > 40 ? name.slice(0, 40) + "…" : name)}; known sizes: ${known}`);
+  }
+  return s;
+}
+
+/** "4", "0.5", "12.3" — GiB from MiB, at most one decimal, no trailing zero. */
+export function gib(mib: number): string {
+  const v = Math.round((mib / 1024) * 10) / 10;
+  return Number.isInteger(v) ? String(v) : v.toFixed(1);
+}

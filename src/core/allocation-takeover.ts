@@ -1,0 +1,86 @@
+/**
+ * Takeover of an allocation's launch actor.
+ *
+ * A launch is a durable operation with an actor record: (allocation,
+ * generation, actor id), written before the actor asks the agent for the
+ * slot hold. If the actor dies (coordinator SIGKILL) after writing the
+ * record and before the hold, nothing on the agent names the allocation,
+ * and without a way out the owner would be wedged: the slot and budget stay
+ * charged forever. A replacement actor (another coordinator, or the same one
+ * after a restart) decides with this pure function, over
+ *   - the prior actor's standing (is the recorded actor still running, done,
+ *     or unknowable?) and
+ *   - a fresh observation of the hold on the agent (a hold matching the
+ *     recorded generation, none, one for something else, or unreadable),
+ *   - and what the allocation wants now (launched, or retired because it was
+ *     released or expired meanwhile).
+ *
+ * The arms:
+ *   hold or actor unreadable              -> retain (keep the obligation, retry later)
+ *   hold matching the recorded generation -> recover (publish that hold; never take a second)
+ *   hold belonging to something else      -> retain (an operator must look; never adopt it)
+ *   no hold, actor still running          -> retain (it may yet take the hold)
+ *   no hold, actor terminal or none:
+ *       wanted                            -> cas_new_actor (from the exact old record)
+ *       retired                           -> tombstone     (from the exact old record)
+ *
+ * `cas_new_actor` and `tombstone` carry the exact record they replace: the
+ * store writes the new one only if the stored record is still that one, so
+ * two replacements racing on one generation admit exactly one.
+ */
+import { assertNever } from "./errors.js";
+
+export interface ActorRecord {
+  allocationId: string;
+  generation: number;
+  actor: string;
+  kind: "actor" | "tombstone";
+}
+
+export type ActorStanding =
+  | { kind: "none" }
+  | { kind: "recorded"; record: ActorRecord; liveness: "running" | "terminal" | "unreadable" };
+
+export type HoldObservation =
+  | { kind: "absent" }
+  | { kind: "present"; allocationId: string; generation: number }
+  | { kind: "unreadable"; why: string };
+
+export type Desire = "wanted" | "retired";
+
+export type TakeoverDecision =
+  | { kind: "recover"; generation: number }
+  | { kind: "cas_new_actor"; expected: ActorRecord | null; next: { generation: number } }
+  | { kind: "tombstone"; expected: ActorRecord | null; next: { generation: number } }
+  | { kind: "retain"; why: string }
+  /** The record is already a tombstone: the launch was cancelled for good; nothing to do. */
+  | { kind: "settled" };
+
+export function takeoverDecision(allocationId: string, prior: ActorStanding, hold: HoldObservation, desire: Desire): TakeoverDecision {
+  if (hold.kind === "unreadable") return { kind: "retain", why: `hold unreadable: ${hold.why}` };
+  if (prior.kind === "recorded" && prior.liveness === "unreadable") return { kind: "retain", why: "prior actor's standing unreadable" };
+  const recorded = prior.kind === "recorded" ? prior.record : null;
+  if (recorded?.kind === "tombstone") {
+    // A tombstone is final; a hold seen after it would be a defect to surface, not adopt.
+    return hold.kind === "absent" ? { kind: "settled" } : { kind: "retain", why: "hold present after the launch was tombstoned" };
+  }
+  switch (hold.kind) {
+    case "present":
+      if (recorded && hold.allocationId === allocationId && hold.generation === recorded.generation) return { kind: "recover", generation: recorded.generation };
+      return { kind: "retain", why: `a hold for ${hold.allocationId} generation ${hold.generation} occupies the slot` };
+    case "absent": {
+      if (prior.kind === "recorded" && prior.liveness === "running") return { kind: "retain", why: "prior actor still running" };
+      const next = { generation: (recorded?.generation ?? 0) + 1 };
+      switch (desire) {
+        case "wanted":
+          return { kind: "cas_new_actor", expected: recorded, next };
+        case "retired":
+          return { kind: "tombstone", expected: recorded, next };
+        default:
+          return assertNever(desire, "desire");
+      }
+    }
+    default:
+      return assertNever(hold, "hold observation");
+  }
+}

@@ -1,0 +1,39 @@
+/**
+ * Launch actor records (`allocation_actors`): at most one per allocation,
+ * written before the actor asks the agent for the slot hold. Replacement is
+ * compare-and-set from the exact record read, so two replacements racing on
+ * one generation admit exactly one.
+ */
+import type { Tx } from "./store.js";
+import type { ActorRecord } from "../core/allocation-takeover.js";
+
+interface ActorRow {
+  allocation_id: string;
+  generation: number;
+  actor: string;
+  kind: "actor" | "tombstone";
+  recorded_at: number;
+}
+
+export async function getActor(tx: Tx, allocationId: string): Promise<ActorRecord | null> {
+  const r = await tx.get<ActorRow>("SELECT * FROM allocation_actors WHERE allocation_id = ?", [allocationId]);
+  return r ? { allocationId: r.allocation_id, generation: r.generation, actor: r.actor, kind: r.kind } : null;
+}
+
+/**
+ * Writes `next` only if the stored record is exactly `expected` (or absent
+ * when `expected` is null). Returns whether this call won.
+ */
+export async function casActor(tx: Tx, expected: ActorRecord | null, next: ActorRecord, now: number): Promise<boolean> {
+  if (expected === null) {
+    const n = await tx.run("INSERT INTO allocation_actors (allocation_id, generation, actor, kind, recorded_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (allocation_id) DO NOTHING", [
+      next.allocationId, next.generation, next.actor, next.kind, now,
+    ]);
+    return n === 1;
+  }
+  const n = await tx.run(
+    "UPDATE allocation_actors SET generation = ?, actor = ?, kind = ?, recorded_at = ? WHERE allocation_id = ? AND generation = ? AND actor = ? AND kind = ?",
+    [next.generation, next.actor, next.kind, now, expected.allocationId, expected.generation, expected.actor, expected.kind],
+  );
+  return n === 1;
+}

@@ -1,0 +1,81 @@
+/**
+ * Schema of allocations (migration 3): owner budgets, host capacity
+ * accounts, allocations with their immutable placement plan, launch actor
+ * records, and the allocation ledger (every reservation, refund, budget and
+ * host-account change, in commit order per owner and per host, so an audit
+ * can replay the history and check no instant was over a limit).
+ */
+import type { Migration } from "./migrate.js";
+
+export const ALLOCATIONS_MIGRATION: Migration = {
+  version: 3,
+  name: "allocations",
+  sql: `
+CREATE TABLE alloc_owners (
+  org TEXT NOT NULL,
+  owner TEXT NOT NULL,
+  budget_vcpu INTEGER NOT NULL,
+  budget_memory_mib INTEGER NOT NULL,
+  budget_count INTEGER NOT NULL,
+  used_vcpu INTEGER NOT NULL DEFAULT 0,
+  used_memory_mib INTEGER NOT NULL DEFAULT 0,
+  used_count INTEGER NOT NULL DEFAULT 0,
+  admitted_at BIGINT NOT NULL,
+  updated_at BIGINT NOT NULL,
+  PRIMARY KEY (org, owner)
+);
+CREATE TABLE host_accounts (
+  host_id TEXT PRIMARY KEY,
+  org TEXT NOT NULL,
+  name TEXT NOT NULL,
+  standing TEXT NOT NULL,
+  vcpu INTEGER NOT NULL,
+  memory_mib INTEGER NOT NULL,
+  slots INTEGER NOT NULL,
+  used_vcpu INTEGER NOT NULL DEFAULT 0,
+  used_memory_mib INTEGER NOT NULL DEFAULT 0,
+  used_slots INTEGER NOT NULL DEFAULT 0,
+  standing_since BIGINT NOT NULL
+);
+CREATE INDEX host_accounts_org ON host_accounts (org, name);
+CREATE TABLE allocations (
+  id TEXT PRIMARY KEY,
+  org TEXT NOT NULL,
+  owner TEXT NOT NULL,
+  size TEXT NOT NULL,
+  vcpu INTEGER NOT NULL,
+  memory_mib INTEGER NOT NULL,
+  request_hash TEXT NOT NULL,
+  state TEXT NOT NULL,
+  host_id TEXT NOT NULL,
+  plan TEXT NOT NULL,
+  created_at BIGINT NOT NULL,
+  expires_at BIGINT NOT NULL,
+  state_since BIGINT NOT NULL,
+  reason TEXT
+);
+CREATE INDEX allocations_owner ON allocations (org, owner, state);
+CREATE INDEX allocations_host ON allocations (host_id, state);
+CREATE TABLE allocation_actors (
+  allocation_id TEXT PRIMARY KEY,
+  generation INTEGER NOT NULL,
+  actor TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  recorded_at BIGINT NOT NULL
+);
+CREATE TABLE allocation_ledger (
+  seq {{SERIAL_PK}},
+  at BIGINT NOT NULL,
+  event TEXT NOT NULL,
+  org TEXT NOT NULL,
+  allocation_id TEXT,
+  owner TEXT,
+  host_id TEXT,
+  vcpu INTEGER NOT NULL,
+  memory_mib INTEGER NOT NULL,
+  detail TEXT,
+  actor TEXT NOT NULL
+);
+CREATE INDEX allocation_ledger_alloc ON allocation_ledger (allocation_id, seq);
+`,
+};

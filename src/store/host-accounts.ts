@@ -1,0 +1,77 @@
+/**
+ * Host capacity accounts (`host_accounts`): one per enrolled host, with its
+ * standing (ready, draining, withdrawn, not_ready), its capacity and what
+ * allocations use of it. Placement reads the org's accounts without locks,
+ * then locks only the chosen host's row and decides again on what it read
+ * under the lock.
+ */
+import type { Tx } from "./store.js";
+import type { Capacity, HostAccount, HostStanding, Strategy } from "../core/allocation-placement.js";
+
+export interface HostAccountRow {
+  host_id: string;
+  org: string;
+  name: string;
+  standing: HostStanding;
+  vcpu: number;
+  memory_mib: number;
+  slots: number;
+  used_vcpu: number;
+  used_memory_mib: number;
+  used_slots: number;
+  standing_since: number;
+}
+
+export function hostAccountFromRow(r: HostAccountRow): HostAccount & { org: string; standingSince: number } {
+  return {
+    hostId: r.host_id,
+    org: r.org,
+    name: r.name,
+    standing: r.standing,
+    capacity: { vcpu: r.vcpu, memoryMib: r.memory_mib, slots: r.slots },
+    used: { vcpu: r.used_vcpu, memoryMib: r.used_memory_mib, slots: r.used_slots },
+    standingSince: r.standing_since,
+  };
+}
+
+export async function listHostAccounts(tx: Tx, org: string): Promise<HostAccount[]> {
+  return (await tx.all<HostAccountRow>("SELECT * FROM host_accounts WHERE org = ? ORDER BY host_id", [org])).map(hostAccountFromRow);
+}
+
+/**
+ * The best few ready hosts with room for `need`, in the strategy's order
+ * (the same order as core `choose`, which makes the decision over them):
+ * the database filters and sorts, so a create does not ship every host row.
+ */
+export async function candidateHostAccounts(tx: Tx, org: string, need: { vcpu: number; memoryMib: number }, strategy: Strategy, limit: number): Promise<HostAccount[]> {
+  const order = strategy === "spread" ? "memory_mib - used_memory_mib DESC, vcpu - used_vcpu DESC, slots - used_slots DESC, host_id" : "memory_mib - used_memory_mib, vcpu - used_vcpu, host_id";
+  const rows = await tx.all<HostAccountRow>(
+    `SELECT * FROM host_accounts WHERE org = ? AND standing = 'ready' AND vcpu - used_vcpu >= ? AND memory_mib - used_memory_mib >= ? AND slots - used_slots >= 1 ORDER BY ${order} LIMIT ?`,
+    [org, need.vcpu, need.memoryMib, limit],
+  );
+  return rows.map(hostAccountFromRow);
+}
+
+export async function lockHostAccount(tx: Tx, hostId: string): Promise<(HostAccount & { org: string }) | null> {
+  const r = await tx.get<HostAccountRow>(`SELECT * FROM host_accounts WHERE host_id = ?${tx.forUpdate}`, [hostId]);
+  return r ? hostAccountFromRow(r) : null;
+}
+
+/** Creates a host's account at enrollment (ready), or updates its name and capacity on re-enrollment (standing and usage kept). */
+export async function upsertHostAccount(tx: Tx, hostId: string, org: string, name: string, cap: Capacity, now: number): Promise<void> {
+  await tx.run(
+    `INSERT INTO host_accounts (host_id, org, name, standing, vcpu, memory_mib, slots, used_vcpu, used_memory_mib, used_slots, standing_since)
+     VALUES (?, ?, ?, 'ready', ?, ?, ?, 0, 0, 0, ?)
+     ON CONFLICT (host_id) DO UPDATE SET name = excluded.name, vcpu = excluded.vcpu, memory_mib = excluded.memory_mib, slots = excluded.slots`,
+    [hostId, org, name, cap.vcpu, cap.memoryMib, cap.slots, now],
+  );
+}
+
+export async function setHostStanding(tx: Tx, hostId: string, standing: HostStanding, now: number): Promise<void> {
+  await tx.run("UPDATE host_accounts SET standing = ?, standing_since = ? WHERE host_id = ?", [standing, now, hostId]);
+}
+
+/** Writes the host's usage; the caller holds the row lock and computed `used` from the locked row. */
+export async function setHostUsage(tx: Tx, hostId: string, used: Capacity): Promise<void> {
+  await tx.run("UPDATE host_accounts SET used_vcpu = ?, used_memory_mib = ?, used_slots = ? WHERE host_id = ?", [used.vcpu, used.memoryMib, used.slots, hostId]);
+}
