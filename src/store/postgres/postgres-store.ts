@@ -59,7 +59,14 @@ export class PostgresStore implements Store {
       throw new BerthError("invalid_request", `invalid_request: PostgreSQL schema name ${JSON.stringify(opts.schema)} is not a plain identifier`);
     }
     const s = new PostgresStore(opts);
-    await s.migrate();
+    try {
+      await s.migrate();
+    } catch (e) {
+      // A store that could not be set up is never handed out (nor its connections).
+      await s.pool.end().catch(() => undefined);
+      const where = opts.schema ? `schema "${opts.schema}"` : "the default schema";
+      throw new Error(`PostgreSQL ${where} could not be set up: ${(e as Error).message}`, { cause: e });
+    }
     return s;
   }
 
