@@ -13,8 +13,7 @@ import { test, describe } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { PostgresStore } from "../../src/store/postgres/postgres-store.js";
-import { clearDue } from "../../src/store/rows.js";
-import { requestFillCheck } from "../../src/coordinator/actions/fill.js";
+import { clearDue, requestFillCheck } from "../../src/store/due.js";
 import type { Tx } from "../../src/store/store.js";
 import { PG_SKIP, PG_URL } from "../helpers/env.js";
 
