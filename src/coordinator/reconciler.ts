@@ -153,8 +153,13 @@ async function onFillDue(tx: Tx, ctx: Ctx, ref: string, now: number, seed: Uint8
   const i = ref.indexOf(":");
   const org = ref.slice(0, i);
   const name = ref.slice(i + 1);
+  // Deleted before counting: on PostgreSQL the delete waits for the borrows
+  // holding the row's KEY SHARE lock (requestFillCheck) to commit, so the
+  // counts below include their machines; a borrow after the delete writes
+  // the row anew. The row is set again below if the pool is still short.
+  await clearDue(tx, "fill", ref);
   const pool = await lockPool(tx, org, name);
-  if (!pool) return clearDue(tx, "fill", ref);
+  if (!pool) return;
   // Above maxReady (desired capacity lowered, or the pool drained): retire the
   // longest-ready machines beyond it. Claims already funding provisioning stay.
   const counts = await countCapacity(tx, org, name, now);
@@ -167,15 +172,13 @@ async function onFillDue(tx: Tx, ctx: Ctx, ref: string, now: number, seed: Uint8
   const provider = ctx.providers.get(pool.provider);
   if (!provider?.capabilities.provision) {
     // An outside keeper fills its pool through ensure; nothing to issue here.
-    return clearDue(tx, "fill", ref);
+    return;
   }
   const r = await fillPool(tx, ctx, pool, now, seed);
   const after = await countCapacity(tx, org, name, now);
   if (fillDecision(pool, after).kind === "issue" || (r.why !== null && r.why.startsWith("no enrolled host"))) {
     // Still short (hosts full): look again later rather than spinning.
     await setDue(tx, "fill", ref, now + 5_000);
-  } else {
-    await clearDue(tx, "fill", ref);
   }
 }
 

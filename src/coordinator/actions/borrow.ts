@@ -10,7 +10,7 @@ import { newId } from "../../core/ids.js";
 import { hashToken, newToken, sameHash } from "../../core/tokens.js";
 import { liveDecision, nextHeartbeatDeadline } from "../../core/borrow.js";
 import type { Tx } from "../../store/store.js";
-import { clearDue, poolRef, setDue, setDueNoLater } from "../../store/due.js";
+import { clearDue, poolRef, requestFillCheck, setDue } from "../../store/due.js";
 import { endBorrow, insertBorrow, lockBorrow, readBorrowWithMachineState, setBorrowHeartbeat, type BorrowRow } from "../../store/borrows.js";
 import { lockMachine, takeReadyMachine } from "../../store/machines.js";
 import { readPool } from "../../store/pools.js";
@@ -42,7 +42,7 @@ export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string): Pr
     }
     const m = await takeReadyMachine(tx, pool, "keeper", now);
     if (!m) {
-      await setDueNoLater(tx, "fill", poolRef(p.org, poolName), now);
+      await requestFillCheck(tx, poolRef(p.org, poolName), now);
       return { miss: true as const, pool: pool.name };
     }
     const applied = await applyTransition(tx, ctx, m, { kind: "reserve", mode: "keeper" }, now, { subject: borrowId, lentTo: borrowId, nonce: borrowId });
@@ -52,7 +52,10 @@ export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string): Pr
     await setDue(tx, "heartbeat", borrowId, heartbeatDeadline);
     // The pool may now be short of minReady: the reconciler's next pass looks
     // (no wake-up per borrow; one fill visit serves every borrow before it).
-    await setDueNoLater(tx, "fill", poolRef(p.org, poolName), now);
+    // Last statement, so the shared lock it may take is held only until commit.
+    // A pool whose provider does not provision (an outside keeper fills it
+    // through ensure) has nothing a borrow could make its fill visit do.
+    if (ctx.providers.get(pool.provider)?.capabilities.provision) await requestFillCheck(tx, poolRef(p.org, poolName), now);
     return { miss: false as const, pool: pool.name, machine: applied.machine, readySince: m.ready_since, heartbeatMs: pool.heartbeatMs, heartbeatDeadline, expiresAt, work: applied.opIds.length > 0 };
   }, { name: "borrow" });
   if (out.miss) {

@@ -43,13 +43,15 @@ export class PostgresStore implements Store {
 
   private constructor(opts: PostgresStoreOptions) {
     this.#schema = opts.schema;
-    this.pool = new pg.Pool({ connectionString: opts.connectionString, max: opts.poolSize ?? 16 });
-    if (opts.schema) {
-      const schema = opts.schema;
-      this.pool.on("connect", (client) => {
-        client.query(`SET search_path TO "${schema}"`).catch(() => undefined);
-      });
-    }
+    // The schema is a startup parameter of every connection: the server sets
+    // search_path before the connection exists, or refuses it, so no statement
+    // can run on a connection still in the default schema. The name is checked
+    // in open() (a plain identifier: nothing in it needs quoting).
+    this.pool = new pg.Pool({
+      connectionString: opts.connectionString,
+      max: opts.poolSize ?? 16,
+      ...(opts.schema ? { options: `-c search_path=${opts.schema}` } : {}),
+    });
   }
 
   static async open(opts: PostgresStoreOptions): Promise<PostgresStore> {
@@ -57,7 +59,14 @@ export class PostgresStore implements Store {
       throw new BerthError("invalid_request", `invalid_request: PostgreSQL schema name ${JSON.stringify(opts.schema)} is not a plain identifier`);
     }
     const s = new PostgresStore(opts);
-    await s.migrate();
+    try {
+      await s.migrate();
+    } catch (e) {
+      // A store that could not be set up is never handed out (nor its connections).
+      await s.pool.end().catch(() => undefined);
+      const where = opts.schema ? `schema "${opts.schema}"` : "the default schema";
+      throw new Error(`PostgreSQL ${where} could not be set up: ${(e as Error).message}`, { cause: e });
+    }
     return s;
   }
 
@@ -66,7 +75,6 @@ export class PostgresStore implements Store {
     try {
       if (this.#schema) {
         await c.query(`CREATE SCHEMA IF NOT EXISTS "${this.#schema}"`);
-        await c.query(`SET search_path TO "${this.#schema}"`);
       }
       // One migrator at a time across coordinators.
       await c.query("SELECT pg_advisory_lock(7261337)");
