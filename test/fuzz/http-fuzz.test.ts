@@ -49,7 +49,10 @@ function rawRequest(port: number, bytes: Buffer): Promise<RawReply> {
       const m = /^HTTP\/1\.1 (\d{3})/.exec(head);
       resolve({ status: m ? Number(m[1]) : 0, headers: head, body: Buffer.from(text.slice(head.length + 4), "latin1").toString("utf8") });
     });
-    s.end(bytes);
+    // Written without a half-close: Node's HTTP server drops a pending reply
+    // when the client ends its side first (no half-open HTTP), which real
+    // clients do not do. `Connection: close` makes the server close after it.
+    s.write(bytes);
   });
 }
 
