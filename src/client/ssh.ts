@@ -120,13 +120,7 @@ export class SshConnection {
       });
     });
     return {
-      signal: (name) => {
-        try {
-          ch.signal(name.replace(/^SIG/, ""));
-        } catch {
-          /* the channel is already closed */
-        }
-      },
+      signal: (name) => sendSignal(ch, name.replace(/^SIG/, "")),
       close: () => {
         try {
           ch.close();
@@ -159,6 +153,28 @@ export class SshConnection {
 
   end(): void {
     this.client.end();
+  }
+}
+
+interface ChannelInternals {
+  outgoing: { id: number; state: string };
+  _client: { _protocol: { signal(id: number, name: string): void } };
+}
+
+/**
+ * ssh2's `channel.signal()` is silently dropped once our side sent EOF (stdin
+ * ended), yet a command whose input is finished is exactly one a person
+ * interrupts; RFC 4254 allows requests on a channel until it is closed. So
+ * the request goes out through the protocol layer while the channel is open
+ * or half-closed by us.
+ */
+function sendSignal(ch: ClientChannel, name: string): void {
+  const c = ch as unknown as ChannelInternals;
+  if (c.outgoing.state !== "open" && c.outgoing.state !== "eof") return;
+  try {
+    c._client._protocol.signal(c.outgoing.id, name);
+  } catch {
+    /* an unknown signal name, or the connection is gone */
   }
 }
 

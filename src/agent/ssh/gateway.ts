@@ -247,6 +247,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       if (session.resize(info.cols, info.rows)) accept?.();
       else reject?.();
     });
+    // ssh2 refuses every request on a session once the client sent EOF, yet EOF only ends the
+    // command's input: a signal after it (Ctrl-C to `berth run` with stdin at EOF) must still
+    // arrive, as RFC 4254 allows requests until the channel closes.
+    ss.on("eof", () => {
+      (ss as unknown as { _ending: boolean })._ending = false;
+    });
     ss.on("signal", (accept, reject, info) => {
       if (session && session.signal(String(info.name))) accept?.();
       else reject?.();
