@@ -21,7 +21,8 @@
  */
 import type { Command } from "commander";
 import { Option } from "commander";
-import { mkdirSync } from "node:fs";
+import { fstatSync, mkdirSync, statSync } from "node:fs";
+import { isatty } from "node:tty";
 import { join } from "node:path";
 import { randomBytes } from "node:crypto";
 import { BerthClient } from "../../client/client.js";
@@ -49,6 +50,16 @@ const SIGNAL_EXIT = { SIGINT: 130, SIGTERM: 143, SIGHUP: 129 } as const;
 type Forwarded = keyof typeof SIGNAL_EXIT;
 export const DEFAULT_WAIT_MS = 5_000;
 const DEFAULT_GRACE_MS = 3_000;
+
+/** Standard input is /dev/null (as under cron, CI runners, `< /dev/null`): EOF at once, without opening a stream on it. */
+function isDevNull(fd: number): boolean {
+  try {
+    const st = fstatSync(fd);
+    return st.isCharacterDevice() && st.rdev === statSync("/dev/null").rdev;
+  } catch {
+    return false;
+  }
+}
 
 /** The whole run; resolves with the process exit status. Used by `berth run` and `berth up -- CMD`. */
 export async function runOnBorrowed(client: BerthClient, config: Pick<ClientConfig, "stateDir">, argv: string[], o: RunOptions): Promise<number> {
@@ -83,7 +94,7 @@ export async function runOnBorrowed(client: BerthClient, config: Pick<ClientConf
 
   const tty = Boolean(process.stderr.isTTY) && !o.quiet;
   let waitShown = false;
-  const forwardStdin = o.stdin === "always" || (o.stdin === "auto" && !process.stdin.isTTY);
+  const forwardStdin = o.stdin === "always" || (o.stdin === "auto" && !isatty(0) && !isDevNull(0));
   try {
     const r = await client.run({
       pool: o.pool,
