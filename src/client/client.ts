@@ -18,7 +18,6 @@
 import { readFileSync } from "node:fs";
 import { Writable } from "node:stream";
 import { BerthError } from "../core/errors.js";
-import { generateSshKeyPair } from "../core/ssh-key-pair.js";
 import { writeFileDurable } from "../store/durable-file.js";
 import { Borrow, type Access } from "./borrow.js";
 import { loadConfig, type ConfigFlags } from "./config.js";
@@ -147,6 +146,8 @@ export class BerthClient {
     const body: Record<string, unknown> = { access };
     if (access === "portable") {
       // The private key never leaves this process; only its public half goes to the coordinator.
+      // Loaded here: key generation uses ssh2, which keeper borrows never need before SSH.
+      const { generateSshKeyPair } = await import("../core/ssh-keys.js");
       pair = generateSshKeyPair("berth-borrow");
       if (o.receiptPath) {
         keyFile = `${o.receiptPath}.key`;

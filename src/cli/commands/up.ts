@@ -134,8 +134,7 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
       const dir = resolve(o.stateDir);
       mkdirSync(dir, { recursive: true, mode: 0o700 });
       // The server side is loaded only by the command that runs it.
-      const [{ startCoordinator }, { createToken }, { SqliteStore }, { default: pino }] = await Promise.all([
-        import("../../coordinator/server.js"),
+      const [{ createToken }, { SqliteStore }, { default: pino }] = await Promise.all([
         import("../../store/api-tokens.js"),
         import("../../store/sqlite/sqlite-store.js"),
         import("pino"),

@@ -12,7 +12,7 @@ import { liveDecision, nextHeartbeatDeadline } from "../../core/borrow.js";
 import type { Tx } from "../../store/store.js";
 import { clearDue, poolRef, setDue, setDueNoLater } from "../../store/due.js";
 import { endBorrow, insertBorrow, lockBorrow, readBorrowWithMachineState, setBorrowHeartbeat, type BorrowRow } from "../../store/borrows.js";
-import { lockMachine, takeReadyMachine } from "../../store/machines.js";
+import { lockMachine, readMachine, takeReadyMachine } from "../../store/machines.js";
 import { readPool } from "../../store/pools.js";
 import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
@@ -132,7 +132,7 @@ export async function returnKeeper(ctx: Ctx, p: Principal, borrowId: string, tok
   const r = await ctx.store.transaction(async (tx) => {
     const b = await loadBorrow(tx, p, borrowId, token);
     if (b.state === "returned") {
-      const m = await tx.get<MachineRow>("SELECT * FROM machines WHERE id = ?", [b.machine_id]);
+      const m = await readMachine(tx, b.machine_id);
       const state = !m ? "pruned" : m.generation === b.generation ? m.state : "ready";
       return { machineId: b.machine_id, state, work: false, repeated: true as const };
     }
