@@ -8,10 +8,10 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { execFileSync } from "node:child_process";
-import type ssh2 from "ssh2";
 import { Api } from "../src/cli/api.js";
 import { generateSshKeyPair, type SshKeyPair } from "../src/core/ssh-keys.js";
 import { connect, execStreaming } from "../src/cli/ssh-client.js";
+import type { SshConnection } from "../src/client/ssh.js";
 import { BIN, startBenchCoordinator, stopChild, type BenchCoordinator, type Engine } from "./lib.js";
 import { Writable } from "node:stream";
 
@@ -128,12 +128,12 @@ export interface Borrowed {
   machine: { id: string; ssh: { host: string | null; port: number | null; user: string | null; hostKey: string | null } };
 }
 
-export function sshTo(b: Borrowed, privateKey: string): Promise<ssh2.Client> {
+export function sshTo(b: Borrowed, privateKey: string): Promise<SshConnection> {
   return connect({ host: b.machine.ssh.host ?? "127.0.0.1", port: b.machine.ssh.port ?? 22, user: b.machine.ssh.user ?? b.machine.id, hostKey: b.machine.ssh.hostKey ?? "", privateKey });
 }
 
 /** Runs `command`; resolves with the time of the first output byte (ms, performance.now()) once it exits 0. */
-export async function firstByte(client: ssh2.Client, command: string): Promise<number> {
+export async function firstByte(client: SshConnection, command: string): Promise<number> {
   let at = NaN;
   const sink = new Writable({ write: (_c, _e, cb) => cb() });
   const r = await execStreaming(client, command, { stdout: sink, stderr: sink, onFirstByte: () => (at = performance.now()) });

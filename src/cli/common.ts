@@ -11,11 +11,10 @@ import { randomBytes } from "node:crypto";
 import { InvalidArgumentError } from "commander";
 import { BerthError, isBerthError } from "../core/errors.js";
 import { parseDuration } from "../core/durations.js";
-import { SqliteStore } from "../store/sqlite/sqlite-store.js";
-import { PostgresStore } from "../store/postgres/postgres-store.js";
 import type { Store } from "../store/store.js";
-import { Api, ApiError } from "./api.js";
-import { loadConfig, type ClientConfig, type ConfigFlags } from "./config.js";
+import { Api, ApiError } from "../client/http.js";
+import { BerthClient } from "../client/client.js";
+import { loadConfig, type ClientConfig, type ConfigFlags } from "../client/config.js";
 import { writeFileDurable } from "../store/durable-file.js";
 
 export const EXIT = { ok: 0, error: 1, usage: 2, unavailable: 69, cleanup: 75, expired: 124 } as const;
@@ -27,10 +26,15 @@ export interface StoreFlags {
 
 /** SQLite file under the state dir by default; PostgreSQL when BERTH_PG_URL is set (never a URL in argv: it may hold a password). */
 export async function openStoreFromFlags(f: StoreFlags): Promise<Store> {
+  // Loaded here, not at the top: client commands never load a database driver.
   const pg = process.env.BERTH_PG_URL;
-  if (pg) return PostgresStore.open({ connectionString: pg, schema: process.env.BERTH_PG_SCHEMA || undefined });
+  if (pg) {
+    const { PostgresStore } = await import("../store/postgres/postgres-store.js");
+    return PostgresStore.open({ connectionString: pg, schema: process.env.BERTH_PG_SCHEMA || undefined });
+  }
   const dir = resolve(f.stateDir ?? ".berth");
   mkdirSync(dir, { recursive: true, mode: 0o700 });
+  const { SqliteStore } = await import("../store/sqlite/sqlite-store.js");
   return new SqliteStore({ path: f.db ? resolve(f.db) : join(dir, "berth.db") });
 }
 
@@ -50,6 +54,12 @@ export function loadOrCreateSecret(path: string): Buffer {
 export function clientFrom(flags: ConfigFlags): { api: Api; config: ClientConfig } {
   const config = loadConfig(flags);
   return { api: new Api(config.url, config.token), config };
+}
+
+/** The client library's client, configured as the CLI is (flags, environment, client.json). */
+export function berthClientFrom(flags: ConfigFlags): { client: BerthClient; config: ClientConfig } {
+  const config = loadConfig(flags);
+  return { client: new BerthClient({ url: config.url, token: config.token, keeperKeyFile: config.keeperKeyFile }), config };
 }
 
 export function exitCodeOf(e: unknown): number {

@@ -1,15 +1,16 @@
 /**
- * Borrow receipts: the client's durable record of a borrow, holding the raw
- * borrow (and grant) tokens so that tokens never travel in argv. Written
- * whole (temp, fsync, rename, directory fsync) with mode 0600; a receipt
- * that cannot be read is an error, never "no borrow".
+ * Reading a borrow receipt file (written by the client library,
+ * src/client/receipt.ts): mode 0600 required, checked against a strict
+ * schema; a receipt that cannot be read is an error, never "no borrow".
  */
-import { readFileSync, statSync, unlinkSync } from "node:fs";
+import { readFileSync, statSync } from "node:fs";
 import { z } from "zod";
 import { BerthError } from "../core/errors.js";
 import { ID_PATTERN } from "../core/ids.js";
-import { writeFileDurable } from "../store/durable-file.js";
 import { zodRefusal } from "../core/refusal.js";
+import type { Receipt } from "../client/receipt.js";
+
+export { removeQuietly, writeReceipt, type Receipt } from "../client/receipt.js";
 
 const receiptSchema = z.strictObject({
   version: z.literal(1),
@@ -33,11 +34,10 @@ const receiptSchema = z.strictObject({
   createdAt: z.number().int(),
 });
 
-export type Receipt = z.infer<typeof receiptSchema>;
-
-export function writeReceipt(path: string, r: Receipt): void {
-  writeFileDurable(path, JSON.stringify(r, null, 2) + "\n", 0o600);
-}
+// The schema and the library's Receipt type describe the same record.
+type Parsed = z.infer<typeof receiptSchema>;
+const sameShape: [Parsed, Receipt] extends [Receipt, Parsed] ? true : never = true;
+void sameShape;
 
 export function readReceipt(path: string): Receipt {
   let text: string;
@@ -60,13 +60,4 @@ export function readReceipt(path: string): Receipt {
   const parsed = receiptSchema.safeParse(raw);
   if (!parsed.success) throw zodRefusal(parsed.error, { what: `receipt ${path} is not a berth receipt`, root: "content" });
   return parsed.data;
-}
-
-export function removeQuietly(path: string | null): void {
-  if (!path) return;
-  try {
-    unlinkSync(path);
-  } catch {
-    /* already gone */
-  }
 }

@@ -143,22 +143,26 @@ for (const kind of ["process", "gvisor"] as const) {
     });
   }
 
-  maybe("SSH signals INT, QUIT, TSTP reach the group as SIGINT, SIGQUIT, SIGTSTP; other names are refused", async (r) => {
+  maybe("SSH signals INT, QUIT, TSTP, TERM, HUP reach the group as SIGINT, SIGQUIT, SIGTSTP, SIGTERM, SIGHUP; other names are refused", async (r) => {
     const c = await r.client();
     const script = [
-      "for s in INT QUIT TSTP TERM USR1; do trap \"echo got-$s\" $s; done",
+      "for s in INT QUIT TSTP TERM HUP USR1; do trap \"echo got-$s\" $s; done",
       "echo ready",
       "while :; do sleep 0.05 & wait $!; done",
     ].join("; ");
     const t = await Term.open(c, false, script);
     await t.waitFor(/ready/);
-    for (const sig of ["TERM", "KILL", "USR1", "INT"]) t.ch.signal(sig);
+    for (const sig of ["KILL", "USR1", "INT"]) t.ch.signal(sig);
     await t.waitFor(/got-INT/);
     t.ch.signal("QUIT");
     await t.waitFor(/got-QUIT/);
     t.ch.signal("TSTP");
     await t.waitFor(/got-TSTP/);
-    assert.ok(!/got-(TERM|USR1)/.test(t.text), `refused signals must not arrive: ${t.text}`);
+    t.ch.signal("TERM");
+    await t.waitFor(/got-TERM/);
+    t.ch.signal("HUP");
+    await t.waitFor(/got-HUP/);
+    assert.ok(!/got-USR1/.test(t.text), `refused signals must not arrive: ${t.text}`);
     assert.ok(!t.closed, "KILL was refused, the command still runs");
   });
 

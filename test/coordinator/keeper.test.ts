@@ -57,8 +57,16 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         await member.call("POST", `/v1/borrows/${b.borrowId}/heartbeat`, { token: b.borrowToken });
         const back = await member.call<{ state: string }>("POST", `/v1/borrows/${b.borrowId}/return`, { token: b.borrowToken });
         assert.equal(back.state, "ready");
-        // A second return is refused and changes nothing.
-        await refused(member.call("POST", `/v1/borrows/${b.borrowId}/return`, { token: b.borrowToken }), "borrow_not_active", 409);
+        // A second return (a retry after a lost reply) answers where the first went and changes nothing.
+        const again = await member.call<{ state: string; repeated?: boolean; machineId: string }>("POST", `/v1/borrows/${b.borrowId}/return`, { token: b.borrowToken });
+        assert.deepEqual(again, { machineId: m1.machineId, state: "ready", repeated: true });
+        // Still the same once the machine was lent again (a later generation): the return had reached ready.
+        const b3 = await member.call<{ borrowId: string; borrowToken: string; machine: { id: string } }>("POST", "/v1/pools/ci/borrow", {});
+        if (b3.machine.id === m1.machineId) {
+          const third = await member.call<{ state: string }>("POST", `/v1/borrows/${b.borrowId}/return`, { token: b.borrowToken });
+          assert.equal(third.state, "ready");
+        }
+        await member.call("POST", `/v1/borrows/${b3.borrowId}/return`, { token: b3.borrowToken });
         // A wrong token is refused.
         const b2 = await member.call<{ borrowId: string; borrowToken: string }>("POST", "/v1/pools/ci/borrow", {});
         await refused(member.call("POST", `/v1/borrows/${b2.borrowId}/return`, { token: b.borrowToken }), "token_mismatch", 403);

@@ -49,6 +49,11 @@ export function groupSignalFor(sshName: string): NodeJS.Signals | null {
       return "SIGQUIT";
     case "TSTP":
       return "SIGTSTP";
+    // What a client forwards when it is itself told to stop (`berth run` on SIGTERM/SIGHUP).
+    case "TERM":
+      return "SIGTERM";
+    case "HUP":
+      return "SIGHUP";
     default:
       return null;
   }

@@ -159,7 +159,7 @@ export class Session {
     return true;
   }
 
-  /** SSH `signal`: INT/QUIT/TSTP only. False when refused. */
+  /** SSH `signal`: INT/QUIT/TSTP/TERM/HUP only. False when refused. */
   signal(sshName: string): boolean {
     const sig = groupSignalFor(sshName);
     if (!sig || !this.admitting || this.signals.length >= SIGNAL_BOUND) return false;

@@ -9,7 +9,7 @@
  *   signature must verify. The no-signature probe is answered positively only
  *   for a key that would be authorized. Each channel open re-asks the authority.
  * - What: session channels with exec, shell, pty-req, window-change, env
- *   (allowlist), signal (INT/QUIT/TSTP), exit-status/exit-signal. No port
+ *   (allowlist), signal (INT/QUIT/TSTP/TERM/HUP), exit-status/exit-signal. No port
  *   forwarding, no agent or X11 forwarding, no subsystems (sftp is not offered).
  * - Cutting access: every session is tagged with its key's grant and
  *   fingerprint. `keys.onRevoked` ends every connection of that key at once and
@@ -150,6 +150,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   });
 
   const server = new ssh2.Server({ hostKeys: [host.privateKey], ident: "berth" }, (client) => {
+    // Before key exchange: small SSH packets otherwise wait on Nagle + delayed ACK (~40 ms a round trip).
+    (client as Connection & { setNoDelay(on: boolean): void }).setNoDelay(true);
     const c: Conn = { client, machineId: null, key: null, sessions: new Set(), timer: null, ended: false };
     conns.add(c);
     let attempts = 0;
@@ -244,6 +246,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       }
       if (session.resize(info.cols, info.rows)) accept?.();
       else reject?.();
+    });
+    // ssh2 refuses every request on a session once the client sent EOF, yet EOF only ends the
+    // command's input: a signal after it (Ctrl-C to `berth run` with stdin at EOF) must still
+    // arrive, as RFC 4254 allows requests until the channel closes.
+    ss.on("eof", () => {
+      (ss as unknown as { _ending: boolean })._ending = false;
     });
     ss.on("signal", (accept, reject, info) => {
       if (session && session.signal(String(info.name))) accept?.();

@@ -2,9 +2,9 @@
 import type { Command } from "commander";
 import { Option } from "commander";
 import { resolve } from "node:path";
-import { ack, borrow, giveBack, heartbeat } from "../borrowing.js";
+import { Borrow } from "../../client/borrow.js";
 import { readReceipt, type Receipt } from "../receipt.js";
-import { clientFrom, durationArg, iso, printJson, runCommand } from "../common.js";
+import { berthClientFrom, durationArg, iso, printJson, runCommand } from "../common.js";
 import { BerthError } from "../../core/errors.js";
 
 function clientOpts(c: Command): Command {
@@ -32,9 +32,9 @@ export function register(program: Command): void {
       .option("--duration <duration>", "portable: requested length (max 30m, capped by the machine's TTL and your token)", durationArg("--duration")),
   ).action((pool: string, o: { receipt: string; access: "keeper" | "portable"; duration?: number; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
     runCommand(async () => {
-      const { api, config } = clientFrom(o);
+      const { client } = berthClientFrom(o);
       try {
-        const r = await borrow(api, { url: config.url, pool, access: o.access, durationMs: o.duration, receiptPath: resolve(o.receipt) });
+        const r = (await client.borrow({ pool, access: o.access, durationMs: o.duration, receiptPath: resolve(o.receipt) })).receipt;
         if (o.json) printJson({ borrowId: r.borrowId, access: r.access, state: r.state, machine: r.machine, expiresAt: r.expiresAt, receipt: resolve(o.receipt) });
         else {
           process.stdout.write(describe(r, "borrowed"));
@@ -42,7 +42,7 @@ export function register(program: Command): void {
         }
         return 0;
       } finally {
-        await api.close();
+        await client.close();
       }
     }),
   );
@@ -53,14 +53,14 @@ export function register(program: Command): void {
         const path = resolve(o.receipt);
         const receipt = readReceipt(path);
         if (receipt.access !== "portable") throw new BerthError("invalid_request", "invalid_request: only portable borrows are acknowledged; keeper borrows are usable at once");
-        const { api } = clientFrom({ ...o, url: o.url ?? receipt.url });
+        const { client } = berthClientFrom({ ...o, url: o.url ?? receipt.url });
         try {
-          const r = await ack(api, receipt, path);
+          const r = (await client.ack(new Borrow(receipt, path))).receipt;
           if (o.json) printJson({ borrowId: r.borrowId, state: r.state, expiresAt: r.expiresAt, machine: r.machine });
           else process.stdout.write(describe(r, "acknowledged") + `ssh: ${sshHint(r)}\n`);
           return 0;
         } finally {
-          await api.close();
+          await client.close();
         }
       }),
   );
@@ -69,14 +69,14 @@ export function register(program: Command): void {
     (o: { receipt: string; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
       runCommand(async () => {
         const receipt = readReceipt(resolve(o.receipt));
-        const { api } = clientFrom({ ...o, url: o.url ?? receipt.url });
+        const { client } = berthClientFrom({ ...o, url: o.url ?? receipt.url });
         try {
-          const r = await heartbeat(api, receipt);
+          const r = await client.heartbeat(new Borrow(receipt, resolve(o.receipt)));
           if (o.json) printJson(r);
           else process.stdout.write(`heartbeat ok: next by ${iso(r.heartbeatDeadline)}; hard deadline ${iso(r.expiresAt)}\n`);
           return 0;
         } finally {
-          await api.close();
+          await client.close();
         }
       }),
   );
@@ -91,14 +91,18 @@ export function register(program: Command): void {
     runCommand(async () => {
       const path = resolve(o.receipt);
       const receipt = readReceipt(path);
-      const { api } = clientFrom({ ...o, url: o.url ?? receipt.url });
+      const { client } = berthClientFrom({ ...o, url: o.url ?? receipt.url });
       try {
-        const r = await giveBack(api, receipt, path, o.drain ? "drain" : "ready");
+        // Idempotent: a return repeated (say after a lost reply) answers where the first one went.
+        const r = await client.return(new Borrow(receipt, path), { drain: o.drain, keepReceipt: true });
         if (o.json) printJson({ borrowId: receipt.borrowId, ...r });
-        else process.stdout.write(`returned ${receipt.borrowId}: ${r.state}${r.cleanup ? ` (cleanup: ${r.cleanup})` : ""}\n`);
+        else {
+          process.stdout.write(`returned ${receipt.borrowId}: ${r.state}${r.cleanup ? ` (cleanup: ${r.cleanup})` : ""}\n`);
+          if (r.repeated) process.stderr.write(`berth: note: borrow ${receipt.borrowId} had already been returned; this is where that return went\n`);
+        }
         return 0;
       } finally {
-        await api.close();
+        await client.close();
       }
     }),
   );

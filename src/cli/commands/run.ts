@@ -1,6 +1,17 @@
 /**
  * `berth run --pool NAME -- CMD...`: borrow, run the command over SSH with
- * its output streamed, give the machine back.
+ * its output streamed, give the machine back. Built on the client library's
+ * `run` (src/client/client.ts).
+ *
+ * Behaves like `ssh HOST CMD`:
+ *   - standard input is forwarded when it is not a terminal (pipes, files),
+ *     EOF included; `-n` turns that off (`-i` forwards a terminal too);
+ *   - SIGINT/SIGTERM/SIGHUP are forwarded to the remote command as SSH
+ *     signals; it gets a short grace to end, then the session is closed. A
+ *     second signal stops waiting at once. Either way the machine is returned
+ *     normally (fenced, scrubbed, reused) and berth exits 130/143/129;
+ *   - an empty pool is waited on for up to `--wait` (progress on a terminal
+ *     only), then 69.
  *
  * Exit status: the command's own. If the command succeeded but the machine
  * could not be given back, 75 (cleanup failed, reported on its own line). If
@@ -10,19 +21,16 @@
  */
 import type { Command } from "commander";
 import { Option } from "commander";
-import { mkdirSync } from "node:fs";
+import { fstatSync, mkdirSync, statSync } from "node:fs";
+import { isatty } from "node:tty";
 import { join } from "node:path";
 import { randomBytes } from "node:crypto";
-import { ack, borrow, giveBack, heartbeat, privateKeyFor } from "../borrowing.js";
-import { clientFrom, describeError, durationArg, EXIT, exitCodeOf, iso } from "../common.js";
-import { connect, execStreaming } from "../ssh-client.js";
-import type { Receipt } from "../receipt.js";
-import type { Api } from "../api.js";
-import type { ClientConfig } from "../config.js";
+import { BerthClient } from "../../client/client.js";
+import type { RemoteCommand } from "../../client/ssh.js";
+import { loadConfig, type ClientConfig } from "../../client/config.js";
+import { describeError, durationArg, EXIT, exitCodeOf, iso } from "../common.js";
 
-export function shellQuote(argv: string[]): string {
-  return argv.map((a) => (/^[A-Za-z0-9_./:=@%+-]+$/.test(a) ? a : `'${a.replace(/'/g, `'\\''`)}'`)).join(" ");
-}
+export { shellQuote } from "../../client/ssh.js";
 
 export interface RunOptions {
   pool: string;
@@ -30,88 +38,123 @@ export interface RunOptions {
   durationMs?: number;
   drain: boolean;
   quiet: boolean;
-  stdin: boolean;
+  /** Forward standard input: "auto" when it is not a terminal, or always/never. */
+  stdin: "auto" | "always" | "never";
+  /** How long to wait for a ready machine (ms). */
+  waitMs: number;
+  /** How long the remote command has to end after a forwarded signal (ms). */
+  graceMs?: number;
+}
+
+const SIGNAL_EXIT = { SIGINT: 130, SIGTERM: 143, SIGHUP: 129 } as const;
+type Forwarded = keyof typeof SIGNAL_EXIT;
+export const DEFAULT_WAIT_MS = 5_000;
+const DEFAULT_GRACE_MS = 3_000;
+
+/** Standard input is /dev/null (as under cron, CI runners, `< /dev/null`): EOF at once, without opening a stream on it. */
+function isDevNull(fd: number): boolean {
+  try {
+    const st = fstatSync(fd);
+    return st.isCharacterDevice() && st.rdev === statSync("/dev/null").rdev;
+  } catch {
+    return false;
+  }
 }
 
 /** The whole run; resolves with the process exit status. Used by `berth run` and `berth up -- CMD`. */
-export async function runOnBorrowed(api: Api, config: ClientConfig, argv: string[], o: RunOptions): Promise<number> {
+export async function runOnBorrowed(client: BerthClient, config: Pick<ClientConfig, "stateDir">, argv: string[], o: RunOptions): Promise<number> {
   const say = (s: string) => {
     if (!o.quiet) process.stderr.write(`berth: ${s}\n`);
   };
   const dir = join(config.stateDir, "receipts");
   mkdirSync(dir, { recursive: true, mode: 0o700 });
   const receiptPath = join(dir, `run-${randomBytes(6).toString("hex")}.json`);
-  const t0 = performance.now();
-  let receipt: Receipt = await borrow(api, { url: config.url, pool: o.pool, access: o.access, durationMs: o.durationMs, receiptPath });
-  let status: number = EXIT.error;
-  let expired = false;
-  let commandError: unknown = null;
-  let hb: NodeJS.Timeout | null = null;
-  let deadline: NodeJS.Timeout | null = null;
+
+  // Signals: before the command starts they abort the run (the machine is still returned);
+  // once it runs, the first is forwarded and the second stops waiting.
+  const abort = new AbortController();
+  let got: Forwarded | null = null;
+  let cmd: RemoteCommand | null = null;
+  let grace: NodeJS.Timeout | null = null;
+  const onSignal = (sig: Forwarded) => {
+    if (got !== null || !cmd) {
+      if (got === null) got = sig;
+      if (cmd) {
+        say(`${sig} again: closing the session`);
+        cmd.close();
+      } else abort.abort(new Error(`interrupted by ${sig}`));
+      return;
+    }
+    got = sig;
+    cmd.signal(sig.slice(3));
+    grace = setTimeout(() => cmd?.close(), o.graceMs ?? DEFAULT_GRACE_MS);
+  };
+  const handlers = (["SIGINT", "SIGTERM", "SIGHUP"] as const).map((s) => [s, () => onSignal(s)] as const);
+  for (const [s, h] of handlers) process.on(s, h);
+
+  const tty = Boolean(process.stderr.isTTY) && !o.quiet;
+  let waitShown = false;
+  const forwardStdin = o.stdin === "always" || (o.stdin === "auto" && !isatty(0) && !isDevNull(0));
   try {
-    receipt = await ack(api, receipt, receiptPath);
-    say(`borrowed ${receipt.machine.id} from ${o.pool} (${o.access}); hard deadline ${iso(receipt.expiresAt)}`);
-    const client = await connect({
-      host: receipt.machine.ssh.host ?? "127.0.0.1",
-      port: receipt.machine.ssh.port ?? 22,
-      user: receipt.machine.ssh.user ?? receipt.machine.id,
-      hostKey: receipt.machine.ssh.hostKey ?? "",
-      privateKey: privateKeyFor(receipt, config.keeperKeyFile),
-    });
-    const r0 = receipt;
-    hb = setInterval(() => {
-      heartbeat(api, r0).catch((e: unknown) => say(`heartbeat refused: ${describeError(e)}`));
-    }, Math.max(1000, Math.floor(receipt.heartbeatMs / 3)));
-    // The hard deadline is enforced here too (the agent cuts access at the same instant).
-    deadline = setTimeout(() => {
-      expired = true;
-      client.end();
-    }, Math.max(0, receipt.expiresAt - Date.now()));
-    let firstByte: number | null = null;
-    const result = await execStreaming(client, shellQuote(argv), {
+    const r = await client.run({
+      pool: o.pool,
+      access: o.access,
+      durationMs: o.durationMs,
+      drain: o.drain,
+      receiptPath,
+      waitMs: o.waitMs,
+      signal: abort.signal,
+      command: argv,
+      stdin: forwardStdin ? process.stdin : null,
       stdout: process.stdout,
       stderr: process.stderr,
-      stdin: o.stdin ? process.stdin : null,
-      onFirstByte: () => {
-        firstByte = performance.now() - t0;
+      onWait: (ms) => {
+        if (!tty) return;
+        waitShown = true;
+        process.stderr.write(`\rberth: pool ${o.pool} has no ready machine; waiting (${(ms / 1000).toFixed(1)}s of ${(o.waitMs / 1000).toFixed(0)}s)…`);
+      },
+      onBorrowed: (b) => {
+        if (waitShown) process.stderr.write("\n");
+        waitShown = false;
+        say(`borrowed ${b.machine.id} from ${o.pool} (${o.access}); hard deadline ${iso(b.expiresAt)}`);
+      },
+      onStart: (c) => {
+        cmd = c;
+        // A signal that arrived while the session was opening is forwarded now.
+        if (got !== null) {
+          c.signal(got.slice(3));
+          grace = setTimeout(() => c.close(), o.graceMs ?? DEFAULT_GRACE_MS);
+        }
       },
     });
-    client.end();
-    if (firstByte !== null) api.call("POST", `/v1/borrows/${receipt.borrowId}/report`, { token: receipt.borrowToken, firstCommandMs: firstByte }).catch(() => undefined);
-    if (expired || (result.cut && Date.now() >= receipt.expiresAt)) {
-      expired = true;
-      status = EXIT.expired;
-    } else if (result.code !== null) status = result.code;
-    else if (result.signal !== null) status = 128 + signalNumber(result.signal);
+    if (r.expired) process.stderr.write(`berth: borrow ${r.borrowId} expired; the command was interrupted\n`);
+    else if (r.cut && got === null) process.stderr.write("berth: the SSH session ended without an exit status (access was cut)\n");
+    let status = got !== null ? SIGNAL_EXIT[got] : r.cut && !r.expired ? EXIT.error : r.status;
+    if (r.returned) say(`returned ${r.machineId}${r.returned.cleanup ? ` (cleanup: ${r.returned.cleanup})` : ""}`);
     else {
-      commandError = new Error("the SSH session ended without an exit status (access was cut)");
-      status = EXIT.error;
+      // The command's own status wins; a cleanup failure is reported on its own line,
+      // and decides the exit status only when the command itself succeeded.
+      process.stderr.write(`berth: cleanup failed: ${describeError(r.returnError)}; the receipt is kept at ${receiptPath} (retry: berth return --receipt ${receiptPath})\n`);
+      if (status === 0) status = EXIT.cleanup;
     }
+    return status;
   } catch (e) {
-    commandError = e;
-    status = exitCodeOf(e);
+    if (waitShown) process.stderr.write("\n");
+    const returnError = (e as { returnError?: unknown }).returnError;
+    if (got !== null) {
+      say(`${got}: stopped before the command ran`);
+      if (returnError) process.stderr.write(`berth: cleanup failed: ${describeError(returnError)}; retry: berth return --receipt ${receiptPath}\n`);
+      return SIGNAL_EXIT[got];
+    }
+    process.stderr.write(`berth: ${describeError(e)}\n`);
+    if (returnError) process.stderr.write(`berth: cleanup failed: ${describeError(returnError)}; the receipt is kept at ${receiptPath} (retry: berth return --receipt ${receiptPath})\n`);
+    return exitCodeOf(e);
   } finally {
-    if (hb) clearInterval(hb);
-    if (deadline) clearTimeout(deadline);
+    if (grace) clearTimeout(grace);
+    for (const [s, h] of handlers) process.off(s, h);
+    // Whatever was forwarded, stdin must not keep berth alive after the command ended.
+    if (forwardStdin) process.stdin.destroy();
   }
-  if (commandError) process.stderr.write(`berth: ${describeError(commandError)}\n`);
-  if (expired) process.stderr.write(`berth: borrow ${receipt.borrowId} expired at ${iso(receipt.expiresAt)}; the command was interrupted\n`);
-  try {
-    const back = await giveBack(api, receipt, receiptPath, o.drain ? "drain" : "ready");
-    say(`returned ${receipt.machine.id}${back.cleanup ? ` (cleanup: ${back.cleanup})` : ""}`);
-    (await import("../receipt.js")).removeQuietly(receiptPath);
-  } catch (e) {
-    // The command's own status wins; a cleanup failure is reported on its own line,
-    // and decides the exit status only when the command itself succeeded.
-    process.stderr.write(`berth: cleanup failed: ${describeError(e)}; the receipt is kept at ${receiptPath} (retry: berth return --receipt ${receiptPath})\n`);
-    if (status === 0) status = EXIT.cleanup;
-  }
-  return status;
-}
-
-const SIGNALS: Record<string, number> = { HUP: 1, INT: 2, QUIT: 3, ILL: 4, ABRT: 6, FPE: 8, KILL: 9, SEGV: 11, PIPE: 13, ALRM: 14, TERM: 15 };
-function signalNumber(name: string): number {
-  return SIGNALS[name.replace(/^SIG/, "")] ?? 1;
 }
 
 export function register(program: Command): void {
@@ -121,8 +164,10 @@ export function register(program: Command): void {
     .requiredOption("--pool <name>", "pool to borrow from")
     .addOption(new Option("--pool-access <mode>", "keeper (default) or portable (explicit opt-in)").choices(["keeper", "portable"]).default("keeper"))
     .option("--duration <duration>", "portable: borrow length (max 30m); the command is interrupted at the deadline", durationArg("--duration"))
+    .option("--wait <duration>", "wait this long for a ready machine when the pool is empty", durationArg("--wait"), DEFAULT_WAIT_MS)
     .option("--drain", "retire the machine afterwards instead of returning it to the pool", false)
-    .option("-i, --stdin", "forward standard input to the command", false)
+    .option("-n, --no-stdin", "do not forward standard input (the command reads EOF), as ssh -n")
+    .option("-i, --stdin", "forward standard input even when it is a terminal")
     .option("-q, --quiet", "print nothing of berth's own", false)
     .option("--url <url>", "coordinator URL (or BERTH_URL)")
     .option("--token-file <file>", "API token file (or BERTH_TOKEN_FILE)")
@@ -131,25 +176,32 @@ export function register(program: Command): void {
     .addHelpText(
       "after",
       `
+Standard input is forwarded when it is not a terminal (pipes, files); -n turns it off.
+Ctrl-C (SIGINT), SIGTERM and SIGHUP go to the remote command, which gets ${DEFAULT_GRACE_MS / 1000}s to end;
+a second one stops waiting. The machine is returned either way; exit 130/143/129.
+
 Exit status: the command's own; 75 if it succeeded but the machine could not be
 returned (reported separately); 124 if the borrow's hard deadline interrupted it;
-69 if no machine was available; 2 for usage errors.
+69 if no machine became ready within --wait (default ${DEFAULT_WAIT_MS / 1000}s); 2 for usage errors.
 
 Examples:
   berth run --pool default -- npm test
+  echo hi | berth run --pool default -- cat
   berth run --pool agents --pool-access portable --duration 5m -- ./job.sh`,
     )
-    .action(async (argv: string[], o: { pool: string; poolAccess: "keeper" | "portable"; duration?: number; drain: boolean; stdin: boolean; quiet: boolean; url?: string; tokenFile?: string; config?: string }) => {
-      let api: Api | null = null;
+    .action(async (argv: string[], o: { pool: string; poolAccess: "keeper" | "portable"; duration?: number; wait: number; drain: boolean; stdin?: boolean; quiet: boolean; url?: string; tokenFile?: string; config?: string }) => {
+      let client: BerthClient | null = null;
+      let status: number;
       try {
-        const c = clientFrom(o);
-        api = c.api;
-        process.exitCode = await runOnBorrowed(c.api, c.config, argv, { pool: o.pool, access: o.poolAccess, durationMs: o.duration, drain: o.drain, quiet: o.quiet, stdin: o.stdin });
+        const config = loadConfig(o);
+        client = new BerthClient({ url: config.url, token: config.token, keeperKeyFile: config.keeperKeyFile });
+        const stdin = o.stdin === false ? "never" : o.stdin === true ? "always" : "auto";
+        status = await runOnBorrowed(client, config, argv, { pool: o.pool, access: o.poolAccess, durationMs: o.duration, drain: o.drain, quiet: o.quiet, stdin, waitMs: o.wait });
       } catch (e) {
         process.stderr.write(`berth: ${describeError(e)}\n`);
-        process.exitCode = exitCodeOf(e);
-      } finally {
-        await api?.close();
+        status = exitCodeOf(e);
       }
+      await client?.close();
+      process.exitCode = status;
     });
 }

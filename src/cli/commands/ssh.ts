@@ -29,16 +29,14 @@ import type { Command } from "commander";
 import { readFileSync } from "node:fs";
 import { resolve } from "node:path";
 import type { ClientChannel } from "ssh2";
-import type ssh2 from "ssh2";
 import { BerthError } from "../../core/errors.js";
 import { writeFileDurable } from "../../store/durable-file.js";
-import { Api } from "../api.js";
-import { heartbeat } from "../borrowing.js";
-import { loadConfig, type ConfigFlags } from "../config.js";
+import { BerthClient } from "../../client/client.js";
+import { Borrow } from "../../client/borrow.js";
+import { loadConfig, type ConfigFlags } from "../../client/config.js";
+import { connect, exitStatusOf, shellQuote, type SshConnection } from "../../client/ssh.js";
 import { readReceipt, type Receipt } from "../receipt.js";
 import { describeError, EXIT, exitCodeOf, iso } from "../common.js";
-import { connect, exitStatusOf, openSession } from "../ssh-client.js";
-import { shellQuote } from "./run.js";
 
 /** Everything needed to reach the borrowed machine. */
 export interface SshPlan {
@@ -51,7 +49,7 @@ export interface SshPlan {
   hostKey: string;
   keyFile: string;
   /** The coordinator, for heartbeats; null when no client config could be loaded. */
-  api: Api | null;
+  api: BerthClient | null;
 }
 
 /** Read and check the receipt; pick the private key (portable: the receipt's, keeper: the client config's). */
@@ -82,7 +80,7 @@ export function planFromReceipt(path: string, flags: ConfigFlags, now = Date.now
     if (!keyFile) throw new BerthError("invalid_request", "invalid_request: keeper borrows use the client config's keeperKeyFile, and it is not set; `berth up` writes one, or add it to the config");
   }
   if (!keyFile) throw new BerthError("invalid_request", `invalid_request: the receipt of borrow ${r.borrowId} names no key file`);
-  return { receipt: r, receiptPath, host: s.host, port: s.port, user: s.user ?? r.machine.id, hostKey, keyFile, api: config ? new Api(config.url, config.token) : null };
+  return { receipt: r, receiptPath, host: s.host, port: s.port, user: s.user ?? r.machine.id, hostKey, keyFile, api: config ? new BerthClient({ url: config.url, token: config.token }) : null };
 }
 
 /** One known_hosts line pinning the gateway's host key (OpenSSH writes "[host]:port" for a port other than 22). */
@@ -108,6 +106,7 @@ export function systemSshCommand(plan: SshPlan, command: string[]): string[] {
 }
 
 const SIGNAL_EXIT: Partial<Record<NodeJS.Signals, number>> = { SIGHUP: 129, SIGINT: 130, SIGTERM: 143 };
+const SIGNAL_GRACE_MS = 3_000;
 const CTRL_Z = 0x1a;
 
 /** The local terminal: raw mode on and off, idempotent, restorable from anywhere (also synchronously at exit). */
@@ -131,7 +130,8 @@ class LocalTerminal {
 }
 
 /** Run one interactive session over `client`; resolves with the exit status for berth. */
-export async function interactive(client: ssh2.Client, command: string | null, env: Record<string, string>): Promise<number> {
+export async function interactive(conn: SshConnection, command: string | null, env: Record<string, string>): Promise<number> {
+  const client = conn.client;
   const stdin = process.stdin;
   const stdout = process.stdout;
   const tty = Boolean(stdin.isTTY && stdout.isTTY);
@@ -142,7 +142,7 @@ export async function interactive(client: ssh2.Client, command: string | null, e
     const [cols, rows] = stdout.getWindowSize();
     return { cols: Math.max(1, cols || 80), rows: Math.max(1, rows || 24) };
   };
-  const ch: ClientChannel = await openSession(client, {
+  const ch: ClientChannel = await conn.openSession({
     command,
     pty: tty ? { ...size(), term: process.env.TERM || "xterm-256color" } : null,
     env,
@@ -184,8 +184,19 @@ export async function interactive(client: ssh2.Client, command: string | null, e
       sendSize();
     };
     const onStopSignal = () => suspend();
+    // Like `berth run`: the signal goes to the remote command, which has a grace to end;
+    // a second signal (or the grace running out) closes the session.
+    let signalled: NodeJS.Signals | null = null;
+    let grace: NodeJS.Timeout | null = null;
     const onKill = (sig: NodeJS.Signals) => {
-      finish(SIGNAL_EXIT[sig] ?? 1, `berth: ${sig}: closing the session\r\n`);
+      if (signalled !== null) return finish(SIGNAL_EXIT[signalled] ?? 1, `berth: ${sig}: closing the session\r\n`);
+      signalled = sig;
+      try {
+        ch.signal(sig.slice(3));
+      } catch {
+        /* the channel is already closed */
+      }
+      grace = setTimeout(() => finish(SIGNAL_EXIT[sig] ?? 1, `berth: ${sig}: the command did not end; closing the session\r\n`), SIGNAL_GRACE_MS);
     };
     const onExitRestore = () => term.restore();
     const onStdinEnd = () => {
@@ -195,6 +206,8 @@ export async function interactive(client: ssh2.Client, command: string | null, e
     const finish = (status: number, note?: string) => {
       if (finished) return;
       finished = true;
+      if (grace) clearTimeout(grace);
+      if (signalled !== null) status = SIGNAL_EXIT[signalled] ?? status;
       term.restore();
       stdin.off("data", onInput);
       stdin.off("end", onStdinEnd);
@@ -251,7 +264,7 @@ function keepAlive(plan: SshPlan): () => void {
   if (!api) return () => {};
   let warned = false;
   const t = setInterval(() => {
-    heartbeat(api, plan.receipt).catch((e: unknown) => {
+    api.heartbeat(new Borrow(plan.receipt, plan.receiptPath)).catch((e: unknown) => {
       if (warned) return;
       warned = true;
       process.stderr.write(`\r\nberth: heartbeat refused: ${describeError(e)}\r\n`);

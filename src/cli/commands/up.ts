@@ -17,18 +17,17 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync, mkdirSync, readFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { randomBytes } from "node:crypto";
-import pino from "pino";
 import type { Coordinator } from "../../coordinator/server.js";
-import { createToken } from "../../store/api-tokens.js";
-import { SqliteStore } from "../../store/sqlite/sqlite-store.js";
+import type { SqliteStore } from "../../store/sqlite/sqlite-store.js";
 import { generateSshKeyPair } from "../../core/ssh-keys.js";
 import { writeFileDurable } from "../../store/durable-file.js";
-import { Api } from "../api.js";
+import { Api } from "../../client/http.js";
+import { BerthClient } from "../../client/client.js";
 import { describeError, EXIT, exitCodeOf, intArg, loadOrCreateSecret } from "../common.js";
 import { parseListen } from "./serve.js";
 import { waitReady } from "./pool.js";
-import { runOnBorrowed } from "./run.js";
-import { loadConfig } from "../config.js";
+import { DEFAULT_WAIT_MS, runOnBorrowed } from "./run.js";
+import { loadConfig } from "../../client/config.js";
 
 interface UpOptions {
   stateDir: string;
@@ -134,6 +133,12 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
       };
       const dir = resolve(o.stateDir);
       mkdirSync(dir, { recursive: true, mode: 0o700 });
+      // The server side is loaded only by the command that runs it.
+      const [{ createToken }, { SqliteStore }, { default: pino }] = await Promise.all([
+        import("../../store/api-tokens.js"),
+        import("../../store/sqlite/sqlite-store.js"),
+        import("pino"),
+      ]);
       const store = new SqliteStore({ path: join(dir, "berth.db") });
       let coord: Coordinator | null = null;
       let agent: ChildProcess | null = null;
@@ -174,7 +179,12 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
         if (argv.length > 0) {
           const config = loadConfig({ config: join(dir, "client.json") });
           const target = o.portable ? { pool: "agents", access: "portable" as const } : { pool: "default", access: "keeper" as const };
-          status = await runOnBorrowed(api, config, argv, { ...target, drain: false, quiet: o.quiet, stdin: false });
+          const client = new BerthClient({ url: config.url, token: config.token, keeperKeyFile: config.keeperKeyFile });
+          try {
+            status = await runOnBorrowed(client, config, argv, { ...target, drain: false, quiet: o.quiet, stdin: "auto", waitMs: DEFAULT_WAIT_MS });
+          } finally {
+            await client.close();
+          }
         } else {
           process.stdout.write(
             `berth is up.\n  coordinator  ${coord.url}\n  admin token  ${join(dir, "admin.token")} (0600)\n  client conf  ${join(dir, "client.json")}\n\nNext, from this directory:\n  berth pool show default\n  berth run --pool default -- uname -a\nCtrl-C stops berth and destroys its machines.\n`,

@@ -12,7 +12,7 @@ import { liveDecision, nextHeartbeatDeadline } from "../../core/borrow.js";
 import type { Tx } from "../../store/store.js";
 import { clearDue, poolRef, requestFillCheck, setDue } from "../../store/due.js";
 import { endBorrow, insertBorrow, lockBorrow, readBorrowWithMachineState, setBorrowHeartbeat, type BorrowRow } from "../../store/borrows.js";
-import { lockMachine, takeReadyMachine } from "../../store/machines.js";
+import { lockMachine, readMachine, takeReadyMachine } from "../../store/machines.js";
 import { readPool } from "../../store/pools.js";
 import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
@@ -124,10 +124,21 @@ export async function heartbeatKeeper(ctx: Ctx, p: Principal, borrowId: string, 
 
 export type Disposition = "ready" | "drain";
 
-export async function returnKeeper(ctx: Ctx, p: Principal, borrowId: string, token: string, disposition: Disposition): Promise<{ machineId: string; state: string }> {
+/**
+ * A return whose reply was lost is retried with the same token: a borrow
+ * already returned answers where its machine went (HTTP 200, `repeated`),
+ * never an error. A machine that moved on to a later generation was ready
+ * again before it was lent out, so that is the state this return reached.
+ */
+export async function returnKeeper(ctx: Ctx, p: Principal, borrowId: string, token: string, disposition: Disposition): Promise<{ machineId: string; state: string; repeated?: true }> {
   const now = ctx.now();
   const r = await ctx.store.transaction(async (tx) => {
     const b = await loadBorrow(tx, p, borrowId, token);
+    if (b.state === "returned") {
+      const m = await readMachine(tx, b.machine_id);
+      const state = !m ? "pruned" : m.generation === b.generation ? m.state : "ready";
+      return { machineId: b.machine_id, state, work: false, repeated: true as const };
+    }
     refuseNotLive(b, now);
     const m = await lockMachine(tx, b.machine_id);
     if (!m || m.generation !== b.generation || m.state !== "busy") {
@@ -148,7 +159,7 @@ export async function returnKeeper(ctx: Ctx, p: Principal, borrowId: string, tok
     return { machineId: m.id, state: back.machine.state, work: back.opIds.length > 0 };
   }, { name: "return" });
   if (r.work) ctx.kick();
-  return { machineId: r.machineId, state: r.state };
+  return { machineId: r.machineId, state: r.state, ...("repeated" in r ? { repeated: true as const } : {}) };
 }
 
 export async function getBorrow(ctx: Ctx, p: Principal, borrowId: string): Promise<BorrowRow & { machine_state: string | null }> {

@@ -1,0 +1,371 @@
+/**
+ * The berth client: what `berth run` does, in-process, for programs (agent
+ * harnesses, CI drivers). One object holds keep-alive connections to the
+ * coordinator; any number of borrows and runs may be in flight on it.
+ *
+ *   borrow    take a ready machine (waiting up to `waitMs` when the pool is empty)
+ *   ack       portable: install the per-borrow key; access is active only after it
+ *   ssh       the SSH connection to the machine (opened once per borrow)
+ *   exec      run a command: streamed output, stdin, exit status, AbortSignal
+ *   heartbeat prove the borrower alive (never moves the hard deadline)
+ *   return    give the machine back (repeating it answers the first outcome)
+ *   run       all of the above in one call; the machine is returned on every way out
+ *
+ * Order on the way out: the return first; only once the coordinator accepted
+ * it is the receipt marked (or removed) and the private key dropped, so a
+ * failed return leaves everything needed to retry it.
+ */
+import { readFileSync } from "node:fs";
+import { Writable } from "node:stream";
+import { BerthError } from "../core/errors.js";
+import { writeFileDurable } from "../store/durable-file.js";
+import { Borrow, type Access } from "./borrow.js";
+import { loadConfig, type ConfigFlags } from "./config.js";
+import { Api, ApiError } from "./http.js";
+import { removeQuietly, type Receipt } from "./receipt.js";
+import { connect, shellQuote, type ExecResult, type RemoteCommand, type SshConnection, type StartOptions } from "./ssh.js";
+
+export interface ClientOptions {
+  /** Coordinator URL, e.g. http://127.0.0.1:7420 */
+  url: string;
+  /** API token (never put it in argv). */
+  token: string;
+  /** Keeper pools: the keeper's private key (OpenSSH text), or a file holding it. */
+  keeperKey?: string | null;
+  keeperKeyFile?: string | null;
+}
+
+export interface BorrowOptions {
+  pool: string;
+  /** keeper (default) or portable (per-borrow key, two-phase ack). */
+  access?: Access;
+  /** Portable: requested length (capped at 30 min, the machine's TTL and your token). */
+  durationMs?: number;
+  /** Write the borrow's receipt (0600) here, and a portable key next to it; default: memory only. */
+  receiptPath?: string | null;
+  /** How long to wait for a ready machine when the pool is momentarily empty (default 0: refuse at once). */
+  waitMs?: number;
+  /** Called while waiting, with the time waited so far. */
+  onWait?: (waitedMs: number) => void;
+  signal?: AbortSignal;
+}
+
+export interface ExecOptions {
+  /** Standard input: a stream (EOF delivered when it ends), bytes, or nothing (EOF at once). */
+  stdin?: StartOptions["stdin"];
+  /** Where output goes; without one, output is collected into the result. */
+  stdout?: Writable;
+  stderr?: Writable;
+  env?: Record<string, string>;
+  /** On abort: this SSH signal goes to the command, which gets `graceMs` to end before the session is closed. */
+  signal?: AbortSignal;
+  abortSignal?: string;
+  graceMs?: number;
+  /** Called once the command runs, with a handle to signal or close it. */
+  onStart?: (cmd: RemoteCommand) => void;
+}
+
+export interface ExecOutput extends ExecResult {
+  /** Collected output (only when no stream was given for it). */
+  stdout?: Buffer;
+  stderr?: Buffer;
+}
+
+export interface ReturnOutcome {
+  /** The machine's state once the return was accepted (e.g. fencing, scrubbing, ready). */
+  state: string;
+  cleanup: string | null;
+  /** This return repeated an earlier one (same token); the answer is where that one went. */
+  repeated: boolean;
+}
+
+export interface RunOptions extends Omit<BorrowOptions, "signal">, Omit<ExecOptions, "onStart"> {
+  /** argv (quoted for the remote shell) or one shell command line. */
+  command: string[] | string;
+  /** Retire the machine afterwards instead of returning it to the pool. */
+  drain?: boolean;
+  /** Called once the machine is borrowed (and acknowledged). */
+  onBorrowed?: (b: Borrow) => void;
+  onStart?: (cmd: RemoteCommand, b: Borrow) => void;
+}
+
+export interface RunResult extends ExecOutput {
+  borrowId: string;
+  machineId: string;
+  /** The hard deadline interrupted the command. */
+  expired: boolean;
+  /** How the return went; null when it failed (then `returnError` says why, and the receipt is kept). */
+  returned: ReturnOutcome | null;
+  returnError: unknown;
+}
+
+interface BorrowReply {
+  borrowId: string;
+  borrowToken: string;
+  grantToken?: string;
+  heartbeatMs: number;
+  expiresAt: number;
+  machine: Receipt["machine"];
+}
+
+const sleep = (ms: number, signal?: AbortSignal) =>
+  new Promise<void>((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const t = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    const onAbort = () => {
+      clearTimeout(t);
+      reject(signal!.reason);
+    };
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+
+export class BerthClient {
+  readonly api: Api;
+  readonly url: string;
+  readonly #keeper: { text: string | null; file: string | null };
+
+  constructor(o: ClientOptions) {
+    this.url = o.url.replace(/\/+$/, "");
+    this.api = new Api(this.url, o.token);
+    this.#keeper = { text: o.keeperKey ?? null, file: o.keeperKeyFile ?? null };
+  }
+
+  /** A client from the same places the CLI looks (flags, BERTH_* environment, .berth/client.json, ~/.config/berth/client.json). */
+  static fromConfig(flags: ConfigFlags = {}): BerthClient {
+    const c = loadConfig(flags);
+    return new BerthClient({ url: c.url, token: c.token, keeperKeyFile: c.keeperKeyFile });
+  }
+
+  async borrow(o: BorrowOptions): Promise<Borrow> {
+    const access = o.access ?? "keeper";
+    let pair: { privateKey: string; publicKey: string } | null = null;
+    let keyFile: string | null = null;
+    const body: Record<string, unknown> = { access };
+    if (access === "portable") {
+      // The private key never leaves this process; only its public half goes to the coordinator.
+      // Loaded here: key generation uses ssh2, which keeper borrows never need before SSH.
+      const { generateSshKeyPair } = await import("../core/ssh-keys.js");
+      pair = generateSshKeyPair("berth-borrow");
+      if (o.receiptPath) {
+        keyFile = `${o.receiptPath}.key`;
+        writeFileDurable(keyFile, pair.privateKey, 0o600);
+      }
+      body.publicKey = pair.publicKey;
+      if (o.durationMs !== undefined) body.durationMs = o.durationMs;
+    }
+    const started = Date.now();
+    let pause = 25;
+    let r: BorrowReply;
+    for (;;) {
+      try {
+        r = await this.api.call<BorrowReply>("POST", `/v1/pools/${encodeURIComponent(o.pool)}/borrow`, body);
+        break;
+      } catch (e) {
+        const waited = Date.now() - started;
+        const exhausted = e instanceof ApiError && e.code === "pool_exhausted";
+        if (!exhausted || waited + pause > (o.waitMs ?? 0) || o.signal?.aborted) {
+          removeQuietly(keyFile);
+          if (exhausted && o.waitMs) throw new ApiError(e.status, e.code, `${e.message.replace(/; try again shortly.*$/, "")}; waited ${Math.round(waited / 100) / 10}s (--wait)`);
+          throw e;
+        }
+        o.onWait?.(waited);
+        await sleep(pause, o.signal);
+        pause = Math.min(250, Math.ceil(pause * 1.5));
+      }
+    }
+    const receipt: Receipt = {
+      version: 1,
+      url: this.url,
+      access,
+      pool: o.pool,
+      borrowId: r.borrowId,
+      borrowToken: r.borrowToken,
+      grantToken: r.grantToken ?? null,
+      keyFile,
+      publicKey: pair?.publicKey ?? null,
+      machine: r.machine,
+      state: access === "portable" ? "pending" : "active",
+      heartbeatMs: r.heartbeatMs,
+      expiresAt: r.expiresAt,
+      createdAt: Date.now(),
+    };
+    const b = new Borrow(receipt, o.receiptPath ?? null, pair?.privateKey ?? null);
+    if (o.receiptPath) b.update(receipt);
+    return b;
+  }
+
+  /** Portable: install the borrow's key; the borrow is usable once this resolves. Keeper borrows are active at once. */
+  async ack(b: Borrow): Promise<Borrow> {
+    const r = b.receipt;
+    if (r.access !== "portable" || r.state === "active") return b;
+    const a = await this.api.call<{ state: string; expiresAt: number; machine: Receipt["machine"] & { state: string } }>("POST", `/v1/borrows/${r.borrowId}/ack`, {
+      token: r.borrowToken,
+      grantToken: r.grantToken,
+      publicKey: r.publicKey,
+    });
+    if (a.state !== "active") throw new BerthError("operation_failed", `operation_failed: borrow ${r.borrowId} is ${a.state} after acknowledgement, not active`);
+    b.update({ ...r, state: "active", expiresAt: a.expiresAt, machine: { id: a.machine.id, generation: a.machine.generation, ssh: a.machine.ssh } });
+    return b;
+  }
+
+  heartbeat(b: Borrow): Promise<{ heartbeatDeadline: number; expiresAt: number }> {
+    const r = b.receipt;
+    return this.api.call("POST", `/v1/borrows/${r.borrowId}/heartbeat`, { token: r.borrowToken, ...(r.grantToken ? { grantToken: r.grantToken } : {}) });
+  }
+
+  /** Give the machine back. Repeating it (say after a lost reply) answers where the first return went. */
+  async return(b: Borrow, o: { drain?: boolean; keepReceipt?: boolean } = {}): Promise<ReturnOutcome> {
+    const conn = b.connection;
+    b.connection = null;
+    if (conn) void conn.then((c) => c.end(), () => undefined);
+    const r = b.receipt;
+    const wasReturned = r.state === "returned";
+    const a = await this.api.call<{ state: string; cleanup?: string; repeated?: boolean }>("POST", `/v1/borrows/${r.borrowId}/return`, {
+      token: r.borrowToken,
+      disposition: o.drain ? "drain" : "ready",
+      ...(r.grantToken ? { grantToken: r.grantToken } : {}),
+    });
+    b.returned({ keepReceipt: Boolean(o.keepReceipt) });
+    return { state: a.state, cleanup: a.cleanup ?? null, repeated: Boolean(a.repeated) || wasReturned };
+  }
+
+  /** The SSH connection to the borrowed machine (one per borrow, shared by its commands; closed by `return`). */
+  ssh(b: Borrow, o: { signal?: AbortSignal; timeoutMs?: number } = {}): Promise<SshConnection> {
+    if (b.connection) {
+      const existing = b.connection;
+      return existing.then((c) => (c.closed ? this.#reconnect(b, o) : c));
+    }
+    return this.#reconnect(b, o);
+  }
+
+  #reconnect(b: Borrow, o: { signal?: AbortSignal; timeoutMs?: number }): Promise<SshConnection> {
+    const r = b.receipt;
+    if (r.state === "pending") return Promise.reject(new BerthError("borrow_not_active", `borrow_not_active: borrow ${r.borrowId} is not acknowledged yet`));
+    const s = r.machine.ssh;
+    const p = connect(
+      { host: s.host ?? "127.0.0.1", port: s.port ?? 22, user: s.user ?? r.machine.id, hostKey: s.hostKey ?? "", privateKey: this.#privateKeyFor(b) },
+      { signal: o.signal, timeoutMs: o.timeoutMs },
+    );
+    b.connection = p;
+    p.catch(() => {
+      if (b.connection === p) b.connection = null;
+    });
+    return p;
+  }
+
+  #privateKeyFor(b: Borrow): string {
+    if (b.access === "portable") {
+      if (b.privateKey) return b.privateKey;
+      if (b.receipt.keyFile) return readKey(b.receipt.keyFile);
+      throw new BerthError("invalid_request", `invalid_request: borrow ${b.id} has no private key`);
+    }
+    if (this.#keeper.text) return this.#keeper.text;
+    if (this.#keeper.file) return readKey(this.#keeper.file);
+    throw new BerthError("invalid_request", "invalid_request: no private key for this keeper pool; `berth up` writes one, or set keeperKeyFile in the client config");
+  }
+
+  /**
+   * Run one command on a borrowed machine. Resolves with its exit status (and
+   * the output, when no stream was given). On abort, `abortSignal` (INT by
+   * default) goes to the command, which has `graceMs` (2 s) to end; then the
+   * session is closed and the promise rejects with the signal's reason.
+   */
+  async exec(b: Borrow, command: string[] | string, o: ExecOptions = {}): Promise<ExecOutput> {
+    if (o.signal?.aborted) throw o.signal.reason;
+    const conn = await this.ssh(b, { signal: o.signal });
+    const out = o.stdout ?? collector();
+    const err = o.stderr ?? collector();
+    const cmd = await conn.start(typeof command === "string" ? command : shellQuote(command), { stdin: o.stdin, stdout: out, stderr: err, env: o.env });
+    o.onStart?.(cmd);
+    let grace: NodeJS.Timeout | null = null;
+    const onAbort = () => {
+      cmd.signal(o.abortSignal ?? "INT");
+      grace = setTimeout(() => cmd.close(), o.graceMs ?? 2000);
+    };
+    o.signal?.addEventListener("abort", onAbort, { once: true });
+    const res = await cmd.done.finally(() => {
+      o.signal?.removeEventListener("abort", onAbort);
+      if (grace) clearTimeout(grace);
+    });
+    if (o.signal?.aborted) throw o.signal.reason;
+    return { ...res, ...(o.stdout ? {} : { stdout: (out as Collector).bytes() }), ...(o.stderr ? {} : { stderr: (err as Collector).bytes() }) };
+  }
+
+  /**
+   * Borrow, (ack,) run the command, return — the machine goes back on every
+   * way out: success, failure, abort, expiry. Heartbeats run meanwhile; the
+   * hard deadline ends the command (`expired`). If the return fails, the
+   * result says so (`returnError`) and the receipt, if any, is kept for a retry.
+   */
+  async run(o: RunOptions): Promise<RunResult> {
+    const b = await this.borrow(o);
+    let hb: NodeJS.Timeout | null = null;
+    let deadline: NodeJS.Timeout | null = null;
+    let expired = false;
+    let outcome: ExecOutput | null = null;
+    let failure: unknown = null;
+    try {
+      if (o.signal?.aborted) throw o.signal.reason;
+      await this.ack(b);
+      o.onBorrowed?.(b);
+      hb = setInterval(() => void this.heartbeat(b).catch(() => undefined), Math.max(1000, Math.floor(b.heartbeatMs / 3)));
+      // The hard deadline is enforced here too (the agent cuts access at the same instant).
+      deadline = setTimeout(() => {
+        expired = true;
+        void b.connection?.then((c) => c.end(), () => undefined);
+      }, Math.max(0, b.expiresAt - Date.now()));
+      outcome = await this.exec(b, o.command, { ...o, onStart: (cmd) => o.onStart?.(cmd, b) });
+      if (outcome.cut && Date.now() >= b.expiresAt) expired = true;
+    } catch (e) {
+      failure = e;
+    } finally {
+      if (hb) clearInterval(hb);
+      if (deadline) clearTimeout(deadline);
+    }
+    let returned: ReturnOutcome | null = null;
+    let returnError: unknown = null;
+    try {
+      returned = await this.return(b, { drain: o.drain });
+    } catch (e) {
+      returnError = e;
+    }
+    if (failure !== null && !(expired && failure instanceof BerthError)) {
+      if (returnError && failure instanceof Error) (failure as Error & { returnError?: unknown }).returnError = returnError;
+      throw failure;
+    }
+    const res = outcome ?? { code: null, signal: null, cut: true, status: 124 };
+    return { ...res, status: expired ? 124 : res.status, borrowId: b.id, machineId: b.machine.id, expired, returned, returnError };
+  }
+
+  /** Close keep-alive connections to the coordinator. */
+  close(): Promise<void> {
+    return this.api.close();
+  }
+}
+
+function readKey(file: string): string {
+  try {
+    return readFileSync(file, "utf8");
+  } catch (e) {
+    throw new BerthError("invalid_request", `invalid_request: cannot read the private key ${file}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+  }
+}
+
+interface Collector extends Writable {
+  bytes(): Buffer;
+}
+
+function collector(): Collector {
+  const chunks: Buffer[] = [];
+  const w = new Writable({
+    write(chunk: Buffer, _enc, cb) {
+      chunks.push(chunk);
+      cb();
+    },
+  }) as Collector;
+  w.bytes = () => Buffer.concat(chunks);
+  return w;
+}

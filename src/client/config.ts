@@ -1,0 +1,84 @@
+/**
+ * Where a client (the CLI, or the library via BerthClient.fromConfig) finds its
+ * coordinator and credentials, in order:
+ *   1. flags: --url, --token-file, --config
+ *   2. environment: BERTH_URL, BERTH_TOKEN (the token itself), BERTH_TOKEN_FILE, BERTH_CONFIG
+ *   3. ./.berth/client.json (written by `berth up`), then ~/.config/berth/client.json
+ * The API token is never taken from argv: only from a file or the environment.
+ */
+import { existsSync, readFileSync } from "node:fs";
+import { homedir } from "node:os";
+import { dirname, isAbsolute, join, resolve } from "node:path";
+import { BerthError } from "../core/errors.js";
+
+export interface ClientConfig {
+  url: string;
+  token: string;
+  /** Private key of the keeper principal (keeper pools whose machines carry its public key). */
+  keeperKeyFile: string | null;
+  /** Directory for receipts and ephemeral keys of `berth run`. */
+  stateDir: string;
+  source: string;
+}
+
+export interface ConfigFlags {
+  url?: string;
+  tokenFile?: string;
+  config?: string;
+}
+
+interface FileConfig {
+  url?: string;
+  tokenFile?: string;
+  keeperKeyFile?: string;
+}
+
+export function configCandidates(flags: ConfigFlags): string[] {
+  if (flags.config) return [resolve(flags.config)];
+  if (process.env.BERTH_CONFIG) return [resolve(process.env.BERTH_CONFIG)];
+  return [resolve(".berth/client.json"), join(homedir(), ".config/berth/client.json")];
+}
+
+export function loadConfig(flags: ConfigFlags): ClientConfig {
+  let file: FileConfig = {};
+  let source = "flags/environment";
+  let base = process.cwd();
+  for (const path of configCandidates(flags)) {
+    if (!existsSync(path)) {
+      if (flags.config || process.env.BERTH_CONFIG) throw new BerthError("invalid_request", `invalid_request: config file ${path} does not exist`);
+      continue;
+    }
+    try {
+      file = JSON.parse(readFileSync(path, "utf8")) as FileConfig;
+    } catch (e) {
+      throw new BerthError("invalid_request", `invalid_request: config file ${path} is not valid JSON (${(e as Error).message})`);
+    }
+    source = path;
+    base = dirname(path);
+    break;
+  }
+  const abs = (p: string) => (isAbsolute(p) ? p : resolve(base, p));
+  const url = flags.url ?? process.env.BERTH_URL ?? file.url;
+  if (!url) {
+    throw new BerthError("invalid_request", "invalid_request: no coordinator URL; pass --url, set BERTH_URL, or run `berth up` (it writes .berth/client.json)");
+  }
+  let token = process.env.BERTH_TOKEN ?? null;
+  const tokenFile = flags.tokenFile ?? process.env.BERTH_TOKEN_FILE ?? (file.tokenFile ? abs(file.tokenFile) : undefined);
+  if (!token && tokenFile) {
+    try {
+      token = readFileSync(tokenFile, "utf8").trim();
+    } catch (e) {
+      throw new BerthError("invalid_request", `invalid_request: cannot read token file ${tokenFile}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+    }
+  }
+  if (!token) {
+    throw new BerthError("invalid_request", "invalid_request: no API token; pass --token-file FILE or set BERTH_TOKEN_FILE (create one with `berth token create`)");
+  }
+  return {
+    url: url.replace(/\/+$/, ""),
+    token,
+    keeperKeyFile: file.keeperKeyFile ? abs(file.keeperKeyFile) : null,
+    stateDir: source.endsWith("client.json") ? dirname(source) : resolve(".berth"),
+    source,
+  };
+}

@@ -1,0 +1,105 @@
+/**
+ * The HTTP client for the coordinator API, used by the client library, the
+ * CLI, benchmarks and tests: JSON in and out over keep-alive connections
+ * (node:http; node:https only when the URL asks for it). A refusal becomes
+ * an ApiError with the server's stable code and message.
+ *
+ * Built on node:http rather than undici: loading undici costs a client
+ * command 100-200 ms on this class of machine, more than the whole borrow.
+ */
+import { Agent, request as httpRequest, type IncomingMessage, type RequestOptions } from "node:http";
+
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+  ) {
+    super(message);
+    this.name = "ApiError";
+  }
+}
+
+type Requester = (o: RequestOptions, cb: (res: IncomingMessage) => void) => ReturnType<typeof httpRequest>;
+
+export class Api {
+  readonly #auth: string | null;
+  readonly #url: URL;
+  #agent: Agent | null = null;
+  #request: Requester | null = null;
+  readonly #connections: number;
+
+  constructor(
+    readonly baseUrl: string,
+    token: string | null,
+    opts: { connections?: number } = {},
+  ) {
+    this.#url = new URL(baseUrl);
+    if (this.#url.protocol !== "http:" && this.#url.protocol !== "https:") throw new ApiError(0, "invalid_request", `invalid_request: coordinator URL ${baseUrl} is not http(s)`);
+    this.#auth = token ? `Bearer ${token}` : null;
+    this.#connections = opts.connections ?? 8;
+  }
+
+  async #transport(): Promise<{ agent: Agent; request: Requester }> {
+    if (this.#agent && this.#request) return { agent: this.#agent, request: this.#request };
+    if (this.#url.protocol === "https:") {
+      const https = await import("node:https");
+      this.#agent = new https.Agent({ keepAlive: true, maxSockets: this.#connections });
+      this.#request = https.request as Requester;
+    } else {
+      this.#agent = new Agent({ keepAlive: true, maxSockets: this.#connections });
+      this.#request = httpRequest as Requester;
+    }
+    return { agent: this.#agent, request: this.#request };
+  }
+
+  async raw(method: string, path: string, body?: unknown, headers: Record<string, string> = {}): Promise<{ status: number; body: unknown; text: string }> {
+    const h: Record<string, string> = { ...headers };
+    if (this.#auth && !("authorization" in h)) h.authorization = this.#auth;
+    let payload: Buffer | undefined;
+    if (body !== undefined) {
+      payload = Buffer.from(typeof body === "string" ? body : JSON.stringify(body), "utf8");
+      h["content-type"] = "application/json";
+      h["content-length"] = String(payload.length);
+    }
+    const { agent, request } = await this.#transport();
+    const res = await new Promise<{ status: number; type: string; text: string }>((resolve, reject) => {
+      const req = request(
+        { method, host: this.#url.hostname, port: this.#url.port || undefined, path, headers: h, agent },
+        (r) => {
+          const chunks: Buffer[] = [];
+          r.on("data", (c: Buffer) => chunks.push(c));
+          r.on("error", reject);
+          r.on("end", () => resolve({ status: r.statusCode ?? 0, type: String(r.headers["content-type"] ?? ""), text: Buffer.concat(chunks).toString("utf8") }));
+        },
+      );
+      // Requests are small and latency-bound: no Nagle.
+      req.on("socket", (s) => s.setNoDelay(true));
+      req.on("error", reject);
+      req.end(payload);
+    });
+    let parsed: unknown = undefined;
+    if (res.text.length > 0 && res.type.includes("json")) {
+      try {
+        parsed = JSON.parse(res.text);
+      } catch {
+        parsed = undefined;
+      }
+    }
+    return { status: res.status, body: parsed, text: res.text };
+  }
+
+  async call<T = Record<string, unknown>>(method: string, path: string, body?: unknown): Promise<T> {
+    const r = await this.raw(method, path, body);
+    if (r.status >= 400) {
+      const err = (r.body as { error?: { code?: string; message?: string } } | undefined)?.error;
+      throw new ApiError(r.status, err?.code ?? "http_error", err?.message ?? `the coordinator answered ${r.status}`);
+    }
+    return r.body as T;
+  }
+
+  close(): Promise<void> {
+    this.#agent?.destroy();
+    return Promise.resolve();
+  }
+}
