@@ -6,7 +6,7 @@
  *   provisioning) is below minReady.
  */
 export type Access = "keeper" | "portable";
-export type ProviderName = "hosts" | "external";
+export type ProviderName = "hosts" | "aws" | "external";
 
 export interface PoolIdentity {
   /** Provider-scoped immutable image id. */

@@ -69,6 +69,8 @@ export type OperationOutcome =
 export interface Provider {
   readonly name: string;
   readonly capabilities: ProviderCapabilities;
+  /** Creates machines of its own (cloud instances), so provisioning takes no slot on an enrolled host. */
+  readonly selfPlaced?: boolean;
   run(op: OperationRequest): Promise<OperationOutcome>;
 }
 

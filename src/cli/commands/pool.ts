@@ -55,7 +55,7 @@ export function register(program: Command): void {
       .requiredOption("--max-ready <n>", "never more than this many machines (ready + lent + in cleanup + claims)", intArg("--max-ready", 0, 1000))
       .requiredOption("--compatibility-key <key>", "what makes machines interchangeable, e.g. linux-x64-node20")
       .addOption(new Option("--access <mode>", "keeper (default) or portable (per-borrow keys; needs a coordinator started with --portable)").choices(["keeper", "portable"]).default("keeper"))
-      .addOption(new Option("--provider <name>", "hosts: berth agents create machines; external: you register them with claim tokens").choices(["hosts", "external"]).default("hosts"))
+      .addOption(new Option("--provider <name>", "hosts: berth agents create machines; aws: EC2 instances (berth serve --aws-config); external: you register them with claim tokens").choices(["hosts", "aws", "external"]).default("hosts"))
       .option("--hard-ttl <duration>", "machine lifetime before rotation", durationArg("--hard-ttl"))
       .option("--heartbeat <duration>", "borrow heartbeat interval", durationArg("--heartbeat"))
       .option("--keeper-key <file>", "public key file installed on keeper machines (the keeper's own key)")

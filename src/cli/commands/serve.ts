@@ -4,6 +4,17 @@ import { join, resolve } from "node:path";
 import { mkdirSync } from "node:fs";
 import { loadOrCreateSecret, openStoreFromFlags, runCommand } from "../common.js";
 
+async function startAws(file: string) {
+  const { AwsProvider } = await import("../../providers/aws/aws-provider.js");
+  const { loadAwsConfig } = await import("../../providers/aws/config.js");
+  const { liveMachinesIn, startSweepLoop } = await import("../../providers/aws/sweep.js");
+  const provider = new AwsProvider({ config: loadAwsConfig(file) });
+  return {
+    provider,
+    sweep: (store: Parameters<typeof liveMachinesIn>[0], log: Parameters<typeof startSweepLoop>[3]) => startSweepLoop(provider, liveMachinesIn(store), 5 * 60_000, log),
+  };
+}
+
 export function parseListen(v: string): { host: string; port: number } {
   const i = v.lastIndexOf(":");
   const host = i > 0 ? v.slice(0, i).replace(/^\[|\]$/g, "") : "127.0.0.1";
@@ -21,6 +32,7 @@ export function register(program: Command): void {
     .option("--listen <host:port>", "address of the HTTP API", "127.0.0.1:7420")
     .option("--secret-file <file>", "coordinator secret (created 0600 if missing; share it between coordinators on one database)")
     .option("--portable", "enable portable access (per-borrow keys, two-phase acknowledgement); off by default", false)
+    .option("--aws-config <file>", "enable the aws provider with this pool configuration (docs/aws.md); credentials come from the AWS SDK's default chain")
     .addHelpText(
       "after",
       `
@@ -31,7 +43,7 @@ with the same --secret-file.
 Example:
   berth serve --state-dir /var/lib/berth --listen 0.0.0.0:7420`,
     )
-    .action((o: { stateDir: string; db?: string; listen: string; secretFile?: string; portable: boolean }) =>
+    .action((o: { stateDir: string; db?: string; listen: string; secretFile?: string; portable: boolean; awsConfig?: string }) =>
       runCommand(async () => {
         const dir = resolve(o.stateDir);
         mkdirSync(dir, { recursive: true, mode: 0o700 });
@@ -40,7 +52,9 @@ Example:
         const { host, port } = parseListen(o.listen);
         // Loaded only here: every other command starts without the coordinator.
         const { startCoordinator } = await import("../../coordinator/server.js");
-        const c = await startCoordinator({ store, secret, host, port, config: { portable: o.portable } });
+        const aws = o.awsConfig ? await startAws(resolve(o.awsConfig)) : null;
+        const c = await startCoordinator({ store, secret, host, port, config: { portable: o.portable }, providers: aws ? [aws.provider] : [] });
+        const stopSweep = aws ? aws.sweep(store, c.ctx.log) : () => undefined;
         c.ctx.log.info({ url: c.url, store: store.dialect, portable: o.portable }, "berth coordinator listening");
         process.stdout.write(`berth coordinator listening on ${c.url} (${store.dialect}${o.portable ? ", portable access enabled" : ""})\n`);
         await new Promise<void>((resolveStop) => {
@@ -48,6 +62,7 @@ Example:
           process.once("SIGINT", stop);
           process.once("SIGTERM", stop);
         });
+        stopSweep();
         await c.stop();
         await store.close();
         return 0;

@@ -35,7 +35,7 @@ export async function fillPool(tx: Tx, ctx: Ctx, pool: PoolRecord, now: number, 
   const provider = ctx.providers.get(pool.provider);
   let count = decision.claims;
   const hostIds: string[] = [];
-  if (provider?.capabilities.provision) {
+  if (provider?.capabilities.provision && !provider.selfPlaced) {
     // Reserve a host slot per claim; stop where the hosts are full.
     for (let i = 0; i < count; i++) {
       const hostId = await takeHostSlot(tx, pool.org);
@@ -54,11 +54,11 @@ export async function fillPool(tx: Tx, ctx: Ctx, pool: PoolRecord, now: number, 
       const machineId = derivedId(seed, "m", i);
       const opId = derivedId(seed, "op", i);
       await insertMachine(tx, {
-        id: machineId, org: pool.org, pool: pool.name, access: pool.access, provider: pool.provider, resourceId: machineId, hostId: hostIds[i]!,
+        id: machineId, org: pool.org, pool: pool.name, access: pool.access, provider: pool.provider, resourceId: machineId, hostId: hostIds[i] ?? null,
         state: "provisioning", ssh: { host: null, port: null, user: null, hostKey: null }, claimId: claim.id, now, hardExpiresAt: now + pool.hardTtlMs,
       });
       await setClaimMachine(tx, claim.id, machineId);
-      await insertOp(tx, { id: opId, kind: "provision", machineId, hostId: hostIds[i]!, generation: 0, args: { claimId: claim.id, keeperKey: pool.keeperKey }, now });
+      await insertOp(tx, { id: opId, kind: "provision", machineId, hostId: hostIds[i] ?? null, generation: 0, args: { claimId: claim.id, keeperKey: pool.keeperKey }, now });
       await audit(tx, { at: now, machineId, subject: claim.id, event: "provision", from: null, to: "provisioning", generation: 0, actor: ctx.actor });
     }
   }

@@ -12,7 +12,7 @@ export const ensureSchema = z.strictObject({
   maxReady: int(0, 1000),
   compatibilityKey: text(200),
   access: z.enum(["keeper", "portable"]).default("keeper"),
-  provider: z.enum(["hosts", "external"]).default("external"),
+  provider: z.enum(["hosts", "aws", "external"]).default("external"),
   identity: z.strictObject({ imageId: text(200), repository: text(500).optional(), cacheKey: text(200).optional() }).nullable().default(null),
   hardTtlMs: int(60_000, 30 * 86_400_000).default(86_400_000),
   heartbeatMs: int(1_000, 3_600_000).default(60_000),

@@ -1,0 +1,64 @@
+/**
+ * AWS provider configuration: which account-side resources each pool uses.
+ * Credentials are NOT part of it: the SDK's standard provider chain supplies
+ * them (environment, shared config/SSO, instance or task role) and berth never
+ * stores them. The file names, per pool, the region, subnet, security groups,
+ * instance type and the pinned AMI (the pool's provider-scoped image identity).
+ */
+import { readFileSync } from "node:fs";
+import { z } from "zod";
+import { BerthError } from "../../core/errors.js";
+
+const poolSchema = z
+  .object({
+    region: z.string().regex(/^[a-z]{2}(-[a-z]+)+-\d+$/, "an AWS region such as eu-west-1"),
+    subnetId: z.string().regex(/^subnet-[0-9a-f]+$/),
+    securityGroupIds: z.array(z.string().regex(/^sg-[0-9a-f]+$/)).min(1),
+    instanceType: z.string().regex(/^[a-z0-9]+\.[a-z0-9]+$/),
+    imageId: z.string().regex(/^ami-[0-9a-f]+$/),
+    /** Instance profile that lets the SSM agent register (AmazonSSMManagedInstanceCore). */
+    instanceProfile: z.string().min(1),
+    /** Which address clients use for SSH. */
+    sshAddress: z.enum(["private", "public"]).default("private"),
+    sshPort: z.number().int().min(1).max(65535).default(22),
+  })
+  .strict();
+
+const fileSchema = z
+  .object({
+    /** Tag value that marks this deployment's instances (the sweep only ever touches these). */
+    deployment: z.string().regex(/^[A-Za-z0-9_.-]{1,64}$/),
+    /** Endpoint override (an emulator, a VPC endpoint); absent means the SDK's default endpoints. */
+    endpoint: z.string().url().optional(),
+    /** Longest one operation call waits before answering ambiguous (kept under the executor's 30 s lease). */
+    stepBudgetMs: z.number().int().min(500).max(28_000).optional(),
+    /** Pools by name (`pool`) or by `org/pool`. */
+    pools: z.record(z.string(), poolSchema),
+  })
+  .strict();
+
+export type AwsPoolConfig = z.infer<typeof poolSchema>;
+export type AwsConfig = z.infer<typeof fileSchema>;
+
+export function parseAwsConfig(value: unknown, where = "AWS configuration"): AwsConfig {
+  const r = fileSchema.safeParse(value);
+  if (!r.success) {
+    const first = r.error.issues[0]!;
+    throw new BerthError("invalid_request", `invalid_request: ${where}: ${first.path.join(".") || "(root)"}: ${first.message}`);
+  }
+  return r.data;
+}
+
+export function loadAwsConfig(file: string): AwsConfig {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(readFileSync(file, "utf8"));
+  } catch (e) {
+    throw new BerthError("invalid_request", `invalid_request: cannot read AWS configuration ${file}: ${e instanceof Error ? e.message : String(e)}`);
+  }
+  return parseAwsConfig(raw, file);
+}
+
+export function poolConfig(c: AwsConfig, org: string, pool: string): AwsPoolConfig | undefined {
+  return c.pools[`${org}/${pool}`] ?? c.pools[pool];
+}

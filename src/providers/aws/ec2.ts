@@ -1,0 +1,115 @@
+/**
+ * EC2 calls of the AWS provider: launching with an idempotency token, finding
+ * the instance bound to a berth machine by its tags, rebooting, terminating.
+ *
+ * Tags bind instance <-> machine <-> pool <-> deployment. They are set in the
+ * RunInstances call itself (TagSpecifications), so an instance never exists
+ * untagged; the ClientToken is the provision operation id, so a retried launch
+ * returns the first instance, and a lost reply is resolved by looking the
+ * token up before any second launch is attempted.
+ */
+import {
+  DescribeInstancesCommand,
+  RebootInstancesCommand,
+  RunInstancesCommand,
+  TerminateInstancesCommand,
+  type EC2Client,
+  type Filter,
+  type Instance,
+} from "@aws-sdk/client-ec2";
+import type { AwsPoolConfig } from "./config.js";
+
+export const TAG = { managed: "berth:deployment", machine: "berth:machine", pool: "berth:pool", org: "berth:org", op: "berth:op" } as const;
+const LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"];
+
+export interface Binding {
+  deployment: string;
+  org: string;
+  pool: string;
+  machineId: string;
+}
+
+export function tagOf(i: Instance, key: string): string | undefined {
+  return i.Tags?.find((t) => t.Key === key)?.Value;
+}
+
+export function stateOf(i: Instance): string {
+  return i.State?.Name ?? "unknown";
+}
+
+/** Does this instance carry exactly this binding? */
+export function boundTo(i: Instance, b: Binding): boolean {
+  return tagOf(i, TAG.managed) === b.deployment && tagOf(i, TAG.machine) === b.machineId && tagOf(i, TAG.pool) === b.pool && tagOf(i, TAG.org) === b.org;
+}
+
+export async function describe(ec2: EC2Client, filters: Filter[]): Promise<Instance[]> {
+  const out: Instance[] = [];
+  let token: string | undefined;
+  do {
+    const r = await ec2.send(new DescribeInstancesCommand({ Filters: filters, NextToken: token, MaxResults: 100 }));
+    for (const res of r.Reservations ?? []) out.push(...(res.Instances ?? []));
+    token = r.NextToken;
+  } while (token);
+  return out;
+}
+
+/** The instance launched with this client token, whatever its state (terminated included). */
+export async function byClientToken(ec2: EC2Client, token: string): Promise<Instance | undefined> {
+  const found = await describe(ec2, [{ Name: "client-token", Values: [token] }]);
+  return found[0];
+}
+
+/** Instances bound to the machine that are not yet terminated. */
+export async function boundInstances(ec2: EC2Client, b: Binding): Promise<Instance[]> {
+  const found = await describe(ec2, [
+    { Name: `tag:${TAG.managed}`, Values: [b.deployment] },
+    { Name: `tag:${TAG.machine}`, Values: [b.machineId] },
+    { Name: "instance-state-name", Values: LIVE_STATES },
+  ]);
+  return found.filter((i) => boundTo(i, b));
+}
+
+export async function byId(ec2: EC2Client, instanceId: string): Promise<Instance | undefined> {
+  const r = await ec2.send(new DescribeInstancesCommand({ InstanceIds: [instanceId] }));
+  return r.Reservations?.[0]?.Instances?.[0];
+}
+
+export async function launch(ec2: EC2Client, pc: AwsPoolConfig, b: Binding, opId: string): Promise<Instance> {
+  const tags = [
+    { Key: TAG.managed, Value: b.deployment },
+    { Key: TAG.org, Value: b.org },
+    { Key: TAG.pool, Value: b.pool },
+    { Key: TAG.machine, Value: b.machineId },
+    { Key: TAG.op, Value: opId },
+    { Key: "Name", Value: `berth ${b.pool} ${b.machineId}` },
+  ];
+  const r = await ec2.send(
+    new RunInstancesCommand({
+      ClientToken: opId,
+      ImageId: pc.imageId,
+      InstanceType: pc.instanceType as RunInstancesCommand["input"]["InstanceType"],
+      MinCount: 1,
+      MaxCount: 1,
+      SubnetId: pc.subnetId,
+      SecurityGroupIds: pc.securityGroupIds,
+      IamInstanceProfile: { Name: pc.instanceProfile },
+      MetadataOptions: { HttpTokens: "required" },
+      InstanceInitiatedShutdownBehavior: "terminate",
+      TagSpecifications: [
+        { ResourceType: "instance", Tags: tags },
+        { ResourceType: "volume", Tags: tags },
+      ],
+    }),
+  );
+  const i = r.Instances?.[0];
+  if (!i?.InstanceId) throw new Error("RunInstances answered without an instance");
+  return i;
+}
+
+export async function reboot(ec2: EC2Client, instanceId: string): Promise<void> {
+  await ec2.send(new RebootInstancesCommand({ InstanceIds: [instanceId] }));
+}
+
+export async function terminate(ec2: EC2Client, instanceIds: string[]): Promise<void> {
+  if (instanceIds.length > 0) await ec2.send(new TerminateInstancesCommand({ InstanceIds: instanceIds }));
+}

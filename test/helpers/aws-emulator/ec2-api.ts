@@ -1,0 +1,110 @@
+/**
+ * The EC2 Query API actions of the emulator: form-encoded requests in,
+ * `<ActionResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">` XML out,
+ * member names as the ec2 protocol spells them (instanceState, tagSet, …).
+ */
+import { randomUUID } from "node:crypto";
+import type { AwsEmulator } from "./emulator.js";
+import { errorXml, esc } from "./emulator.js";
+import type { EmulatedInstance } from "./instance.js";
+
+const CODES: Record<string, number> = { pending: 0, running: 16, "shutting-down": 32, terminated: 48, stopping: 64, stopped: 80 };
+
+/** `Prefix.1`, `Prefix.2`, … values. */
+function list(p: URLSearchParams, prefix: string): string[] {
+  const out: string[] = [];
+  for (let i = 1; p.has(`${prefix}.${i}`); i++) out.push(p.get(`${prefix}.${i}`)!);
+  return out;
+}
+
+function filters(p: URLSearchParams): Array<{ name: string; values: string[] }> {
+  const out: Array<{ name: string; values: string[] }> = [];
+  for (let i = 1; p.has(`Filter.${i}.Name`); i++) out.push({ name: p.get(`Filter.${i}.Name`)!, values: list(p, `Filter.${i}.Value`) });
+  return out;
+}
+
+function matches(i: EmulatedInstance, f: { name: string; values: string[] }): boolean {
+  if (f.name === "client-token") return f.values.includes(i.clientToken);
+  if (f.name === "instance-state-name") return f.values.includes(i.state);
+  if (f.name === "instance-id") return f.values.includes(i.id);
+  if (f.name.startsWith("tag:")) return f.values.includes(i.tags[f.name.slice(4)] ?? "\0");
+  throw new Error(`emulator: filter ${f.name} is not supported`);
+}
+
+function stateXml(tag: string, s: string): string {
+  return `<${tag}><code>${CODES[s] ?? 0}</code><name>${s}</name></${tag}>`;
+}
+
+function instanceXml(i: EmulatedInstance): string {
+  const tags = Object.entries(i.tags)
+    .map(([k, v]) => `<item><key>${esc(k)}</key><value>${esc(v)}</value></item>`)
+    .join("");
+  const addr = i.state === "terminated" ? "" : `<privateIpAddress>${i.ip}</privateIpAddress><ipAddress>${i.ip}</ipAddress>`;
+  return `<item><instanceId>${i.id}</instanceId><imageId>${esc(i.tags["emu:image"] ?? "")}</imageId>${stateXml("instanceState", i.state)}<instanceType>t3.micro</instanceType><launchTime>${new Date(i.launchedAt).toISOString()}</launchTime>${addr}<clientToken>${esc(i.clientToken)}</clientToken><tagSet>${tags}</tagSet></item>`;
+}
+
+function reply(action: string, inner: string): { status: number; body: string } {
+  return { status: 200, body: `<?xml version="1.0" encoding="UTF-8"?>\n<${action}Response xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>${randomUUID()}</requestId>${inner}</${action}Response>` };
+}
+
+function notFound(ids: string[]): { status: number; body: string } {
+  return { status: 400, body: errorXml("InvalidInstanceID.NotFound", `The instance IDs '${ids.join(", ")}' do not exist`) };
+}
+
+export async function ec2Action(emu: AwsEmulator, action: string, p: URLSearchParams): Promise<{ status: number; body: string }> {
+  switch (action) {
+    case "RunInstances": {
+      const token = p.get("ClientToken") ?? randomUUID();
+      // Idempotency: the same client token returns the instance it launched, whatever its state.
+      let inst = [...emu.instances.values()].find((i) => i.clientToken === token && p.get("ClientToken"));
+      if (!inst) {
+        const tags: Record<string, string> = { "emu:image": p.get("ImageId") ?? "" };
+        for (let s = 1; p.has(`TagSpecification.${s}.ResourceType`); s++) {
+          if (p.get(`TagSpecification.${s}.ResourceType`) !== "instance") continue;
+          for (let t = 1; p.has(`TagSpecification.${s}.Tag.${t}.Key`); t++) tags[p.get(`TagSpecification.${s}.Tag.${t}.Key`)!] = p.get(`TagSpecification.${s}.Tag.${t}.Value`) ?? "";
+        }
+        inst = emu.newInstance(tags, token);
+      }
+      return reply(action, `<reservationId>r-${inst.id.slice(2)}</reservationId><ownerId>000000000000</ownerId><instancesSet>${instanceXml(inst)}</instancesSet>`);
+    }
+    case "DescribeInstances": {
+      const ids = list(p, "InstanceId");
+      const missing = ids.filter((id) => !emu.instances.has(id));
+      if (missing.length > 0) return notFound(missing);
+      const fs = filters(p);
+      const found = [...emu.instances.values()].filter((i) => (ids.length === 0 || ids.includes(i.id)) && fs.every((f) => matches(i, f)));
+      const items = found.map((i) => `<item><reservationId>r-${i.id.slice(2)}</reservationId><ownerId>000000000000</ownerId><instancesSet>${instanceXml(i)}</instancesSet></item>`).join("");
+      return reply(action, `<reservationSet>${items}</reservationSet>`);
+    }
+    case "RebootInstances": {
+      const ids = list(p, "InstanceId");
+      const missing = ids.filter((id) => !emu.instances.has(id));
+      if (missing.length > 0) return notFound(missing);
+      for (const id of ids) {
+        const inst = emu.instances.get(id)!;
+        if (inst.state !== "running") continue;
+        if (emu.faults.rebootsIgnored > 0) {
+          emu.faults.rebootsIgnored--;
+          continue;
+        }
+        await emu.reboot(inst);
+      }
+      return reply(action, "<return>true</return>");
+    }
+    case "TerminateInstances": {
+      const ids = list(p, "InstanceId");
+      const missing = ids.filter((id) => !emu.instances.has(id));
+      if (missing.length > 0) return notFound(missing);
+      const items: string[] = [];
+      for (const id of ids) {
+        const inst = emu.instances.get(id)!;
+        const before = inst.state;
+        await emu.terminate(inst);
+        items.push(`<item><instanceId>${id}</instanceId>${stateXml("currentState", inst.state)}${stateXml("previousState", before)}</item>`);
+      }
+      return reply(action, `<instancesSet>${items.join("")}</instancesSet>`);
+    }
+    default:
+      return { status: 400, body: errorXml("InvalidAction", `The action ${action} is not valid for this web service (emulator).`) };
+  }
+}

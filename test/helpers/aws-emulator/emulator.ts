@@ -1,0 +1,206 @@
+/**
+ * An EC2 + SSM emulator on loopback that the real AWS SDK v3 clients talk to
+ * through an endpoint override (with fake static credentials; signatures are
+ * not checked). One HTTP server speaks both wire protocols:
+ *   - EC2 Query (form-encoded `Action=…`, XML answers): RunInstances (with
+ *     ClientToken idempotency and TagSpecifications), DescribeInstances
+ *     (instance ids; filters client-token, instance-state-name, tag:K),
+ *     RebootInstances, TerminateInstances;
+ *   - SSM JSON 1.1 (`X-Amz-Target: AmazonSSM.<Op>`): SendCommand
+ *     (AWS-RunShellScript), GetCommandInvocation, ListCommands,
+ *     DescribeInstanceInformation.
+ * Each instance is a real sandbox (instance.ts). Faults are injected by the
+ * test through `faults`: lost replies (the action happens, the connection is
+ * cut before the answer), throttling, delayed, held and duplicated SSM
+ * deliveries, reboots accepted but not performed, slow boots and reboots,
+ * terminations that lag.
+ */
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import { createServer as createNetServer, type AddressInfo } from "node:net";
+import { randomBytes, randomUUID } from "node:crypto";
+import { EmulatedInstance, type Invocation } from "./instance.js";
+import { ec2Action } from "./ec2-api.js";
+import { ssmAction } from "./ssm-api.js";
+
+export interface Faults {
+  /** Action name -> how many of the next calls lose their reply (after the action took effect). */
+  lose: Map<string, number>;
+  /** Action name -> how many of the next calls are throttled (nothing happens). */
+  throttle: Map<string, number>;
+  /** The next SendCommand deliveries wait this long (ms) before running, one entry per command. */
+  ssmDelays: number[];
+  /** The next SendCommand deliveries are held until `release()`d, one entry per command. */
+  ssmHolds: Array<{ release: () => void; held: Promise<void> }>;
+  /** The next SendCommand deliveries run twice; the second run this many ms after the first ends. */
+  ssmDuplicates: number[];
+  /** How many RebootInstances calls are answered true and ignored. */
+  rebootsIgnored: number;
+  bootMs: number;
+  rebootMs: number;
+  terminateLagMs: number;
+}
+
+export class AwsEmulator {
+  readonly instances = new Map<string, EmulatedInstance>();
+  readonly invocations = new Map<string, Invocation & { instanceId: string }>();
+  readonly calls: string[] = [];
+  readonly faults: Faults = { lose: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], rebootsIgnored: 0, bootMs: 0, rebootMs: 0, terminateLagMs: 0 };
+  url = "";
+  sshPort = 0;
+  #server: Server | null = null;
+  readonly #timers = new Set<NodeJS.Timeout>();
+
+  constructor(readonly dir: string) {}
+
+  async start(): Promise<this> {
+    this.sshPort = await freePort();
+    this.#server = createServer((req, res) => void this.#handle(req, res));
+    await new Promise<void>((r) => this.#server!.listen(0, "127.0.0.1", () => r()));
+    this.url = `http://127.0.0.1:${(this.#server.address() as AddressInfo).port}`;
+    return this;
+  }
+
+  async stop(): Promise<void> {
+    for (const t of this.#timers) clearTimeout(t);
+    for (const h of this.faults.ssmHolds) h.release();
+    for (const i of this.instances.values()) await i.halt();
+    await new Promise<void>((r) => (this.#server ? this.#server.close(() => r()) : r()));
+    this.#server?.closeAllConnections();
+  }
+
+  /** Runs `fn` after `ms` (tracked, so stop() cancels it). */
+  later(ms: number, fn: () => void | Promise<void>): void {
+    const t = setTimeout(() => {
+      this.#timers.delete(t);
+      void fn();
+    }, ms);
+    this.#timers.add(t);
+  }
+
+  /** Holds the next SendCommand delivery until the returned function is called. */
+  holdNextSsm(): () => void {
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    this.faults.ssmHolds.push({ release, held });
+    return release;
+  }
+
+  live(): EmulatedInstance[] {
+    return [...this.instances.values()].filter((i) => i.state !== "terminated");
+  }
+
+  newInstance(tags: Record<string, string>, clientToken: string): EmulatedInstance {
+    const id = `i-${randomBytes(8).toString("hex").slice(0, 17)}`;
+    const ip = `127.77.${1 + (this.instances.size >> 8)}.${1 + (this.instances.size % 250)}`;
+    const inst = new EmulatedInstance(id, tags, clientToken, ip, this.sshPort, this.dir, Date.now());
+    this.instances.set(id, inst);
+    this.later(this.faults.bootMs, async () => {
+      if (inst.state !== "pending") return;
+      await inst.boot();
+      inst.state = "running";
+      this.deliverPending(inst);
+    });
+    return inst;
+  }
+
+  /** SSM: commands waiting for an agent that was offline run once it is online. */
+  deliverPending(inst: EmulatedInstance): void {
+    for (const inv of this.invocations.values()) if (inv.instanceId === inst.id && inv.status === "Pending" && !(inv as { gated?: boolean }).gated) void this.execute(inv, inst);
+  }
+
+  async execute(inv: Invocation & { instanceId: string }, inst: EmulatedInstance): Promise<void> {
+    if (inv.status !== "Pending" || !inst.ssmOnline) return;
+    inv.status = "InProgress";
+    const r = await inst.run(inv.script);
+    inv.code = r.code;
+    inv.stdout = r.stdout;
+    inv.stderr = r.stderr;
+    inv.status = r.code === 0 ? "Success" : "Failed";
+  }
+
+  async reboot(inst: EmulatedInstance): Promise<void> {
+    await inst.halt();
+    this.later(this.faults.rebootMs, async () => {
+      if (inst.state !== "running") return;
+      await inst.boot();
+      this.deliverPending(inst);
+    });
+  }
+
+  async terminate(inst: EmulatedInstance): Promise<void> {
+    if (inst.state === "terminated" || inst.state === "shutting-down") return;
+    inst.state = "shutting-down";
+    await inst.halt();
+    this.later(this.faults.terminateLagMs, () => {
+      inst.state = "terminated";
+    });
+  }
+
+  async #handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const chunks: Buffer[] = [];
+    for await (const c of req) chunks.push(c as Buffer);
+    const body = Buffer.concat(chunks).toString("utf8");
+    const target = req.headers["x-amz-target"];
+    const isSsm = typeof target === "string" && target.startsWith("AmazonSSM.");
+    const action = isSsm ? target.slice("AmazonSSM.".length) : (new URLSearchParams(body).get("Action") ?? "");
+    this.calls.push(action);
+    if (take(this.faults.throttle, action)) {
+      if (isSsm) return sendJson(res, 400, { __type: "ThrottlingException", message: "Rate exceeded" }, "ThrottlingException");
+      return sendXml(res, 503, errorXml("RequestLimitExceeded", "Request limit exceeded."));
+    }
+    try {
+      const reply: { status: number; body: unknown; errorType?: string } = isSsm
+        ? await ssmAction(this, action, JSON.parse(body || "{}") as Record<string, unknown>)
+        : await ec2Action(this, action, new URLSearchParams(body));
+      if (take(this.faults.lose, action)) {
+        // The action took effect; the answer never arrives.
+        req.socket.destroy();
+        return;
+      }
+      if (isSsm) sendJson(res, reply.status, reply.body, reply.errorType);
+      else sendXml(res, reply.status, reply.body as string);
+    } catch (e) {
+      const msg = e instanceof Error ? e.message : String(e);
+      if (isSsm) sendJson(res, 500, { __type: "InternalServerError", message: msg }, "InternalServerError");
+      else sendXml(res, 500, errorXml("InternalError", msg));
+    }
+  }
+}
+
+function take(m: Map<string, number>, action: string): boolean {
+  const n = m.get(action) ?? 0;
+  if (n <= 0) return false;
+  m.set(action, n - 1);
+  return true;
+}
+
+export function errorXml(code: string, message: string): string {
+  return `<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>${code}</Code><Message>${esc(message)}</Message></Error></Errors><RequestID>${randomUUID()}</RequestID></Response>`;
+}
+
+export function esc(s: string): string {
+  return s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
+}
+
+function sendXml(res: ServerResponse, status: number, xml: string): void {
+  res.writeHead(status, { "content-type": "text/xml;charset=UTF-8", "x-amzn-requestid": randomUUID() });
+  res.end(xml);
+}
+
+function sendJson(res: ServerResponse, status: number, body: unknown, errorType?: string): void {
+  const h: Record<string, string> = { "content-type": "application/x-amz-json-1.1", "x-amzn-requestid": randomUUID() };
+  if (errorType) h["x-amzn-errortype"] = errorType;
+  res.writeHead(status, h);
+  res.end(JSON.stringify(body));
+}
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = createNetServer();
+    s.once("error", reject);
+    s.listen(0, "127.0.0.1", () => {
+      const p = (s.address() as AddressInfo).port;
+      s.close(() => resolve(p));
+    });
+  });
+}
