@@ -7,7 +7,7 @@
  */
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { generateSshKeyPair } from "../../src/agent/ssh-keys.js";
+import { generateSshKeyPair } from "../../src/core/ssh-keys.js";
 import { connect, execStreaming } from "../../src/cli/ssh-client.js";
 import { guestProgram, parseGuestOutput } from "../../src/providers/aws/guest.js";
 import { sweepOrphans } from "../../src/providers/aws/sweep.js";

@@ -19,7 +19,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import type { OperationOutcome, OperationRequest, Provider } from "../../src/providers/provider.js";
 import type { MachineRow } from "../../src/store/machines.js";
-import { generateSshKeyPair } from "../../src/agent/ssh-keys.js";
+import { generateSshKeyPair } from "../../src/core/ssh-keys.js";
 import { connect, execStreaming, type ExecResult } from "../../src/cli/ssh-client.js";
 import { Writable } from "node:stream";
 

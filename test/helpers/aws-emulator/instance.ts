@@ -16,7 +16,7 @@ import { mkdirSync, readFileSync, writeFileSync, existsSync, chmodSync } from "n
 import { join } from "node:path";
 import { randomUUID } from "node:crypto";
 import ssh2, { type AuthContext, type PublicKeyAuthContext } from "ssh2";
-import { generateSshKeyPair } from "../../../src/agent/ssh-keys.js";
+import { generateSshKeyPair } from "../../../src/core/ssh-keys.js";
 import { allPids, readEnviron } from "../../../src/agent/runtime/procfs.js";
 
 export type InstanceState = "pending" | "running" | "shutting-down" | "terminated";
