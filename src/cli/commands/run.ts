@@ -94,6 +94,7 @@ export async function runOnBorrowed(client: BerthClient, config: Pick<ClientConf
 
   const tty = Boolean(process.stderr.isTTY) && !o.quiet;
   let waitShown = false;
+  let expiresAt = 0;
   const forwardStdin = o.stdin === "always" || (o.stdin === "auto" && !isatty(0) && !isDevNull(0));
   try {
     const r = await client.run({
@@ -116,6 +117,7 @@ export async function runOnBorrowed(client: BerthClient, config: Pick<ClientConf
       onBorrowed: (b) => {
         if (waitShown) process.stderr.write("\n");
         waitShown = false;
+        expiresAt = b.expiresAt;
         say(`borrowed ${b.machine.id} from ${o.pool} (${o.access}); hard deadline ${iso(b.expiresAt)}`);
       },
       onStart: (c) => {
@@ -127,7 +129,7 @@ export async function runOnBorrowed(client: BerthClient, config: Pick<ClientConf
         }
       },
     });
-    if (r.expired) process.stderr.write(`berth: borrow ${r.borrowId} expired; the command was interrupted\n`);
+    if (r.expired) process.stderr.write(`berth: borrow ${r.borrowId} expired at ${iso(expiresAt)}; the command was interrupted\n`);
     else if (r.cut && got === null) process.stderr.write("berth: the SSH session ended without an exit status (access was cut)\n");
     let status = got !== null ? SIGNAL_EXIT[got] : r.cut && !r.expired ? EXIT.error : r.status;
     if (r.returned) say(`returned ${r.machineId}${r.returned.cleanup ? ` (cleanup: ${r.returned.cleanup})` : ""}`);
