@@ -74,4 +74,5 @@ export const prelude = [
   mk("ensure(ext,1,2)", (w) => w.ensure("ext", 1, 2)),
   mk("register(0)", (w) => w.register(0, false)),
   mk("tick()", (w) => w.tick([], false)),
+  mk("warmUp()", (w) => w.warmUp()),
 ];

@@ -9,6 +9,11 @@
  * invariants are checked after every step (checks.ts), and after a settle
  * phase without faults every obligation must have finished.
  *
+ * The same sequences run a second time against the AWS provider's timing and
+ * fault profile (AWS_PROFILE in simulated-agent-provider.ts: slow launch,
+ * slow and sometimes lost reboots proven only by a boot change, ambiguous
+ * SSM completions), BERTH_MODEL_AWS_RUNS of them (default 150).
+ *
  * Seeded and reproducible:
  *   BERTH_MODEL_RUNS (default 2000), BERTH_MODEL_SEED, BERTH_MODEL_PATH,
  *   BERTH_MODEL_REPLAY (fast-check's commands replay path),
@@ -22,15 +27,21 @@ import { join } from "node:path";
 import fc from "fast-check";
 import { World, seededRandom } from "./world.js";
 import { commandArbs, prelude } from "./commands.js";
+import { AGENT_PROFILE, AWS_PROFILE, type SimProfile } from "./simulated-agent-provider.js";
 
 const RUNS = Number(process.env.BERTH_MODEL_RUNS ?? 2000);
+const AWS_RUNS = Number(process.env.BERTH_MODEL_AWS_RUNS ?? 150);
 const SEED = process.env.BERTH_MODEL_SEED !== undefined ? Number(process.env.BERTH_MODEL_SEED) : (Date.now() ^ (Math.random() * 0x7fffffff)) | 0;
 const PATH = process.env.BERTH_MODEL_PATH;
 const REPLAY = process.env.BERTH_MODEL_REPLAY;
 const RUN_TIMEOUT_MS = 20_000;
 const NO_SHRINK = process.env.BERTH_MODEL_NO_SHRINK === "1";
 
-test(`[I1][I2][I3][I4][I5][I6][I7][I8][I9][I10] coordinator model: ${RUNS} random sequences keep every invariant (seed ${SEED})`, { timeout: 30 * 60_000 }, async () => {
+test(`[I1][I2][I3][I4][I5][I6][I7][I8][I9][I10] coordinator model: ${RUNS} random sequences keep every invariant (seed ${SEED})`, { timeout: 30 * 60_000 }, () => runModel(RUNS, AGENT_PROFILE));
+
+test(`[I1][I2][I3][I4][I5][I6][I7][I8][I9][I10] coordinator model with the aws timing and fault profile: ${AWS_RUNS} random sequences keep every invariant (seed ${SEED})`, { timeout: 30 * 60_000 }, () => runModel(AWS_RUNS, AWS_PROFILE));
+
+async function runModel(runs: number, profile: SimProfile): Promise<void> {
   const base = mkdtempSync(join(existsSync("/dev/shm") ? "/dev/shm" : tmpdir(), "berth-model-"));
   let lastTrace: string[] = [];
   const totals: Record<string, number> = {};
@@ -40,7 +51,7 @@ test(`[I1][I2][I3][I4][I5][I6][I7][I8][I9][I10] coordinator model: ${RUNS} rando
       const savedRandom = Math.random;
       // Retry backoff jitter comes from Math.random: seed it too, so a run replays exactly.
       Math.random = seededRandom(seed ^ 0x5eed);
-      const w = await World.start(dir, seed);
+      const w = await World.start(dir, seed, profile);
       let timer: NodeJS.Timeout | undefined;
       try {
         const body = (async () => {
@@ -64,13 +75,14 @@ test(`[I1][I2][I3][I4][I5][I6][I7][I8][I9][I10] coordinator model: ${RUNS} rando
         rmSync(dir, { recursive: true, force: true });
       }
     });
-    const out = await fc.check(property, { numRuns: RUNS, seed: SEED, ...(PATH ? { path: PATH } : {}), endOnFailure: NO_SHRINK });
+    const out = await fc.check(property, { numRuns: runs, seed: SEED, ...(PATH ? { path: PATH } : {}), endOnFailure: NO_SHRINK });
     const shown = ["install_confirmed", "scrubbed", "late_install", "late_remove_key", "late_fence", "late_scrub", "quarantine", "destroyed", "crashes", "orphans_delivered"];
-    console.log(`model runs exercised: ${shown.map((k) => `${k}=${totals[k] ?? 0}`).join(" ")}`);
+    if (profile !== AGENT_PROFILE) shown.push("provision_pending", "reboot_lost", "reboot_done", "ssm_ambiguous");
+    console.log(`model runs exercised (${profile.name} profile): ${shown.map((k) => `${k}=${totals[k] ?? 0}`).join(" ")}`);
     if (out.failed) {
       const report = fc.defaultReportMessage(out);
       const replay = /replayPath="([^"]*)"/.exec(report ?? "")?.[1];
-      const hint = `reproduce: BERTH_MODEL_SEED=${out.seed} BERTH_MODEL_PATH=${out.counterexamplePath}${replay ? ` BERTH_MODEL_REPLAY='${replay}'` : ""} BERTH_MODEL_RUNS=1 node scripts/run-tests.mjs coordinator-model`;
+      const hint = `reproduce (${profile.name} profile): BERTH_MODEL_SEED=${out.seed} BERTH_MODEL_PATH=${out.counterexamplePath}${replay ? ` BERTH_MODEL_REPLAY='${replay}'` : ""} BERTH_MODEL_RUNS=1 node scripts/run-tests.mjs coordinator-model`;
       const why = out.errorInstance instanceof Error ? out.errorInstance.message : String(out.errorInstance);
       console.error(`model run failed (seed ${out.seed}, path ${out.counterexamplePath}): ${why}\n${hint}\nlast steps of the failing run:\n  ${lastTrace.join("\n  ")}`);
       throw new Error(`${why}\n${report}\n${hint}`);
@@ -78,4 +90,4 @@ test(`[I1][I2][I3][I4][I5][I6][I7][I8][I9][I10] coordinator model: ${RUNS} rando
   } finally {
     rmSync(base, { recursive: true, force: true });
   }
-});
+}

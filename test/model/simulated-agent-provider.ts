@@ -19,6 +19,15 @@
  * coordinator become orphans: their request may still reach the machine
  * later, acting on whatever generation it then has.
  *
+ * A timing/fault profile (`AWS_PROFILE`) makes it behave like the AWS
+ * provider (src/providers/aws/): a launch answers `ambiguous` ("not running
+ * yet") for several calls of the same op id before it is up; fence removes
+ * every grant key, then requests a reboot that is slow and sometimes
+ * accepted but never performed, answering `ambiguous` until a retry of the
+ * same op id observes a new boot id (the incarnation changes, and sessions
+ * close, only when the reboot really happened); SSM-run operations sometimes
+ * complete ambiguously, applied or not.
+ *
  * It also keeps the evidence the invariant checks ask for: the keys and live
  * sessions of each machine, and a log of every effect with a logical time.
  */
@@ -53,6 +62,8 @@ export interface SimMachine {
   /** `${generation}:${grantId}` and `${generation}:${fingerprint}` removed. */
   removed: Set<string>;
   sessions: SimSession[];
+  /** A reboot the cloud accepted and will perform (AWS profile). */
+  reboot?: { pollsLeft: number; at: number } | null;
 }
 
 export interface EffectLog {
@@ -75,6 +86,31 @@ export interface Parked {
   resolve: (o: OperationOutcome) => void;
 }
 
+/** How the simulated cloud answers over time. The default (all zero) is an agent that answers at once. */
+export interface SimProfile {
+  name: string;
+  /** Calls of one provision op id answered "launched, not running yet" before the instance is up… */
+  provisionPolls: number;
+  /** …or clock time after the launch, whichever comes first. */
+  provisionMs: number;
+  /** Calls of one fence op id answered "reboot requested, same boot id" before the reboot happens… */
+  rebootPolls: number;
+  /** …or clock time after the request, whichever comes first. */
+  rebootMs: number;
+  /** Chance a reboot request is accepted but never performed (a retry requests it again). */
+  rebootLost: number;
+  /** Chance an SSM-run operation (install_key, remove_key, scrub) completes ambiguously… */
+  ssmAmbiguous: number;
+  /** …and, when it does, chance its effect happened anyway. */
+  ssmApplied: number;
+  /** The coordinator's fill-claim TTL this profile runs with: a launch must fit in it (the coordinator's default, 5 min, for AWS). */
+  claimTtlMs?: number;
+}
+
+export const AGENT_PROFILE: SimProfile = { name: "agent", provisionPolls: 0, provisionMs: 0, rebootPolls: 0, rebootMs: 0, rebootLost: 0, ssmAmbiguous: 0, ssmApplied: 0 };
+/** The AWS provider's profile: EC2 launches take minutes, reboots tens of seconds, SSM invocations time out. */
+export const AWS_PROFILE: SimProfile = { name: "aws", provisionPolls: 3, provisionMs: 90_000, rebootPolls: 2, rebootMs: 45_000, rebootLost: 0.25, ssmAmbiguous: 0.15, ssmApplied: 0.5, claimTtlMs: 5 * 60_000 };
+
 const CAPS: ProviderCapabilities = { provision: true, installKey: true, revokeKey: true, fence: true, scrub: true, destroy: true, observeIdentity: true };
 
 export class SimulatedAgentProvider implements Provider {
@@ -93,9 +129,19 @@ export class SimulatedAgentProvider implements Provider {
   seq = 0;
   /** Called when a call is parked (the test waits for "settled or parked"). */
   onPark: (() => void) | null = null;
+  /** Ambiguous calls per provision op id, and when it launched (AWS profile). */
+  readonly launches = new Map<string, { polls: number; at: number }>();
+  /** The boot (incarnation) each fence op id saw first: the fence is proven by a different one. */
+  readonly bootBefore = new Map<string, number>();
+  /** Reboots accepted but never performed, performed, and ambiguous SSM completions (what a run exercised). */
+  readonly counts = { reboot_lost: 0, reboot_done: 0, ssm_ambiguous: 0, provision_pending: 0 };
   #sessionIds = 0;
 
-  constructor(private readonly now: () => number) {}
+  constructor(
+    private readonly now: () => number,
+    readonly profile: SimProfile = AGENT_PROFILE,
+    private readonly random: () => number = Math.random,
+  ) {}
 
   async run(op: OperationRequest): Promise<OperationOutcome> {
     const fault = this.faults.shift() ?? "none";
@@ -156,6 +202,15 @@ export class SimulatedAgentProvider implements Provider {
     const refuse = (error: string): OperationOutcome => ({ kind: "failed", error, retryable: false });
     if (op.kind === "provision") {
       if (m && !m.exists) return refuse("conflict: machine was destroyed; use a new id");
+      if (!m && (this.profile.provisionPolls > 0 || this.profile.provisionMs > 0)) {
+        const l = this.launches.get(op.opId) ?? { polls: 0, at: this.now() };
+        this.launches.set(op.opId, l);
+        if (l.polls < this.profile.provisionPolls && this.now() < l.at + this.profile.provisionMs) {
+          l.polls++;
+          this.counts.provision_pending++;
+          return { kind: "ambiguous", error: `instance for ${resId} launched, not running yet` };
+        }
+      }
       if (!m) {
         m = { id: resId, exists: true, generation: 0, incarnation: 1, keys: new Map(), removed: new Set(), sessions: [] };
         this.machines.set(resId, m);
@@ -181,6 +236,48 @@ export class SimulatedAgentProvider implements Provider {
       for (const [fp, k] of m.keys) if (k.mode === "grant" && k.generation < op.generation) m.keys.delete(fp);
     }
     const now = this.now();
+    this.#catchUp(m);
+    if (this.profile.ssmAmbiguous > 0 && (op.kind === "install_key" || op.kind === "remove_key" || op.kind === "scrub") && this.random() < this.profile.ssmAmbiguous) {
+      this.counts.ssm_ambiguous++;
+      if (this.random() >= this.profile.ssmApplied) return { kind: "ambiguous", error: `ssm ${op.kind}: invocation still pending` };
+      const applied = this.#effect(op, m, now);
+      return applied.kind === "done" ? { kind: "ambiguous", error: `ssm ${op.kind}: invocation status lost` } : applied;
+    }
+    return this.#effect(op, m, now);
+  }
+
+  /** A reboot the cloud accepted happens once its time has come, whoever looks. */
+  #catchUp(m: SimMachine): void {
+    if (m.reboot && this.now() >= m.reboot.at) this.#reboot(m);
+  }
+
+  #reboot(m: SimMachine): void {
+    m.reboot = null;
+    m.sessions = [];
+    m.incarnation++;
+    this.counts.reboot_done++;
+  }
+
+  /** fence on AWS: remove every grant key, reboot, done only when a new boot id is seen. */
+  #fenceSlow(op: OperationRequest, m: SimMachine): OperationOutcome {
+    if (!this.bootBefore.has(op.opId)) {
+      this.bootBefore.set(op.opId, m.incarnation);
+      for (const [f, k] of m.keys) if (k.mode === "grant") m.keys.delete(f);
+    }
+    const before = this.bootBefore.get(op.opId)!;
+    if (m.incarnation === before && m.reboot) {
+      if (--m.reboot.pollsLeft <= 0) this.#reboot(m);
+    }
+    if (m.incarnation !== before) return this.#done(op, m, { incarnation: `inc-${m.incarnation}`, incarnationBefore: `inc-${before}` });
+    if (!m.reboot) {
+      if (this.random() < this.profile.rebootLost) this.counts.reboot_lost++;
+      else m.reboot = { pollsLeft: this.profile.rebootPolls, at: this.now() + this.profile.rebootMs };
+    }
+    return { kind: "ambiguous", error: `reboot of ${m.id} requested; still boot inc-${before}` };
+  }
+
+  #effect(op: OperationRequest, m: SimMachine, now: number): OperationOutcome {
+    const refuse = (error: string): OperationOutcome => ({ kind: "failed", error, retryable: false });
     switch (op.kind) {
       case "install_key": {
         const pk = parsePublicKey(op.args.publicKey);
@@ -210,6 +307,7 @@ export class SimulatedAgentProvider implements Provider {
         return this.#done(op, m, { removed: gone.length });
       }
       case "fence":
+        if (this.profile.rebootPolls > 0 || this.profile.rebootMs > 0) return this.#fenceSlow(op, m);
         m.sessions = [];
         m.incarnation++;
         return this.#done(op, m, { incarnation: `inc-${m.incarnation}` });
@@ -229,6 +327,7 @@ export class SimulatedAgentProvider implements Provider {
   openSession(resId: string, fingerprint: string): boolean {
     const m = this.machines.get(resId);
     if (!m || !m.exists) return false;
+    this.#catchUp(m);
     const k = m.keys.get(fingerprint);
     if (!k) return false;
     if (k.mode === "grant" && (k.generation !== m.generation || (k.expiresAt !== null && this.now() >= k.expiresAt))) return false;
@@ -249,6 +348,7 @@ export class SimulatedAgentProvider implements Provider {
   liveSessions(resId: string): SimSession[] {
     const m = this.machines.get(resId);
     if (!m || !m.exists) return [];
+    this.#catchUp(m);
     const now = this.now();
     return m.sessions.filter((s) => {
       const k = m.keys.get(s.fingerprint);
