@@ -156,6 +156,7 @@ export class Checks {
           const fence = w.provider.lastEffect(m.resource_id, "fence", gen);
           const scrub = w.provider.lastEffect(m.resource_id, "scrub", gen);
           if (!fence) fail("I5", `machine ${m.id} is ready at generation ${gen} without a proven fence`);
+          if (fence.bootAfter === fence.bootBefore) fail("I5", `machine ${m.id} is ready at generation ${gen} although its fence was reported without a boot change (still boot ${fence.bootBefore})`);
           if (!scrub || scrub.seq < fence.seq) fail("I5", `machine ${m.id} is ready at generation ${gen} without a scrub after its fence`);
           if (m.access === "portable") {
             const removed = w.provider.lastEffect(m.resource_id, "remove_key", gen);

@@ -72,6 +72,9 @@ export interface EffectLog {
   kind: string;
   machine: string;
   generation: number;
+  /** fence: the machine's boot (incarnation) when the fence began and when it was reported done. */
+  bootBefore?: number;
+  bootAfter?: number;
 }
 
 export interface Parked {
@@ -319,7 +322,8 @@ export class SimulatedAgentProvider implements Provider {
 
   #done(op: OperationRequest, m: SimMachine, result: Record<string, unknown>): OperationOutcome {
     this.done.set(op.opId, result);
-    this.log.push({ seq: this.seq, opId: op.opId, kind: op.kind, machine: m.id, generation: op.generation });
+    const boots = op.kind === "fence" ? { bootBefore: this.bootBefore.get(op.opId) ?? m.incarnation - 1, bootAfter: m.incarnation } : {};
+    this.log.push({ seq: this.seq, opId: op.opId, kind: op.kind, machine: m.id, generation: op.generation, ...boots });
     return { kind: "done", result };
   }
 
