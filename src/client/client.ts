@@ -23,7 +23,7 @@ import { Borrow, type Access } from "./borrow.js";
 import { loadConfig, type ConfigFlags } from "./config.js";
 import { Api, ApiError } from "./http.js";
 import { removeQuietly, type Receipt } from "./receipt.js";
-import { connect, shellQuote, type ExecResult, type RemoteCommand, type SshConnection, type StartOptions } from "./ssh.js";
+import { connect, preloadSshClient, shellQuote, type ExecResult, type RemoteCommand, type SshConnection, type StartOptions } from "./ssh.js";
 
 export interface ClientOptions {
   /** Coordinator URL, e.g. http://127.0.0.1:7420 */
@@ -48,6 +48,11 @@ export interface BorrowOptions {
   /** Called while waiting, with the time waited so far. */
   onWait?: (waitedMs: number) => void;
   signal?: AbortSignal;
+  /**
+   * SSH follows: load the SSH client (ssh2, 50–130 ms of CPU) while the borrow request is in
+   * flight instead of after its answer. `run` sets it; a borrow that only prints a receipt does not.
+   */
+  preloadSsh?: boolean;
 }
 
 export interface ExecOptions {
@@ -161,7 +166,7 @@ export class BerthClient {
     let r: BorrowReply;
     for (;;) {
       try {
-        r = await this.api.call<BorrowReply>("POST", `/v1/pools/${encodeURIComponent(o.pool)}/borrow`, body);
+        r = await this.api.call<BorrowReply>("POST", `/v1/pools/${encodeURIComponent(o.pool)}/borrow`, body, o.preloadSsh ? preloadSshClient : undefined);
         break;
       } catch (e) {
         const waited = Date.now() - started;
@@ -301,7 +306,7 @@ export class BerthClient {
    * result says so (`returnError`) and the receipt, if any, is kept for a retry.
    */
   async run(o: RunOptions): Promise<RunResult> {
-    const b = await this.borrow(o);
+    const b = await this.borrow({ ...o, preloadSsh: true });
     let hb: NodeJS.Timeout | null = null;
     let deadline: NodeJS.Timeout | null = null;
     let expired = false;

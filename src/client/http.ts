@@ -53,7 +53,8 @@ export class Api {
     return { agent: this.#agent, request: this.#request };
   }
 
-  async raw(method: string, path: string, body?: unknown, headers: Record<string, string> = {}): Promise<{ status: number; body: unknown; text: string }> {
+  /** `onSent`: called once the request is handed to the OS, while its answer is awaited (work to overlap with the wait). */
+  async raw(method: string, path: string, body?: unknown, headers: Record<string, string> = {}, onSent?: () => void): Promise<{ status: number; body: unknown; text: string }> {
     const h: Record<string, string> = { ...headers };
     if (this.#auth && !("authorization" in h)) h.authorization = this.#auth;
     let payload: Buffer | undefined;
@@ -76,6 +77,7 @@ export class Api {
       // Requests are small and latency-bound: no Nagle.
       req.on("socket", (s) => s.setNoDelay(true));
       req.on("error", reject);
+      if (onSent) req.once("finish", onSent);
       req.end(payload);
     });
     let parsed: unknown = undefined;
@@ -89,8 +91,8 @@ export class Api {
     return { status: res.status, body: parsed, text: res.text };
   }
 
-  async call<T = Record<string, unknown>>(method: string, path: string, body?: unknown): Promise<T> {
-    const r = await this.raw(method, path, body);
+  async call<T = Record<string, unknown>>(method: string, path: string, body?: unknown, onSent?: () => void): Promise<T> {
+    const r = await this.raw(method, path, body, {}, onSent);
     if (r.status >= 400) {
       const err = (r.body as { error?: { code?: string; message?: string } } | undefined)?.error;
       throw new ApiError(r.status, err?.code ?? "http_error", err?.message ?? `the coordinator answered ${r.status}`);

@@ -10,7 +10,8 @@
  * default algorithms are already the cheapest both ends share here
  * (curve25519-sha256, ssh-ed25519, aes128-gcm); the host key algorithm is
  * pinned to the one the gateway has. TCP_NODELAY is set on the socket (the
- * gateway sets it on its side too).
+ * gateway sets it on its side too). Authentication goes straight to the key
+ * (no `none` probe first), and exec sends no pty or env request unless asked.
  */
 import { createRequire } from "node:module";
 import { constants as osConstants } from "node:os";
@@ -32,6 +33,22 @@ function clientClass(): typeof Ssh2Client {
   // ssh2's index also loads its server, agent and key-generation code; the client is enough here.
   ssh2Client ??= createRequire(import.meta.url)("ssh2/lib/client.js") as typeof Ssh2Client;
   return ssh2Client;
+}
+
+/**
+ * Load the SSH client now, on the next turn of the event loop (once the caller's pending I/O
+ * is under way): the load is synchronous CPU work, best spent while waiting on the network.
+ * Idempotent; a failure here is reported by the connect that needs the module.
+ */
+export function preloadSshClient(): void {
+  if (ssh2Client) return;
+  setImmediate(() => {
+    try {
+      clientClass();
+    } catch {
+      /* connect() loads it again and reports */
+    }
+  });
 }
 
 function hostKeyBlob(line: string): Buffer {
@@ -209,6 +226,8 @@ export function connect(t: SshTarget, opts: { timeoutMs?: number; signal?: Abort
       hostVerifier: (key: Buffer) => key.equals(pinned),
       keepaliveInterval: 15_000,
       algorithms: { serverHostKey: [t.hostKey.trim().split(/\s+/)[0] as "ssh-ed25519"] },
+      // Straight to the key: ssh2 otherwise opens with a `none` attempt, one round trip that can only fail here.
+      authHandler: ["publickey"],
     });
     (c as unknown as { setNoDelay(on: boolean): void }).setNoDelay(true);
   });

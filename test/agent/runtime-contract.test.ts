@@ -146,6 +146,7 @@ for (const target of targets) {
       const seen = await rt.inspect(m.id);
       assert.equal(seen.exists, true);
       assert.equal(seen.incarnation, m.incarnation);
+      assert.equal(await rt.incarnation(m.id), m.incarnation, "incarnation() agrees with inspect()");
     });
 
     it("exec: output, exit codes and stdin", async (t) => {
@@ -312,6 +313,7 @@ for (const target of targets) {
       const seen = await rt.inspect(m.id);
       assert.equal(seen.liveProcesses, 0);
       assert.equal(seen.incarnation, proof.incarnation);
+      assert.equal(await rt.incarnation(m.id), proof.incarnation, "incarnation() follows the fence");
       if (target.name === "process") assert.deepEqual(hostProcessesWithMarker(m.id), []);
       else assert.deepEqual(hostProcessesMentioning(`bundle-${m.incarnation.slice(0, 12)}`), [], "no sandbox or gofer of the old incarnation");
       // The machine works after the fence, in the new incarnation.
@@ -326,6 +328,7 @@ for (const target of targets) {
       await rt.destroy(m.id);
       await rt.destroy(m.id);
       assert.deepEqual(await rt.inspect(m.id), { exists: false, incarnation: null, liveProcesses: 0 });
+      assert.equal(await rt.incarnation(m.id), null);
       assert.ok(!(await rt.list()).includes(m.id));
       assert.ok(!existsSync(m.workspace));
       assert.deepEqual(hostProcessesWithMarker(m.id), []);

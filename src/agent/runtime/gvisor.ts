@@ -423,6 +423,11 @@ export class GvisorRuntime implements Runtime {
     return { exists: true, incarnation: rec.incarnation, liveProcesses: n };
   }
 
+  async incarnation(machineId: string): Promise<string | null> {
+    const rec = this.record(machineId);
+    return rec && this.isRunning(rec.container) ? rec.incarnation : null;
+  }
+
   async list(): Promise<string[]> {
     return readdirSync(this.machinesDir).filter((n) => isId(n) && existsSync(join(this.machinesDir, n, "machine.json"))).sort();
   }

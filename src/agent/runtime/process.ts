@@ -343,6 +343,10 @@ export class ProcessRuntime implements Runtime {
     return { exists: true, incarnation: rec.incarnation, liveProcesses: this.scan(rec).length };
   }
 
+  async incarnation(machineId: string): Promise<string | null> {
+    return this.record(machineId)?.incarnation ?? null;
+  }
+
   async list(): Promise<string[]> {
     return readdirSync(this.machinesDir).filter((n) => isId(n) && existsSync(join(this.machinesDir, n, "machine.json"))).sort();
   }

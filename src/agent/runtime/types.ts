@@ -111,6 +111,12 @@ export interface Runtime {
   destroy(machineId: string): Promise<void>;
   /** What the runtime sees of a machine now. */
   inspect(machineId: string): Promise<{ exists: boolean; incarnation: string | null; liveProcesses: number }>;
+  /**
+   * The machine's current incarnation (null: absent or not running), from the runtime's own
+   * record, without counting processes: what a session records before it execs, on every
+   * SSH exec, where inspect's process count (a /proc scan, or a `runsc exec`) is not needed.
+   */
+  incarnation(machineId: string): Promise<string | null>;
   /** Every machine the runtime can see on this host under this agent's state directory (for recovery sweeps). */
   list(): Promise<string[]>;
 }

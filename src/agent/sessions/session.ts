@@ -83,7 +83,8 @@ export class Session {
     const s = this.spec;
     let incarnation: string | null = null;
     try {
-      incarnation = (await runtime.inspect(s.machineId)).incarnation;
+      // The record only: inspect's process count (a /proc scan, or a `runsc exec`) is not needed here.
+      incarnation = await runtime.incarnation(s.machineId);
     } catch {
       /* the record says "unknown"; recovery is then more conservative */
     }
