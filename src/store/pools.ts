@@ -1,6 +1,6 @@
 /** The `pools` table: desired capacity and settings of each pool, keyed by (org, name). */
 import type { Tx } from "./store.js";
-import type { PoolIdentity, PoolRecord } from "../core/pool.js";
+import type { PoolRecord } from "../core/pool.js";
 
 export interface PoolRow {
   org: string;
@@ -56,17 +56,8 @@ export async function listPools(tx: Tx, org: string): Promise<PoolRecord[]> {
   return (await tx.all<PoolRow>("SELECT * FROM pools WHERE org = ? ORDER BY name", [org])).map(poolFromRow);
 }
 
-export interface PoolSettings {
-  access: string;
-  provider: string;
-  compatibilityKey: string;
-  identity: PoolIdentity | null;
-  minReady: number;
-  maxReady: number;
-  hardTtlMs: number;
-  heartbeatMs: number;
-  keeperKey: string | null;
-}
+/** What an ensure sets: the pool's record less its key and timestamps. */
+export type PoolSettings = Omit<PoolRecord, "org" | "name" | "createdAt" | "updatedAt">;
 
 /** Inserts the pool if absent; resolves to whether it was created. */
 export async function insertPoolIfAbsent(tx: Tx, org: string, name: string, s: PoolSettings, now: number): Promise<boolean> {
