@@ -12,7 +12,7 @@ import { Cluster, stopProcess } from "../helpers/cluster.js";
 import { connect, execStreaming } from "../../src/cli/ssh-client.js";
 import { gvisorAvailability } from "../../src/agent/runtime/index.js";
 import { allPids, readEnviron, readCmdline } from "../../src/agent/runtime/procfs.js";
-import { Writable } from "node:stream";
+import { sink } from "../helpers/sink.js";
 
 interface Borrow {
   borrowId: string;
@@ -20,18 +20,6 @@ interface Borrow {
   machine: { id: string; generation: number; ssh: { host: string; port: number; user: string; hostKey: string } };
 }
 
-function sink(): { stream: Writable; text: () => string } {
-  let buf = "";
-  return {
-    stream: new Writable({
-      write(chunk: Buffer, _e, cb) {
-        buf += chunk.toString();
-        cb();
-      },
-    }),
-    text: () => buf,
-  };
-}
 
 async function sshRun(c: Cluster, b: Borrow, command: string): Promise<{ code: number | null; out: string; err: string }> {
   const client = await connect({ ...b.machine.ssh, privateKey: c.keeper.privateKey });

@@ -6,7 +6,7 @@
 import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { Writable } from "node:stream";
+import { sink } from "./sink.js";
 import { EC2Client } from "@aws-sdk/client-ec2";
 import { SSMClient } from "@aws-sdk/client-ssm";
 import { AwsProvider } from "../../src/providers/aws/aws-provider.js";
@@ -106,18 +106,6 @@ export interface Target {
   hostKey: string;
 }
 
-function sink(): { stream: Writable; text: () => string } {
-  let buf = "";
-  return {
-    stream: new Writable({
-      write(chunk: Buffer, _e, cb) {
-        buf += chunk.toString();
-        cb();
-      },
-    }),
-    text: () => buf,
-  };
-}
 
 export async function sshRun(t: Target, privateKey: string, command: string): Promise<{ code: number | null; out: string }> {
   const c = await connect({ ...t, privateKey }, 5_000);
