@@ -47,6 +47,8 @@ export interface BenchCoordinator {
   dir: string;
   /** The bench's own handle on the same store (tokens, state polls). */
   store: Store;
+  /** The coordinator itself when in-process (null for `berth serve`). */
+  coord: Coordinator | null;
   token(role?: Role, org?: string): Promise<string>;
   /** CPU time (user + system, ms) the coordinator has used so far: the server process, or this process when in-process. */
   cpuMs(): number;
@@ -95,7 +97,7 @@ export async function stopChild(child: ChildProcess): Promise<void> {
   clearTimeout(t);
 }
 
-export async function startBenchCoordinator(o: { engine: Engine; mode: Mode; portable?: boolean; reconcileIntervalMs?: number }): Promise<BenchCoordinator> {
+export async function startBenchCoordinator(o: { engine: Engine; mode: Mode; portable?: boolean; reconcileIntervalMs?: number; reconcile?: boolean }): Promise<BenchCoordinator> {
   const dir = mkdtempSync(join(tmpdir(), "berth-bench-"));
   const schema = "bench_" + randomBytes(5).toString("hex");
   let child: ChildProcess | null = null;
@@ -114,6 +116,7 @@ export async function startBenchCoordinator(o: { engine: Engine; mode: Mode; por
       log: pino({ level: "warn" }),
       config: { portable: o.portable ?? false },
       reconcileIntervalMs: o.reconcileIntervalMs,
+      reconcile: o.reconcile,
     });
     url = coord.url;
   }
@@ -123,6 +126,7 @@ export async function startBenchCoordinator(o: { engine: Engine; mode: Mode; por
     mode: o.mode,
     dir,
     store,
+    coord,
     cpuMs() {
       if (child) return processCpuMs(child.pid!);
       const u = process.cpuUsage();

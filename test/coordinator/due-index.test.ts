@@ -7,26 +7,10 @@
 import { test, describe } from "node:test";
 import assert from "node:assert/strict";
 import { startTestCoordinator, TestClock, PG_SKIP, type Engine } from "../helpers/env.js";
-import type { Param, Tx } from "../../src/store/store.js";
+import { insertMany, machineRow, MACHINE_COLUMNS } from "../helpers/bulk.js";
 
 const IDLE = 10_000;
 const HOUR = 3_600_000;
-
-/** Multi-row INSERTs, a few hundred rows per statement. */
-async function insertMany(tx: Tx, table: string, columns: string[], rows: Param[][]): Promise<void> {
-  const per = 400;
-  for (let i = 0; i < rows.length; i += per) {
-    const chunk = rows.slice(i, i + per);
-    const one = `(${columns.map(() => "?").join(", ")})`;
-    await tx.run(`INSERT INTO ${table} (${columns.join(", ")}) VALUES ${chunk.map(() => one).join(", ")}`, chunk.flat());
-  }
-}
-
-const MACHINE_COLUMNS = ["id", "org", "pool", "access", "provider", "resource_id", "state", "generation", "claim_id", "created_at", "state_since", "ready_since", "hard_expires_at"];
-
-function machine(id: string, state: string, now: number): Param[] {
-  return [id, "acme", "ci", "keeper", "external", `vm-${id}`, state, 0, `clm_${id}`, now - HOUR, now - HOUR, state === "ready" ? now - HOUR : null, now + 24 * HOUR];
-}
 
 async function visitedMetric(text: string): Promise<number> {
   const line = text.split("\n").find((l) => l.startsWith("berth_reconcile_due_rows_total "));
@@ -45,11 +29,11 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         await t.store.transaction(async (tx) => {
           await tx.run("DELETE FROM due"); // the ensure's own fill re-check; this test places every row itself
           const idle = Array.from({ length: IDLE }, (_, i) => `m_idle_${i}`);
-          await insertMany(tx, "machines", MACHINE_COLUMNS, idle.map((id) => machine(id, "ready", now)));
+          await insertMany(tx, "machines", MACHINE_COLUMNS, idle.map((id) => machineRow(id, "ready", now)));
           // Rotation deadlines an hour or more away: in the index, not due.
           await insertMany(tx, "due", ["kind", "ref", "due_at"], idle.map((id, i) => ["ttl", id, now + HOUR + i]));
           // Three deadlines that are due: retention of a destroyed machine, of an ended borrow, of an expired claim.
-          await insertMany(tx, "machines", MACHINE_COLUMNS, [machine("m_gone", "destroyed", now)]);
+          await insertMany(tx, "machines", MACHINE_COLUMNS, [machineRow("m_gone", "destroyed", now)]);
           await tx.run(
             "INSERT INTO borrows (id, org, pool, machine_id, principal, token_hash, state, generation, created_at, heartbeat_deadline, expires_at, ended_at, reason) VALUES ('b_old', 'acme', 'ci', 'm_idle_0', 'tok_x', 'h1', 'returned', 1, ?, ?, ?, ?, 'returned')",
             [now - 3 * HOUR, now - 2 * HOUR, now - HOUR, now - 2 * HOUR],
