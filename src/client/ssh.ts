@@ -217,6 +217,13 @@ export function connect(t: SshTarget, opts: { timeoutMs?: number; signal?: Abort
       opts.signal?.removeEventListener("abort", onAbort);
       reject(new BerthError("provider_unavailable", `provider_unavailable: SSH to ${t.user}@${t.host}:${t.port} failed: ${e.message}`));
     });
+    // A peer that closes after its version line but before authentication ends (an agent killed
+    // mid-handshake) gives ssh2 no error to report, and ssh2 has already cleared its ready timer:
+    // without this the promise would never settle.
+    c.once("close", () => {
+      opts.signal?.removeEventListener("abort", onAbort);
+      reject(new BerthError("provider_unavailable", `provider_unavailable: SSH to ${t.user}@${t.host}:${t.port} failed: the connection closed before authentication finished`));
+    });
     c.connect({
       host: t.host,
       port: t.port,
