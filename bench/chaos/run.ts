@@ -1,12 +1,15 @@
 /**
- * Chaos run (by hand, not CI): three `berth serve` on one PostgreSQL schema,
- * two `berth agent` (process runtime), a keeper pool on the hosts provider,
- * 32 clients borrowing, running a command over SSH, and returning, while
+ * Chaos run (by hand, not CI): three `berth serve --portable` on one
+ * PostgreSQL schema, two `berth agent` (process runtime), a keeper pool and a
+ * portable pool on the hosts provider, 32 clients (even ones on the keeper
+ * pool, odd ones on the portable pool: per-borrow key, ack) borrowing,
+ * running a command over SSH, and returning, while
  * coordinators and agents are SIGKILLed and restarted at random. After a
  * settle period (no more kills; the pool is drained) it prints and writes:
  *
- *   cycles completed, double grants (0), returned machines not fenced (0),
- *   leaked sandboxes / processes (0), cleanup obligations left (0).
+ *   cycles completed (and of them portable), double grants (0), returned
+ *   machines not fenced (0), leaked sandboxes / processes (0), cleanup
+ *   obligations left (0), clients still busy 60 s after told to stop (0).
  *
  *   BERTH_PG_URL=postgres://postgres:berth@127.0.0.1:5432/berth_test \
  *     node dist/bench/chaos/run.js --minutes 10 [--clients 32] [--seed N]
@@ -23,6 +26,7 @@ import { PostgresStore } from "../../src/store/postgres/postgres-store.js";
 import { Api, ApiError } from "../../src/cli/api.js";
 import { connect, execStreaming } from "../../src/cli/ssh-client.js";
 import { Writable } from "node:stream";
+import { generateSshKeyPair } from "../../src/core/ssh-keys.js";
 
 const BIN = resolve("bin/berth");
 const args = process.argv.slice(2);
@@ -113,7 +117,7 @@ async function main(): Promise<void> {
       child: null,
       kills: 0,
       async start() {
-        p.child = await spawnUntil(["serve", "--state-dir", dir, "--listen", `127.0.0.1:${coordPorts[i]}`, "--secret-file", secretFile], env, /listening on/, join(root, `coord${i}.log`));
+        p.child = await spawnUntil(["serve", "--portable", "--state-dir", dir, "--listen", `127.0.0.1:${coordPorts[i]}`, "--secret-file", secretFile], env, /listening on/, join(root, `coord${i}.log`));
       },
     };
     procs.push(p);
@@ -158,11 +162,12 @@ async function main(): Promise<void> {
   await adminApi.call("POST", "/v1/pools/chaos/ensure", {
     minReady: 8, maxReady: 12, compatibilityKey: "chaos", provider: "hosts", heartbeatMs: 15_000, keeperKey: readFileSync(join(root, "keeper.pub"), "utf8").trim(),
   });
+  await adminApi.call("POST", "/v1/pools/chaosp/ensure", { minReady: 4, maxReady: 6, compatibilityKey: "chaos", provider: "hosts", heartbeatMs: 15_000, access: "portable" });
 
   // ---- clients ----
   const apis = urls.map((u) => new Api(u, member, { connections: 16 }));
   const holder = new Map<string, number>();
-  const stats = { cycles: 0, sshRuns: 0, sshFailures: 0, exhausted: 0, errors: 0, doubleGrants: 0, coordinatorUnavailable: 0 };
+  const stats = { cycles: 0, portableCycles: 0, sshRuns: 0, sshFailures: 0, exhausted: 0, errors: 0, doubleGrants: 0, coordinatorUnavailable: 0 };
   const errorsSeen = new Map<string, number>();
   let stopClients = false;
   const sink = new Writable({ write: (_c, _e, cb) => cb() });
@@ -181,13 +186,29 @@ async function main(): Promise<void> {
     }
   }
 
+  type Borrowed = { borrowId: string; borrowToken: string; grantToken?: string; privateKey: string; machine: { id: string; generation: number; ssh: { host: string; port: number; user: string; hostKey: string } } };
+  /** Portable: borrow with a fresh per-borrow key, then ack (the agent installs the key); a failed ack returns the borrow. */
+  async function borrowPortable(): Promise<Borrowed> {
+    const pair = generateSshKeyPair("chaos-borrow");
+    const r = await call<Omit<Borrowed, "privateKey">>((a) => a.call("POST", "/v1/pools/chaosp/borrow", { access: "portable", publicKey: pair.publicKey }));
+    try {
+      const a = await call<{ state: string; machine: Borrowed["machine"] }>((api) => api.call("POST", `/v1/borrows/${r.borrowId}/ack`, { token: r.borrowToken, grantToken: r.grantToken, publicKey: pair.publicKey }));
+      if (a.state !== "active") throw new Error(`ack left the borrow ${a.state}`);
+      return { ...r, machine: a.machine, privateKey: pair.privateKey };
+    } catch (e) {
+      await call((api) => api.call("POST", `/v1/borrows/${r.borrowId}/return`, { token: r.borrowToken, grantToken: r.grantToken })).catch(() => undefined);
+      throw e;
+    }
+  }
+
   const doing: string[] = Array.from({ length: CLIENTS }, () => "idle");
   async function client(n: number): Promise<void> {
     while (!stopClients) {
       doing[n] = "borrow";
-      let b: { borrowId: string; borrowToken: string; machine: { id: string; generation: number; ssh: { host: string; port: number; user: string; hostKey: string } } };
+      let b: Borrowed;
+      const portable = n % 2 === 1;
       try {
-        b = await call((a) => a.call("POST", "/v1/pools/chaos/borrow", {}));
+        b = portable ? await borrowPortable() : { ...(await call<Borrowed>((a) => a.call("POST", "/v1/pools/chaos/borrow", {}))), privateKey: keeperPrivate };
       } catch (e) {
         if (e instanceof ApiError && e.code === "pool_exhausted") stats.exhausted++;
         else {
@@ -208,7 +229,7 @@ async function main(): Promise<void> {
       try {
         if (random() < 0.5) {
           try {
-            const c = await connect({ host: b.machine.ssh.host, port: b.machine.ssh.port, user: b.machine.ssh.user, hostKey: b.machine.ssh.hostKey, privateKey: keeperPrivate }, 5_000);
+            const c = await connect({ host: b.machine.ssh.host, port: b.machine.ssh.port, user: b.machine.ssh.user, hostKey: b.machine.ssh.hostKey, privateKey: b.privateKey }, 5_000);
             try {
               const r = await Promise.race([execStreaming(c, "echo chaos", { stdout: sink, stderr: sink }), sleep(10_000).then(() => null)]);
               if (r && r.code === 0) stats.sshRuns++;
@@ -225,8 +246,9 @@ async function main(): Promise<void> {
       }
       doing[n] = "return";
       try {
-        await call((a) => a.call("POST", `/v1/borrows/${b.borrowId}/return`, { token: b.borrowToken }));
+        await call((a) => a.call("POST", `/v1/borrows/${b.borrowId}/return`, { token: b.borrowToken, ...(b.grantToken ? { grantToken: b.grantToken } : {}) }));
         stats.cycles++;
+        if (portable) stats.portableCycles++;
       } catch (e) {
         stats.errors++;
         const k = e instanceof ApiError ? e.code : String((e as Error).message).slice(0, 60);
@@ -272,7 +294,8 @@ async function main(): Promise<void> {
   stopClients = true;
   console.log("stopping clients…");
   const finished = await Promise.race([Promise.all(clients).then(() => true), sleep(60_000).then(() => false)]);
-  if (!finished) console.error(`clients still busy after 60 s: ${doing.map((d, i) => `${i}:${d}`).filter((x) => !x.endsWith(":done")).join(" ")}`);
+  const hung = doing.map((d, i) => `${i}:${d}`).filter((x) => !x.endsWith(":done"));
+  if (!finished) console.error(`clients still busy after 60 s: ${hung.join(" ")}`);
   clearInterval(progress);
   for (const p of procs) if (!p.child || p.child.exitCode !== null || p.child.signalCode !== null) await p.start();
 
@@ -280,6 +303,7 @@ async function main(): Promise<void> {
   console.log("settling…");
   await sleep(20_000);
   await adminApi.call("POST", "/v1/pools/chaos/drain", {});
+  await adminApi.call("POST", "/v1/pools/chaosp/drain", {});
   const q = async <T>(sql: string) => store.transaction((tx) => tx.all<T>(sql));
   let left = { ops: -1, machines: -1 };
   for (let i = 0; i < 90; i++) {
@@ -331,6 +355,8 @@ async function main(): Promise<void> {
     agents: 2,
     store: "postgresql",
     cycles: stats.cycles,
+    portableCycles: stats.portableCycles,
+    hungClients: finished ? 0 : hung.length,
     sshCommands: stats.sshRuns,
     sshFailures: stats.sshFailures,
     kills: { total: kills.length, coordinators: kills.filter((k) => k.startsWith("coord")).length, agents: kills.filter((k) => k.startsWith("agent")).length },
@@ -362,7 +388,7 @@ async function main(): Promise<void> {
   await store.pool.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
   await store.close();
   rmSync(root, { recursive: true, force: true });
-  const bad = result.doubleGrants + result.returnedNotFenced + result.leakedSandboxes + result.leakedProcesses + Math.max(0, result.cleanupObligationsLeft);
+  const bad = result.hungClients + result.doubleGrants + result.returnedNotFenced + result.leakedSandboxes + result.leakedProcesses + Math.max(0, result.cleanupObligationsLeft);
   process.exit(bad === 0 ? 0 : 1);
 }
 
