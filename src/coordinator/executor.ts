@@ -58,7 +58,7 @@ export interface ExecutorDeps {
   /** The grant bookkeeping that operation proofs drive (actions/grants.ts). */
   grants: {
     /** install_key proved done: activate the grant for exactly the op's generation, or handle a late install. */
-    installConfirmed(tx: Tx, op: OpRow, m: MachineRow, now: number, nonce: string): Promise<void>;
+    installConfirmed(tx: Tx, op: OpRow, m: MachineRow, now: number, nonce: string): Promise<boolean>;
     /** install_key could not be proven: invalidate the grant (its machine is cleaned up or quarantined). */
     installFailed(tx: Tx, op: OpRow, m: MachineRow, now: number, nonce: string): Promise<void>;
     /** A cleanup step of a machine was proven at `generation`. */
@@ -102,8 +102,14 @@ export class OperationExecutor {
     return { op: await leaseOp(tx, opId, now), machine };
   }
 
-  /** Step 2 + 3: call the provider, then record what it proved. */
-  async execute(started: StartedOp): Promise<void> {
+  /**
+   * Step 2 + 3: call the provider, then record what it proved. `read`, when
+   * given, runs inside the recording transaction after the record (a caller
+   * answering from the state it produced needs no transaction of its own);
+   * its result is returned. The reconciler is woken unless the record
+   * settled everything (an install that activated its grant).
+   */
+  async execute<T = void>(started: StartedOp, read?: (tx: Tx) => Promise<T>): Promise<T | undefined> {
     const { ctx } = this.#deps;
     const { op, machine } = started;
     const provider = ctx.providers.get(machine.provider);
@@ -119,14 +125,22 @@ export class OperationExecutor {
     }
     ctx.metrics.operations.inc({ kind: op.kind, outcome: outcome.kind });
     const seedNonce = Buffer.from(ctx.randomBytes(8)).toString("hex");
-    await ctx.store.transaction((tx) => this.#complete(tx, op, outcome, ctx.now(), seedNonce), { name: "complete-op" });
-    ctx.kick();
+    const r = await ctx.store.transaction(
+      async (tx) => {
+        const settled = await this.#complete(tx, op, outcome, ctx.now(), seedNonce);
+        return { settled, value: read ? await read(tx) : undefined };
+      },
+      { name: "complete-op" },
+    );
+    if (!r.settled) ctx.kick();
+    return r.value;
   }
 
-  async #complete(tx: Tx, op: OpRow, outcome: OperationOutcome, now: number, nonce: string): Promise<void> {
+  /** Records an outcome; true when nothing follows from it (no operation, retry or cleanup to run). */
+  async #complete(tx: Tx, op: OpRow, outcome: OperationOutcome, now: number, nonce: string): Promise<boolean> {
     const current = await lockOp(tx, op.id);
     // Another coordinator (after our lease ran out) may have completed it: its record stands.
-    if (!current || current.state !== "running" || current.attempts !== op.attempts) return;
+    if (!current || current.state !== "running" || current.attempts !== op.attempts) return false;
     const m = await lockMachine(tx, op.machine_id);
     if (outcome.kind !== "done") {
       // Destruction is retried for as long as it takes, even after a refusal: its
@@ -136,15 +150,21 @@ export class OperationExecutor {
       if (retryable && (op.attempts < OP_MAX_ATTEMPTS || op.kind === "destroy")) {
         const delay = Math.round(Math.min(backoffMs(op.attempts) * 100, 60_000)); // whole ms: PostgreSQL columns are BIGINT
         await retryOpAt(tx, op.id, outcome.error, now, now + delay);
-        return;
+        return false;
       }
       await failOp(tx, op.id, outcome.error, now);
       if (m) await this.#onGiveUp(tx, op, m, outcome.error, now, nonce);
-      return;
+      return false;
     }
     await finishOp(tx, op.id, outcome.result, now);
-    if (!m) return;
+    if (!m) return false;
+    if (op.kind === "install_key" && m.generation === op.generation) {
+      if (typeof outcome.result.incarnation === "string") await setIncarnation(tx, m.id, outcome.result.incarnation);
+      // Activation is the grant code's: it revalidates the grant for exactly this generation.
+      return this.#deps.grants.installConfirmed(tx, op, m, now, nonce);
+    }
     await this.#onDone(tx, op, m, outcome.result, now, nonce);
+    return false;
   }
 
   async #onDone(tx: Tx, op: OpRow, m: MachineRow, result: OperationEvidence, now: number, nonce: string): Promise<void> {
@@ -197,9 +217,7 @@ export class OperationExecutor {
         }
         return;
       case "install_key":
-        // Activation is the grant code's: it revalidates the grant for exactly this generation.
-        await grants.installConfirmed(tx, op, m, now, nonce);
-        return;
+        return; // the current generation's install is recorded by #complete
     }
   }
 

@@ -86,7 +86,7 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
     grants: grantHooks(ctx),
     registerProvisioned: (tx, m, found, now) => registerProvisioned(tx, ctx, m, found, now),
   });
-  const portable = config.portable ? createPortable(ctx, { runLeased: (s) => executor.execute(s) }) : null;
+  const portable = config.portable ? createPortable(ctx, { runLeased: (s, read) => executor.execute(s, read) }) : null;
   const reconciler = new Reconciler({ ctx, executor });
   loop = new ReconcilerLoop(reconciler, o.reconcileIntervalMs ?? 250);
   const metricsText = async () => {

@@ -28,7 +28,7 @@ import { ackDecision, afterInvalidation, grantExpiresAt, isExpired, type Invalid
 import { parsePublicKey } from "../../core/ssh-public-key.js";
 import type { Tx } from "../../store/store.js";
 import { audit } from "../../store/audit.js";
-import { clearDue, poolRef, setDue, setDueNoLater } from "../../store/due.js";
+import { clearDue, poolRef, requestFillCheck, setDue, setDueNoLater } from "../../store/due.js";
 import {
   activateGrant,
   advanceGrantCleanup,
@@ -56,7 +56,7 @@ import type { PortableApi } from "./portable-api.js";
 /** What the portable API needs from the rest of the coordinator (wired in server.ts). */
 export interface PortableDeps {
   /** Carries out an operation this code leased itself (the ack's install), outside any transaction. */
-  runLeased(started: { op: OpRow; machine: MachineRow }): Promise<void>;
+  runLeased<T>(started: { op: OpRow; machine: MachineRow }, read: (tx: Tx) => Promise<T>): Promise<T | undefined>;
 }
 
 function presentGrant(g: GrantRow, m: MachineRow | undefined) {
@@ -79,6 +79,13 @@ function presentGrant(g: GrantRow, m: MachineRow | undefined) {
       : { id: g.machine_id, state: "pruned" },
     cleanup: cleanupStatus(g, m),
   };
+}
+
+/** A borrow as its borrower's organisation sees it. */
+async function grantView(tx: Tx, p: Principal, grantId: string): Promise<ReturnType<typeof presentGrant>> {
+  const g = await readGrant(tx, grantId);
+  if (!g || g.org !== p.org) throw new BerthError("not_found", `not_found: no borrow ${grantId} in this organisation`);
+  return presentGrant(g, await readMachine(tx, g.machine_id));
 }
 
 function cleanupStatus(g: GrantRow, m: MachineRow | undefined): string {
@@ -142,25 +149,27 @@ export async function closeGrantsOfMachine(tx: Tx, ctx: Ctx, machineId: string, 
  * queued the key's removal, and the agent refuses an install for a
  * generation it has already cleaned).
  */
-export async function onInstallConfirmed(tx: Tx, ctx: Ctx, op: OpRow, m: MachineRow, now: number, nonce: string): Promise<void> {
+/** Resolves to true when the grant became active (nothing else follows), false when cleanup was set in motion. */
+export async function onInstallConfirmed(tx: Tx, ctx: Ctx, op: OpRow, m: MachineRow, now: number, nonce: string): Promise<boolean> {
   const g = await lockGrantAt(tx, m.id, op.generation);
   if (!g || g.state !== "installing" || m.state !== "installing" || m.generation !== op.generation) {
     await audit(tx, { at: now, machineId: m.id, subject: op.id, event: "late_install", from: m.state, to: m.state, generation: m.generation, actor: ctx.actor });
     await quarantineIfKeyMayOutliveRemoval(tx, ctx, op, m, now, nonce);
-    return;
+    return false;
   }
   if (isExpired(g.expires_at, now)) {
     await invalidateGrant(tx, ctx, g, "expired", now, nonce);
-    return;
+    return false;
   }
   if (g.resource_id !== m.resource_id) {
     await invalidateGrant(tx, ctx, g, "identity_drift", now, nonce);
-    return;
+    return false;
   }
   await applyTransition(tx, ctx, m, { kind: "install_confirmed" }, now, { subject: g.id, nonce });
   await activateGrant(tx, g.id, now);
   await setDue(tx, "grant", g.id, Math.min(g.heartbeat_deadline, g.expires_at));
   tx.afterCommit(() => ctx.metrics.grants.inc({ pool: g.pool, event: "active" }));
+  return true;
 }
 
 /**
@@ -258,10 +267,12 @@ export function createPortable(ctx: Ctx, deps: PortableDeps): PortableApi {
         });
         await setDue(tx, "ack", grantId, ackDeadline);
         await setDue(tx, "grant", grantId, expiresAt);
-        await setDueNoLater(tx, "fill", poolRef(p.org, poolName), now);
-        return { machine: applied.machine, readySince: m.ready_since, expiresAt, ackDeadline, heartbeatDeadline, heartbeatMs: pool.heartbeatMs };
+        // As a keeper borrow does (actions/borrow.ts): last, and only where a fill can provision.
+        const refill = Boolean(ctx.providers.get(pool.provider)?.capabilities.provision);
+        if (refill) await requestFillCheck(tx, poolRef(p.org, poolName), now);
+        return { machine: applied.machine, readySince: m.ready_since, expiresAt, ackDeadline, heartbeatDeadline, heartbeatMs: pool.heartbeatMs, refill };
       });
-      ctx.kick();
+      if (!out || out.refill) ctx.kick();
       if (!out) {
         ctx.metrics.warm.inc({ pool: poolName, result: "miss" });
         ctx.metrics.borrowRequests.inc({ pool: poolName, access: "portable", outcome: "exhausted" });
@@ -331,7 +342,11 @@ export function createPortable(ctx: Ctx, deps: PortableDeps): PortableApi {
         if (first.invalidated) ctx.kick();
         throw new BerthError(first.code, `${first.code}: borrow ${grantId}: ${first.why}`);
       }
-      if (first.kind === "install") await deps.runLeased(first.started);
+      if (first.kind === "install") {
+        // The answer is read in the transaction that records the install's outcome.
+        const view = await deps.runLeased(first.started, (tx) => grantView(tx, p, grantId));
+        if (view) return view;
+      }
       return this.show(p, grantId);
     },
 
@@ -372,12 +387,7 @@ export function createPortable(ctx: Ctx, deps: PortableDeps): PortableApi {
     },
 
     async show(p, grantId) {
-      return ctx.store.transaction(async (tx) => {
-        const g = await readGrant(tx, grantId);
-        if (!g || g.org !== p.org) throw new BerthError("not_found", `not_found: no borrow ${grantId} in this organisation`);
-        const m = await readMachine(tx, g.machine_id);
-        return presentGrant(g, m);
-      });
+      return ctx.store.transaction((tx) => grantView(tx, p, grantId));
     },
   };
 }
