@@ -36,6 +36,8 @@ describe("portable access with real processes (process runtime)", () => {
     assert.equal((await berth(["ack", "--receipt", rb, ...bob.args])).status, 0);
     const a = receiptOf(ra);
     const b = receiptOf(rb);
+    const stopA = c.heartbeating(alice, a);
+    const stopB = c.heartbeating(bob, b);
     for (const f of [ra, rb, a.keyFile, b.keyFile]) assert.equal(mode(f), 0o600, `${f} is owner-only`);
     assert.ok(a.keyFile.startsWith(alice.dir) && b.keyFile.startsWith(bob.dir));
     assert.notEqual(a.publicKey, b.publicKey);
@@ -54,6 +56,7 @@ describe("portable access with real processes (process runtime)", () => {
 
     // An already-open session is cut when its borrow is returned.
     const held = await sshHold(sa, "echo started; sleep 600");
+    await stopA();
     const returned = await berth(["return", "--receipt", ra, ...alice.args]);
     assert.equal(returned.status, 0, returned.stderr);
     const ended = await held.closed;
@@ -64,6 +67,7 @@ describe("portable access with real processes (process runtime)", () => {
     const gb = await c.grant(b.borrowId);
     assert.equal(gb.state, "active", "bob's borrow is untouched");
     assert.equal((await sshExec(await sshConnect(b.machine, keyB), "echo still-bob")).out.trim(), "still-bob");
+    await stopB();
 
     // Reborrow: a fresh grant with a fresh key.
     const ra2 = join(alice.dir, "again.json");

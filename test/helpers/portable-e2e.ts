@@ -118,6 +118,22 @@ export class PortableCluster {
     return { dir, config, tokenId, args: ["--config", config] };
   }
 
+  /**
+   * Heartbeats a borrow every second with its borrower's token, as `berth run` does, until the
+   * returned function is called: a test that holds a borrow across several CLI calls must not
+   * depend on finishing them within one heartbeat period on a busy machine.
+   */
+  heartbeating(client: Client, receipt: { borrowId: string; borrowToken: string; grantToken: string }): () => Promise<void> {
+    const api = new Api(this.coordinator!.url, readFileSync(join(client.dir, "token"), "utf8").trim());
+    const beat = () => api.call("POST", `/v1/borrows/${receipt.borrowId}/heartbeat`, { token: receipt.borrowToken, grantToken: receipt.grantToken }).catch(() => undefined);
+    void beat();
+    const timer = setInterval(() => void beat(), 1_000);
+    return async () => {
+      clearInterval(timer);
+      await api.close();
+    };
+  }
+
   async grant(id: string): Promise<{ state: string; reason: string | null; expiresAt: number; machine: { id: string; state: string } }> {
     return this.admin.call("GET", `/v1/borrows/${id}`);
   }
