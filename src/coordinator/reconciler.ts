@@ -157,6 +157,7 @@ async function onFillDue(tx: Tx, ctx: Ctx, ref: string, now: number, seed: Uint8
   // holding the row's KEY SHARE lock (requestFillCheck) to commit, so the
   // counts below include their machines; a borrow after the delete writes
   // the row anew. The row is set again below if the pool is still short.
+  // (The delete is a held write: the lockPool read below sends it first.)
   await clearDue(tx, "fill", ref);
   const pool = await lockPool(tx, org, name);
   if (!pool) return;

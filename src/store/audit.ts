@@ -13,7 +13,7 @@ export interface AuditEntry {
 }
 
 export async function audit(tx: Tx, e: AuditEntry): Promise<void> {
-  await tx.run(
+  await tx.write(
     "INSERT INTO audit (at, machine_id, subject, event, from_state, to_state, generation, actor) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
     [e.at, e.machineId, e.subject, e.event, e.from, e.to, e.generation, e.actor],
   );

@@ -21,7 +21,7 @@ export async function insertBorrow(
   tx: Tx,
   b: { id: string; org: string; pool: string; machineId: string; principal: string; tokenHash: string; generation: number; now: number; heartbeatDeadline: number; expiresAt: number },
 ): Promise<void> {
-  await tx.run(
+  await tx.write(
     "INSERT INTO borrows (id, org, pool, machine_id, principal, token_hash, state, generation, created_at, heartbeat_deadline, expires_at, ended_at, reason) VALUES (?, ?, ?, ?, ?, ?, 'active', ?, ?, ?, ?, NULL, NULL)",
     [b.id, b.org, b.pool, b.machineId, b.principal, b.tokenHash, b.generation, b.now, b.heartbeatDeadline, b.expiresAt],
   );
@@ -41,11 +41,11 @@ export async function lockActiveBorrowsOfPool(tx: Tx, org: string, pool: string)
 }
 
 export async function setBorrowHeartbeat(tx: Tx, id: string, deadline: number): Promise<void> {
-  await tx.run("UPDATE borrows SET heartbeat_deadline = ? WHERE id = ? AND state = 'active'", [deadline, id]);
+  await tx.write("UPDATE borrows SET heartbeat_deadline = ? WHERE id = ? AND state = 'active'", [deadline, id]);
 }
 
 export async function endBorrow(tx: Tx, id: string, state: Exclude<BorrowRow["state"], "active">, reason: string, now: number): Promise<void> {
-  await tx.run("UPDATE borrows SET state = ?, ended_at = ?, reason = ? WHERE id = ?", [state, now, reason, id]);
+  await tx.write("UPDATE borrows SET state = ?, ended_at = ?, reason = ? WHERE id = ?", [state, now, reason, id]);
 }
 
 /** Prunes an ended borrow older than `endedBefore`; resolves to the rows deleted. */

@@ -14,19 +14,19 @@ export interface DueRow {
 }
 
 export async function setDue(tx: Tx, kind: DueKind, ref: string, at: number): Promise<void> {
-  await tx.run("INSERT INTO due (kind, ref, due_at) VALUES (?, ?, ?) ON CONFLICT (kind, ref) DO UPDATE SET due_at = excluded.due_at", [kind, ref, at]);
+  await tx.write("INSERT INTO due (kind, ref, due_at) VALUES (?, ?, ?) ON CONFLICT (kind, ref) DO UPDATE SET due_at = excluded.due_at", [kind, ref, at]);
 }
 
 /** Sets the due time only if the row is absent or due later (never postpones an earlier wake). */
 export async function setDueNoLater(tx: Tx, kind: DueKind, ref: string, at: number): Promise<void> {
-  await tx.run(
+  await tx.write(
     "INSERT INTO due (kind, ref, due_at) VALUES (?, ?, ?) ON CONFLICT (kind, ref) DO UPDATE SET due_at = excluded.due_at WHERE due.due_at > excluded.due_at",
     [kind, ref, at],
   );
 }
 
 export async function clearDue(tx: Tx, kind: DueKind, ref: string): Promise<void> {
-  await tx.run("DELETE FROM due WHERE kind = ? AND ref = ?", [kind, ref]);
+  await tx.write("DELETE FROM due WHERE kind = ? AND ref = ?", [kind, ref]);
 }
 
 /**

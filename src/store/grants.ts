@@ -44,7 +44,7 @@ export interface NewGrant {
 
 /** A new grant, `pending`. */
 export async function insertGrant(tx: Tx, g: NewGrant): Promise<void> {
-  await tx.run(
+  await tx.write(
     `INSERT INTO grants (id, org, pool, machine_id, resource_id, borrower, token_hash, grant_token_hash, generation, fingerprint, public_key, state, reason, created_at, ack_deadline, heartbeat_deadline, expires_at, activated_at, ended_at)
      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', NULL, ?, ?, ?, ?, NULL, NULL)`,
     [g.id, g.org, g.pool, g.machineId, g.resourceId, g.borrower, g.tokenHash, g.grantTokenHash, g.generation, g.fingerprint, g.publicKey, g.now, g.ackDeadline, g.heartbeatDeadline, g.expiresAt],
@@ -79,32 +79,32 @@ export async function lockLiveGrantsOfPool(tx: Tx, org: string, pool: string): P
 }
 
 export async function invalidateGrantRow(tx: Tx, id: string, reason: string, now: number): Promise<void> {
-  await tx.run("UPDATE grants SET state = 'invalidated', reason = ?, ended_at = ? WHERE id = ?", [reason, now, id]);
+  await tx.write("UPDATE grants SET state = 'invalidated', reason = ?, ended_at = ? WHERE id = ?", [reason, now, id]);
 }
 
 export async function markGrantInstalling(tx: Tx, id: string): Promise<void> {
-  await tx.run("UPDATE grants SET state = 'installing' WHERE id = ?", [id]);
+  await tx.write("UPDATE grants SET state = 'installing' WHERE id = ?", [id]);
 }
 
 export async function activateGrant(tx: Tx, id: string, now: number): Promise<void> {
-  await tx.run("UPDATE grants SET state = 'active', activated_at = ? WHERE id = ?", [now, id]);
+  await tx.write("UPDATE grants SET state = 'active', activated_at = ? WHERE id = ?", [now, id]);
 }
 
 export async function setGrantHeartbeat(tx: Tx, id: string, deadline: number): Promise<void> {
-  await tx.run("UPDATE grants SET heartbeat_deadline = ? WHERE id = ?", [deadline, id]);
+  await tx.write("UPDATE grants SET heartbeat_deadline = ? WHERE id = ?", [deadline, id]);
 }
 
 /** Moves a machine's grants at `generation` from one cleanup step to the next; resolves to the ids moved. */
 export async function advanceGrantCleanup(tx: Tx, machineId: string, generation: number, from: GrantState, to: GrantState, now: number): Promise<string[]> {
   const ids = await tx.all<{ id: string }>("SELECT id FROM grants WHERE machine_id = ? AND generation = ? AND state = ?", [machineId, generation, from]);
-  await tx.run("UPDATE grants SET state = ?, ended_at = COALESCE(ended_at, ?) WHERE machine_id = ? AND generation = ? AND state = ?", [to, now, machineId, generation, from]);
+  await tx.write("UPDATE grants SET state = ?, ended_at = COALESCE(ended_at, ?) WHERE machine_id = ? AND generation = ? AND state = ?", [to, now, machineId, generation, from]);
   return ids.map((r) => r.id);
 }
 
 /** Closes every unclosed grant of a machine; resolves to the ids closed. */
 export async function closeGrantsOfMachineRows(tx: Tx, machineId: string, now: number): Promise<string[]> {
   const ids = await tx.all<{ id: string }>("SELECT id FROM grants WHERE machine_id = ? AND state <> 'closed'", [machineId]);
-  await tx.run("UPDATE grants SET state = 'closed', ended_at = COALESCE(ended_at, ?) WHERE machine_id = ? AND state <> 'closed'", [now, machineId]);
+  await tx.write("UPDATE grants SET state = 'closed', ended_at = COALESCE(ended_at, ?) WHERE machine_id = ? AND state <> 'closed'", [now, machineId]);
   return ids.map((r) => r.id);
 }
 

@@ -3,6 +3,7 @@
  * `writeTransition` (a compare-and-set on state and generation), which only
  * the coordinator's `applyTransition` calls.
  */
+import { BerthError } from "../core/errors.js";
 import type { Tx } from "./store.js";
 import type { MachineState } from "../core/machine.js";
 import { rotationMarginMs, type Access, type PoolRecord } from "../core/pool.js";
@@ -84,15 +85,20 @@ export async function insertMachine(tx: Tx, m: NewMachine): Promise<void> {
   );
 }
 
-/** Writes a transition's outcome only if state and generation are still those observed; resolves to the rows changed (0 or 1). */
+/**
+ * Writes a transition's outcome only if state and generation are still those
+ * observed; if they are not, the transaction fails with `conflict` (when the
+ * write is sent: it may be held with the writes that follow it).
+ */
 export async function writeTransition(
   tx: Tx,
   observed: Pick<MachineRow, "id" | "state" | "generation">,
   next: Pick<MachineRow, "state" | "generation" | "state_since" | "ready_since" | "reason" | "lent_to">,
-): Promise<number> {
-  return tx.run(
+): Promise<void> {
+  await tx.write(
     "UPDATE machines SET state = ?, generation = ?, state_since = ?, ready_since = ?, reason = ?, lent_to = ? WHERE id = ? AND state = ? AND generation = ?",
     [next.state, next.generation, next.state_since, next.ready_since, next.reason, next.lent_to, observed.id, observed.state, observed.generation],
+    { rows: 1, error: () => new BerthError("conflict", `conflict: machine ${observed.id} changed while it was being updated; try again`) },
   );
 }
 

@@ -31,7 +31,7 @@ export async function insertOp(
   tx: Tx,
   o: { id: string; kind: OperationKind; machineId: string; hostId: string | null; generation: number; args: Record<string, unknown>; now: number },
 ): Promise<void> {
-  await tx.run(
+  await tx.write(
     "INSERT INTO operations (id, kind, machine_id, host_id, generation, state, attempts, args, result, error, created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'pending', 0, ?, NULL, NULL, ?, ?) ON CONFLICT (id) DO NOTHING",
     [o.id, o.kind, o.machineId, o.hostId, o.generation, JSON.stringify(o.args), o.now, o.now],
   );
@@ -61,19 +61,19 @@ export async function leaseOp(tx: Tx, id: string, now: number): Promise<OpRow> {
 
 /** Back to `pending`, to be retried at `at`. */
 export async function retryOpAt(tx: Tx, id: string, error: string, now: number, at: number): Promise<void> {
-  await tx.run("UPDATE operations SET state = 'pending', error = ?, updated_at = ? WHERE id = ?", [error, now, id]);
+  await tx.write("UPDATE operations SET state = 'pending', error = ?, updated_at = ? WHERE id = ?", [error, now, id]);
   await setDue(tx, "op", id, at);
 }
 
 /** Gives up on an operation. */
 export async function failOp(tx: Tx, id: string, error: string, now: number): Promise<void> {
-  await tx.run("UPDATE operations SET state = 'failed', error = ?, updated_at = ? WHERE id = ?", [error, now, id]);
+  await tx.write("UPDATE operations SET state = 'failed', error = ?, updated_at = ? WHERE id = ?", [error, now, id]);
   await clearDue(tx, "op", id);
 }
 
 /** Records a proven outcome. */
 export async function finishOp(tx: Tx, id: string, result: unknown, now: number): Promise<void> {
-  await tx.run("UPDATE operations SET state = 'done', result = ?, error = NULL, updated_at = ? WHERE id = ?", [JSON.stringify(result), now, id]);
+  await tx.write("UPDATE operations SET state = 'done', result = ?, error = NULL, updated_at = ? WHERE id = ?", [JSON.stringify(result), now, id]);
   await clearDue(tx, "op", id);
 }
 
@@ -92,5 +92,5 @@ export async function countOpenOps(tx: Tx, machineId: string): Promise<number> {
 }
 
 export async function deleteOpsOfMachine(tx: Tx, machineId: string): Promise<void> {
-  await tx.run("DELETE FROM operations WHERE machine_id = ?", [machineId]);
+  await tx.write("DELETE FROM operations WHERE machine_id = ?", [machineId]);
 }

@@ -18,6 +18,18 @@ export interface Tx {
   get<T = Record<string, unknown>>(sql: string, params?: readonly Param[]): Promise<T | undefined>;
   /** Runs a statement; resolves to the number of rows it changed. */
   run(sql: string, params?: readonly Param[]): Promise<number>;
+  /**
+   * An INSERT, UPDATE or DELETE (without RETURNING) whose row count the
+   * caller does not read. On PostgreSQL it is held and sent with the writes
+   * that follow it, as one statement, before the next read, `run` or the
+   * commit — one round trip where there were several; a held write never
+   * shares a statement with another write to the same table (each sees the
+   * rows as they were before the statement). On SQLite it runs at once.
+   * `expect`, when given, is checked on the write's row count when it runs;
+   * a mismatch fails the transaction with `expect.error()`. A held write that
+   * fails fails the transaction where it is sent, as any statement would.
+   */
+  write(sql: string, params?: readonly Param[], expect?: WriteExpectation): Promise<void>;
   /** " FOR UPDATE" on PostgreSQL, "" on SQLite (whose writers are already serialized). */
   readonly forUpdate: string;
   /** " FOR UPDATE SKIP LOCKED" on PostgreSQL, "" on SQLite. */
@@ -28,6 +40,28 @@ export interface Tx {
    * (metrics), since the transaction body itself may run several times.
    */
   afterCommit(fn: () => void): void;
+}
+
+/** The row count a write must have, and the error that fails the transaction when it has not. */
+export interface WriteExpectation {
+  rows: number;
+  error: () => Error;
+}
+
+/** Checks a write's row count against its expectation (both engines). */
+export function checkWrite(changed: number, expect: WriteExpectation | undefined): void {
+  if (expect && changed !== expect.rows) throw expect.error();
+}
+
+const WRITE_TARGET = /^\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+([A-Za-z_][A-Za-z0-9_]*)\b/i;
+
+/** The table a `Tx.write` statement changes; throws for anything `write` does not take (both engines). */
+export function writeTable(sql: string): string {
+  const m = WRITE_TARGET.exec(sql);
+  if (!m || /\bRETURNING\b/i.test(sql) || sql.trimEnd().endsWith(";")) {
+    throw new Error(`Tx.write takes one INSERT, UPDATE or DELETE without RETURNING: ${sql.slice(0, 80)}`);
+  }
+  return m[1]!.toLowerCase();
 }
 
 export interface TransactionOptions {

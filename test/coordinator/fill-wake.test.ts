@@ -68,6 +68,8 @@ describe("fill wake-up of a borrow on PostgreSQL", { skip: PG_SKIP }, () => {
       let deleted = false;
       const rec = open(store, async (tx) => {
         await clearDue(tx, "fill", REF);
+        // The visit then counts capacity; that read is what sends the (held) delete.
+        await tx.get("SELECT COUNT(*) AS n FROM machines");
         deleted = true;
       });
       await waitsOnLock(store, await rec.pid);

@@ -44,15 +44,22 @@ class FaultyStore implements Store {
         get: (sql, p) => tx.get(sql, p),
         afterCommit: (f) => tx.afterCommit(f),
         run: async (sql, p) => {
-          if (this.failOn && this.failOn.test(sql)) {
-            this.failOn = null;
-            throw new Error("injected storage failure");
-          }
+          this.#inject(sql);
           return tx.run(sql, p);
+        },
+        write: async (sql, p, expect) => {
+          this.#inject(sql);
+          return tx.write(sql, p, expect);
         },
       };
       return fn(wrapped);
     }, opts);
+  }
+  #inject(sql: string): void {
+    if (this.failOn && this.failOn.test(sql)) {
+      this.failOn = null;
+      throw new Error("injected storage failure");
+    }
   }
   readCommitted<T>(sql: string, params?: readonly Param[]): Promise<T | undefined> {
     return this.inner.readCommitted<T>(sql, params);

@@ -189,6 +189,54 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
+    test("held writes: read back inside the transaction, all committed together; an unmet row count or a failing write leaves nothing", async () => {
+      const f = await fixture(engine);
+      try {
+        const s = f.store;
+        const audit = (tx: Tx, subject: string) =>
+          tx.write("INSERT INTO audit (at, machine_id, subject, event, from_state, to_state, generation, actor) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [1, "m_1", subject, "e", "a", "b", 0, "test"]);
+        const seen = await s.transaction(async (tx) => {
+          await setDue(tx, "claim", "c_1", 1_000);
+          await audit(tx, "first");
+          await clearDue(tx, "claim", "c_1"); // a second write to one table: sent after the first
+          await setDue(tx, "claim", "c_2", 2_000);
+          await tx.write("DELETE FROM audit WHERE subject = ?", ["nothing"], { rows: 0, error: () => new Error("unreachable") });
+          return { due: await tx.all<{ ref: string }>("SELECT ref FROM due ORDER BY ref"), audit: await tx.all("SELECT subject FROM audit") };
+        });
+        assert.deepEqual(seen, { due: [{ ref: "c_2" }], audit: [{ subject: "first" }] });
+        assert.deepEqual((await dueRows(s)).map((r) => r.ref), ["c_2"]);
+
+        // A row count that is not the expected one fails the whole transaction with the given error,
+        // including writes sent before it and writes held with it.
+        await assert.rejects(
+          s.transaction(async (tx) => {
+            await setDue(tx, "claim", "c_3", 3_000);
+            await tx.get("SELECT 1 AS one"); // sends c_3
+            await audit(tx, "second");
+            await tx.write("UPDATE due SET due_at = ? WHERE kind = ? AND ref = ?", [1, "claim", "c_missing"], { rows: 1, error: () => new BerthError("conflict", "conflict: row gone") });
+            await setDue(tx, "claim", "c_4", 4_000);
+          }),
+          (e: unknown) => e instanceof BerthError && e.code === "conflict",
+        );
+        // A held write the database refuses (primary key) fails it too.
+        await assert.rejects(
+          s.transaction(async (tx) => {
+            await audit(tx, "third");
+            await tx.write("INSERT INTO due (kind, ref, due_at) VALUES (?, ?, ?)", ["claim", "c_2", 9]);
+          }),
+        );
+        assert.deepEqual((await dueRows(s)).map((r) => r.ref), ["c_2"]);
+        assert.deepEqual(await s.transaction((tx) => tx.all("SELECT subject FROM audit")), [{ subject: "first" }]);
+
+        // Only plain writes are taken, on both engines.
+        for (const bad of ["SELECT 1", "UPDATE due SET due_at = 1 RETURNING ref", "DELETE FROM due; DELETE FROM audit;"]) {
+          await assert.rejects(s.transaction((tx) => tx.write(bad)), /Tx.write takes one INSERT, UPDATE or DELETE/);
+        }
+      } finally {
+        await f.cleanup();
+      }
+    });
+
     test("due-index upserts: setDue moves a row, setDueNoLater only brings it earlier, clearDue removes it", async () => {
       const f = await fixture(engine);
       try {

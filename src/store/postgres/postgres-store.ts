@@ -8,7 +8,8 @@
 import pg from "pg";
 import { MIGRATIONS } from "../migrations.js";
 import { runMigrations, SCHEMA_VERSION_TABLE } from "../migrate.js";
-import { backoffMs, MAX_TX_ATTEMPTS, pauseForTest, runAfterCommit, type Param, type Store, type TransactionOptions, type Tx } from "../store.js";
+import { backoffMs, checkWrite, MAX_TX_ATTEMPTS, pauseForTest, runAfterCommit, type Param, type Store, type TransactionOptions, type Tx, type WriteExpectation } from "../store.js";
+import { batchStatement, checkBatch, heldWrite, type HeldWrite } from "./held-writes.js";
 import { BerthError } from "../../core/errors.js";
 
 // BIGINT columns hold epoch milliseconds, well inside a double's exact range.
@@ -113,13 +114,27 @@ export class PostgresStore implements Store {
       this.stats.transactions++;
       const c = await this.pool.connect();
       const afterCommit: Array<() => void> = [];
+      const query = (sql: string, params: readonly Param[]) => c.query(toPg(sql, this.#sqlCache), params as Param[]);
+      const held: HeldWrite[] = [];
+      const send = async (): Promise<void> => {
+        if (held.length === 0) return;
+        const writes = held.splice(0);
+        if (writes.length === 1) return checkWrite((await query(writes[0]!.sql, writes[0]!.params)).rowCount ?? 0, writes[0]!.expect);
+        const b = batchStatement(writes);
+        checkBatch(writes, (await query(b.sql, b.params)).rows[0] as Record<string, number>);
+      };
       const tx: Tx = {
         dialect: "postgres",
         forUpdate: " FOR UPDATE",
         skipLocked: " FOR UPDATE SKIP LOCKED",
-        all: async <R>(sql: string, params: readonly Param[] = []) => (await c.query(toPg(sql, this.#sqlCache), params as Param[])).rows as R[],
-        get: async <R>(sql: string, params: readonly Param[] = []) => (await c.query(toPg(sql, this.#sqlCache), params as Param[])).rows[0] as R | undefined,
-        run: async (sql: string, params: readonly Param[] = []) => (await c.query(toPg(sql, this.#sqlCache), params as Param[])).rowCount ?? 0,
+        all: async <R>(sql: string, params: readonly Param[] = []) => (await send(), (await query(sql, params)).rows as R[]),
+        get: async <R>(sql: string, params: readonly Param[] = []) => (await send(), (await query(sql, params)).rows[0] as R | undefined),
+        run: async (sql: string, params: readonly Param[] = []) => (await send(), (await query(sql, params)).rowCount ?? 0),
+        write: async (sql: string, params: readonly Param[] = [], expect?: WriteExpectation) => {
+          const w = heldWrite(sql, params, expect);
+          if (held.some((h) => h.table === w.table)) await send();
+          held.push(w);
+        },
         afterCommit: (fn: () => void) => {
           afterCommit.push(fn);
         },
@@ -128,6 +143,7 @@ export class PostgresStore implements Store {
       try {
         await c.query("BEGIN");
         result = await fn(tx);
+        await send();
         await pauseForTest(opts?.name);
         await c.query("COMMIT");
       } catch (e) {
