@@ -14,7 +14,7 @@ export interface DueRow {
 }
 
 export async function setDue(tx: Tx, kind: DueKind, ref: string, at: number): Promise<void> {
-  await tx.write("INSERT INTO due (kind, ref, due_at) VALUES (?, ?, ?) ON CONFLICT (kind, ref) DO UPDATE SET due_at = excluded.due_at", [kind, ref, at]);
+  await tx.write("INSERT INTO due (kind, ref, due_at) VALUES (?, ?, ?) ON CONFLICT (kind, ref) DO UPDATE SET due_at = excluded.due_at", [kind, ref, at], { row: `${kind}:${ref}` });
 }
 
 /** Sets the due time only if the row is absent or due later (never postpones an earlier wake). */
@@ -22,11 +22,12 @@ export async function setDueNoLater(tx: Tx, kind: DueKind, ref: string, at: numb
   await tx.write(
     "INSERT INTO due (kind, ref, due_at) VALUES (?, ?, ?) ON CONFLICT (kind, ref) DO UPDATE SET due_at = excluded.due_at WHERE due.due_at > excluded.due_at",
     [kind, ref, at],
+    { row: `${kind}:${ref}` },
   );
 }
 
 export async function clearDue(tx: Tx, kind: DueKind, ref: string): Promise<void> {
-  await tx.write("DELETE FROM due WHERE kind = ? AND ref = ?", [kind, ref]);
+  await tx.write("DELETE FROM due WHERE kind = ? AND ref = ?", [kind, ref], { row: `${kind}:${ref}` });
 }
 
 /**

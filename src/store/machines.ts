@@ -98,7 +98,7 @@ export async function writeTransition(
   await tx.write(
     "UPDATE machines SET state = ?, generation = ?, state_since = ?, ready_since = ?, reason = ?, lent_to = ? WHERE id = ? AND state = ? AND generation = ?",
     [next.state, next.generation, next.state_since, next.ready_since, next.reason, next.lent_to, observed.id, observed.state, observed.generation],
-    { rows: 1, error: () => new BerthError("conflict", `conflict: machine ${observed.id} changed while it was being updated; try again`) },
+    { expect: { rows: 1, error: () => new BerthError("conflict", `conflict: machine ${observed.id} changed while it was being updated; try again`) } },
   );
 }
 

@@ -24,12 +24,13 @@ export interface Tx {
    * that follow it, as one statement, before the next read, `run` or the
    * commit — one round trip where there were several; a held write never
    * shares a statement with another write to the same table (each sees the
-   * rows as they were before the statement). On SQLite it runs at once.
+   * rows as they were before the statement), unless both name the one row
+   * each touches (`row`) and the rows differ. On SQLite it runs at once.
    * `expect`, when given, is checked on the write's row count when it runs;
    * a mismatch fails the transaction with `expect.error()`. A held write that
    * fails fails the transaction where it is sent, as any statement would.
    */
-  write(sql: string, params?: readonly Param[], expect?: WriteExpectation): Promise<void>;
+  write(sql: string, params?: readonly Param[], opts?: WriteOptions): Promise<void>;
   /** " FOR UPDATE" on PostgreSQL, "" on SQLite (whose writers are already serialized). */
   readonly forUpdate: string;
   /** " FOR UPDATE SKIP LOCKED" on PostgreSQL, "" on SQLite. */
@@ -46,6 +47,12 @@ export interface Tx {
 export interface WriteExpectation {
   rows: number;
   error: () => Error;
+}
+
+export interface WriteOptions {
+  expect?: WriteExpectation;
+  /** The one row the write touches, named within its table (say `kind:ref`): writes naming different rows of one table may share a statement. */
+  row?: string;
 }
 
 /** Checks a write's row count against its expectation (both engines). */

@@ -47,9 +47,9 @@ class FaultyStore implements Store {
           this.#inject(sql);
           return tx.run(sql, p);
         },
-        write: async (sql, p, expect) => {
+        write: async (sql, p, opts) => {
           this.#inject(sql);
-          return tx.write(sql, p, expect);
+          return tx.write(sql, p, opts);
         },
       };
       return fn(wrapped);

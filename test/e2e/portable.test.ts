@@ -29,15 +29,16 @@ describe("portable access with real processes (process runtime)", () => {
     assert.equal(borrowedA.status, 0, borrowedA.stderr);
     assert.match(borrowedA.stdout, /PENDING/);
     assert.match(borrowedA.stdout, /hard deadline/);
+    // Both borrowers heartbeat from the borrow on, as `berth run` does (the pool's period is 3 s).
+    const stopA = c.heartbeating(alice, receiptOf(ra));
     assert.equal((await berth(["borrow", "agents", "--access", "portable", "--receipt", rb, ...bob.args])).status, 0);
+    const stopB = c.heartbeating(bob, receiptOf(rb));
     const ackedA = await berth(["ack", "--receipt", ra, ...alice.args]);
     assert.equal(ackedA.status, 0, ackedA.stderr);
     assert.match(ackedA.stdout, /ACTIVE/);
     assert.equal((await berth(["ack", "--receipt", rb, ...bob.args])).status, 0);
     const a = receiptOf(ra);
     const b = receiptOf(rb);
-    const stopA = c.heartbeating(alice, a);
-    const stopB = c.heartbeating(bob, b);
     for (const f of [ra, rb, a.keyFile, b.keyFile]) assert.equal(mode(f), 0o600, `${f} is owner-only`);
     assert.ok(a.keyFile.startsWith(alice.dir) && b.keyFile.startsWith(bob.dir));
     assert.notEqual(a.publicKey, b.publicKey);
@@ -67,16 +68,17 @@ describe("portable access with real processes (process runtime)", () => {
     const gb = await c.grant(b.borrowId);
     assert.equal(gb.state, "active", "bob's borrow is untouched");
     assert.equal((await sshExec(await sshConnect(b.machine, keyB), "echo still-bob")).out.trim(), "still-bob");
-    await stopB();
 
     // Reborrow: a fresh grant with a fresh key.
     const ra2 = join(alice.dir, "again.json");
     assert.equal((await berth(["borrow", "agents", "--access", "portable", "--receipt", ra2, ...alice.args])).status, 0);
+    const stopA2 = c.heartbeating(alice, receiptOf(ra2));
     assert.equal((await berth(["ack", "--receipt", ra2, ...alice.args])).status, 0);
     const a2 = receiptOf(ra2);
     assert.notEqual(a2.publicKey, a.publicKey);
     assert.notEqual(a2.borrowId, a.borrowId);
     assert.equal((await sshExec(await sshConnect(a2.machine, readFileSync(a2.keyFile, "utf8")), "echo again")).out.trim(), "again");
+    await Promise.all([stopA2(), stopB()]);
     for (const [r, cl] of [[ra2, alice], [rb, bob]] as const) assert.equal((await berth(["return", "--receipt", r, ...cl.args])).status, 0);
     await c.waitReady(2);
   });

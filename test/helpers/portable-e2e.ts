@@ -128,11 +128,17 @@ export class PortableCluster {
     const beat = () => api.call("POST", `/v1/borrows/${receipt.borrowId}/heartbeat`, { token: receipt.borrowToken, grantToken: receipt.grantToken }).catch(() => undefined);
     void beat();
     const timer = setInterval(() => void beat(), 1_000);
-    return async () => {
+    const stop = async () => {
       clearInterval(timer);
+      this.#heartbeats.delete(stop);
       await api.close();
     };
+    this.#heartbeats.add(stop);
+    return stop;
   }
+
+  /** Heartbeat loops still running (a failed test never reached its stop): close() ends them. */
+  readonly #heartbeats = new Set<() => Promise<void>>();
 
   async grant(id: string): Promise<{ state: string; reason: string | null; expiresAt: number; machine: { id: string; state: string } }> {
     return this.admin.call("GET", `/v1/borrows/${id}`);
@@ -148,6 +154,7 @@ export class PortableCluster {
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
+    await Promise.all([...this.#heartbeats].map((stop) => stop()));
     try {
       if (this.coordinator && this.coordinator.child.exitCode === null && this.agent && this.agent.child.exitCode === null) {
         await this.admin.call("POST", "/v1/pools/agents/drain", {}).catch(() => undefined);

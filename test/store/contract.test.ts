@@ -200,7 +200,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
           await audit(tx, "first");
           await clearDue(tx, "claim", "c_1"); // a second write to one table: sent after the first
           await setDue(tx, "claim", "c_2", 2_000);
-          await tx.write("DELETE FROM audit WHERE subject = ?", ["nothing"], { rows: 0, error: () => new Error("unreachable") });
+          await tx.write("DELETE FROM audit WHERE subject = ?", ["nothing"], { expect: { rows: 0, error: () => new Error("unreachable") } });
           return { due: await tx.all<{ ref: string }>("SELECT ref FROM due ORDER BY ref"), audit: await tx.all("SELECT subject FROM audit") };
         });
         assert.deepEqual(seen, { due: [{ ref: "c_2" }], audit: [{ subject: "first" }] });
@@ -213,7 +213,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
             await setDue(tx, "claim", "c_3", 3_000);
             await tx.get("SELECT 1 AS one"); // sends c_3
             await audit(tx, "second");
-            await tx.write("UPDATE due SET due_at = ? WHERE kind = ? AND ref = ?", [1, "claim", "c_missing"], { rows: 1, error: () => new BerthError("conflict", "conflict: row gone") });
+            await tx.write("UPDATE due SET due_at = ? WHERE kind = ? AND ref = ?", [1, "claim", "c_missing"], { expect: { rows: 1, error: () => new BerthError("conflict", "conflict: row gone") } });
             await setDue(tx, "claim", "c_4", 4_000);
           }),
           (e: unknown) => e instanceof BerthError && e.code === "conflict",

@@ -8,23 +8,30 @@
  *
  * Every CTE of a statement sees the rows as they were before it, so two
  * writes to one table (an upsert and a delete of the same key, say) never
- * share a statement: a write to a table already held sends the held ones
- * first. Reads send them first too, so a transaction always reads its own
+ * share a statement — a write to a table already held sends the held ones
+ * first — unless each names the one row it touches and the rows differ
+ * (due-index rows by `kind:ref`). Reads send them first too, so a transaction always reads its own
  * writes. Placeholders stay portable (`?`), numbered when the statement is
  * sent.
  */
-import { checkWrite, writeTable, type Param, type WriteExpectation } from "../store.js";
+import { checkWrite, writeTable, type Param, type WriteExpectation, type WriteOptions } from "../store.js";
 
 export interface HeldWrite {
   sql: string;
   params: readonly Param[];
   table: string;
+  row?: string;
   expect?: WriteExpectation;
 }
 
 /** A write to hold; throws for anything `Tx.write` does not take. */
-export function heldWrite(sql: string, params: readonly Param[], expect?: WriteExpectation): HeldWrite {
-  return { sql, params, table: writeTable(sql), expect };
+export function heldWrite(sql: string, params: readonly Param[], opts: WriteOptions = {}): HeldWrite {
+  return { sql, params, table: writeTable(sql), row: opts.row, expect: opts.expect };
+}
+
+/** True when `b` may not share a statement with the held `a`: one table, and not two different named rows. */
+export function sameStatementRisk(a: HeldWrite, b: HeldWrite): boolean {
+  return a.table === b.table && (a.row === undefined || b.row === undefined || a.row === b.row);
 }
 
 /** One statement for several held writes, in order; its single row has a count `n<i>` per write. */

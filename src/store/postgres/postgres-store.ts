@@ -8,8 +8,8 @@
 import pg from "pg";
 import { MIGRATIONS } from "../migrations.js";
 import { runMigrations, SCHEMA_VERSION_TABLE } from "../migrate.js";
-import { backoffMs, checkWrite, MAX_TX_ATTEMPTS, pauseForTest, runAfterCommit, type Param, type Store, type TransactionOptions, type Tx, type WriteExpectation } from "../store.js";
-import { batchStatement, checkBatch, heldWrite, type HeldWrite } from "./held-writes.js";
+import { backoffMs, checkWrite, MAX_TX_ATTEMPTS, pauseForTest, runAfterCommit, type Param, type Store, type TransactionOptions, type Tx, type WriteOptions } from "../store.js";
+import { batchStatement, checkBatch, heldWrite, sameStatementRisk, type HeldWrite } from "./held-writes.js";
 import { BerthError } from "../../core/errors.js";
 
 // BIGINT columns hold epoch milliseconds, well inside a double's exact range.
@@ -130,9 +130,9 @@ export class PostgresStore implements Store {
         all: async <R>(sql: string, params: readonly Param[] = []) => (await send(), (await query(sql, params)).rows as R[]),
         get: async <R>(sql: string, params: readonly Param[] = []) => (await send(), (await query(sql, params)).rows[0] as R | undefined),
         run: async (sql: string, params: readonly Param[] = []) => (await send(), (await query(sql, params)).rowCount ?? 0),
-        write: async (sql: string, params: readonly Param[] = [], expect?: WriteExpectation) => {
-          const w = heldWrite(sql, params, expect);
-          if (held.some((h) => h.table === w.table)) await send();
+        write: async (sql: string, params: readonly Param[] = [], opts?: WriteOptions) => {
+          const w = heldWrite(sql, params, opts);
+          if (held.some((h) => sameStatementRisk(h, w))) await send();
           held.push(w);
         },
         afterCommit: (fn: () => void) => {

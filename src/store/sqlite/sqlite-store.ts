@@ -18,7 +18,7 @@ import Database from "better-sqlite3";
 import type { Statement } from "better-sqlite3";
 import { MIGRATIONS } from "../migrations.js";
 import { runMigrations, sqliteMigrationDriver } from "../migrate.js";
-import { backoffMs, checkWrite, writeTable, MAX_TX_ATTEMPTS, pauseForTest, runAfterCommit, type Param, type Store, type TransactionOptions, type Tx, type WriteExpectation } from "../store.js";
+import { backoffMs, checkWrite, writeTable, MAX_TX_ATTEMPTS, pauseForTest, runAfterCommit, type Param, type Store, type TransactionOptions, type Tx, type WriteOptions } from "../store.js";
 import { BerthError } from "../../core/errors.js";
 
 export interface SqliteStoreOptions {
@@ -81,9 +81,9 @@ export class SqliteStore implements Store {
       get: async <T>(sql: string, params: readonly Param[] = []) => stmt(sql).get(...params) as T | undefined,
       run: async (sql: string, params: readonly Param[] = []) => stmt(sql).run(...params).changes,
       // One writer, in process, no round trips: nothing to gain by holding a write.
-      write: async (sql: string, params: readonly Param[] = [], expect?: WriteExpectation) => {
+      write: async (sql: string, params: readonly Param[] = [], opts?: WriteOptions) => {
         writeTable(sql); // the same statements as on PostgreSQL
-        checkWrite(stmt(sql).run(...params).changes, expect);
+        checkWrite(stmt(sql).run(...params).changes, opts?.expect);
       },
       afterCommit: (fn: () => void) => {
         this.#afterCommit.push(fn);
