@@ -343,8 +343,17 @@ export function createPortable(ctx: Ctx, deps: PortableDeps): PortableApi {
         throw new BerthError(first.code, `${first.code}: borrow ${grantId}: ${first.why}`);
       }
       if (first.kind === "install") {
-        // The answer is read in the transaction that records the install's outcome.
-        const view = await deps.runLeased(first.started, (tx) => grantView(tx, p, grantId));
+        // The answer is read in the transaction that records the install's outcome. Access is
+        // never answered active at or after the grant's expiry: a grant found so (the install
+        // took that long) is invalidated here, as the reconciler would at its deadline.
+        let expired = false;
+        const view = await deps.runLeased(first.started, async (tx) => {
+          const g = await lockGrant(tx, grantId);
+          const at = ctx.now();
+          if (g && g.state === "active" && isExpired(g.expires_at, at)) expired = await invalidateGrant(tx, ctx, g, "expired", at, `${g.id}:ack-expired`);
+          return grantView(tx, p, grantId);
+        });
+        if (expired) ctx.kick();
         if (view) return view;
       }
       return this.show(p, grantId);
