@@ -21,12 +21,16 @@ interface Asset {
 const JS = "text/javascript; charset=utf-8";
 const CSS = "text/css; charset=utf-8";
 
-/** URL path → where its bytes come from. */
-const SOURCES: Record<string, { type: string; module?: string; text?: string }> = {
-  "/ui/assets/htmx.js": { type: JS, module: "htmx.org/dist/htmx.min.js" },
-  "/ui/assets/sse.js": { type: JS, module: "htmx.org/dist/ext/hx-sse.min.js" },
-  "/ui/assets/uplot.js": { type: JS, module: "uplot/dist/uPlot.iife.min.js" },
-  "/ui/assets/uplot.css": { type: CSS, module: "uplot/dist/uPlot.min.css" },
+/**
+ * URL path → where its bytes come from. htmx and its SSE extension are one
+ * file: htmx initialises on a timer once the document is parsed, and an
+ * extension loaded by a second script could register after that (then the
+ * page would never open its live stream).
+ */
+const SOURCES: Record<string, { type: string; modules?: string[]; text?: string }> = {
+  "/ui/assets/htmx.js": { type: JS, modules: ["htmx.org/dist/htmx.min.js", "htmx.org/dist/ext/hx-sse.min.js"] },
+  "/ui/assets/uplot.js": { type: JS, modules: ["uplot/dist/uPlot.iife.min.js"] },
+  "/ui/assets/uplot.css": { type: CSS, modules: ["uplot/dist/uPlot.min.css"] },
   "/ui/assets/ui.js": { type: JS, text: UI_JS },
   "/ui/assets/ui.css": { type: CSS, text: UI_CSS },
 };
@@ -40,7 +44,7 @@ function load(path: string): Asset {
   let a = cache.get(path);
   if (a) return a;
   const src = SOURCES[path]!;
-  const body = src.module ? readFileSync(require.resolve(src.module)) : Buffer.from(src.text!, "utf8");
+  const body = src.modules ? Buffer.concat(src.modules.flatMap((m) => [readFileSync(require.resolve(m)), Buffer.from(";\n")])) : Buffer.from(src.text!, "utf8");
   a = { type: src.type, body, etag: `"${createHash("sha256").update(body).digest("base64url").slice(0, 22)}"` };
   cache.set(path, a);
   return a;

@@ -26,9 +26,9 @@ const NAV: Array<{ href: string; label: string; role?: "operator" | "admin" }> =
 export function shell(o: { title: string; head?: Html; body: Html }): Html {
   return html`<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>${o.title} · berth</title>
+<title>${o.title} · berth</title><link rel="icon" href="data:,">
 <link rel="stylesheet" href="/ui/assets/ui.css"><link rel="stylesheet" href="/ui/assets/uplot.css">
-<script src="/ui/assets/htmx.js" defer></script><script src="/ui/assets/sse.js" defer></script>
+<script src="/ui/assets/htmx.js" defer></script>
 <script src="/ui/assets/uplot.js" defer></script><script src="/ui/assets/ui.js" defer></script>
 ${o.head}</head><body>${o.body}</body></html>`;
 }

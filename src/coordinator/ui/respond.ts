@@ -10,7 +10,8 @@ export const SECURITY_HEADERS: Record<string, string> = {
   "content-security-policy":
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
   "x-frame-options": "DENY",
-  "referrer-policy": "no-referrer",
+  // same-origin, not no-referrer: with no-referrer the browser sends `Origin: null` on our own form posts.
+  "referrer-policy": "same-origin",
   "x-content-type-options": "nosniff",
   "cache-control": "no-store",
 };

@@ -21,7 +21,8 @@ export interface AllocationsData {
 
 export async function loadAllocations(ctx: AllocCtx, p: Principal): Promise<AllocationsData> {
   const operator = allows(p, "operator");
-  const allocations = await listAllocationsFor(ctx, { org: p.org, principal: p.tokenId, operator }, operator);
+  // Live allocations only (as `GET /v1/allocations` without `all`); an operator's cover every owner.
+  const allocations = await listAllocationsFor(ctx, { org: p.org, principal: p.tokenId, operator }, false);
   return { allocations, owners: operator ? await ownersOf(ctx, p.org) : null };
 }
 

@@ -55,10 +55,11 @@ function quantile(h: HistogramFigures, q: number): string {
 }
 
 function chart(id: string, title: string, h: HistogramFigures): Html {
-  const labels = [...h.bounds.map((b) => `≤${seconds(b)}`), `>${seconds(h.bounds[h.bounds.length - 1]!)}`];
+  const short = (b: number) => seconds(b).replace(" ", "");
+  const labels = [...h.bounds.map(short), `>${short(h.bounds[h.bounds.length - 1]!)}`];
   return html`<figure class="chart" aria-labelledby="${id}-t"><figcaption id="${id}-t"><b>${title}</b>: ${h.count} borrows${h.count ? html`, p50 ${quantile(h, 0.5)}, p99 ${quantile(h, 0.99)}, mean ${seconds(h.sum / h.count)}` : ""}</figcaption>
 <div id="${id}" class="plot"></div><script type="application/json" data-chart="${id}">${jsonScript({ labels, counts: h.counts, xLabel: title })}</script>
-<details><summary>Figures</summary><table><thead><tr><th>Bucket</th><th class="num">Borrows</th></tr></thead><tbody>${labels.map((l, i) => html`<tr><td>${l}</td><td class="num">${h.counts[i]}</td></tr>`)}</tbody></table></details></figure>`;
+<details><summary>Figures</summary><table><thead><tr><th>Bucket (at most)</th><th class="num">Borrows</th></tr></thead><tbody>${labels.map((l, i) => html`<tr><td>${l}</td><td class="num">${h.counts[i]}</td></tr>`)}</tbody></table></details></figure>`;
 }
 
 function machineRow(v: View, m: MachineRow): Html {
@@ -87,12 +88,12 @@ export function renderPool(v: View, d: PoolData): Html {
     pool.maxReady,
     { min: pool.minReady, label: `pool ${pool.name}`, text: `ready ${count("ready")} · lent ${count("lent")} · cleanup ${count("cleanup")} (min ${pool.minReady}, max ${pool.maxReady})` },
   )}</p>
-${allows(v.principal, "operator") && pool.maxReady > 0 ? html`<p>${action(v, {
+${allows(v.principal, "operator") && pool.maxReady > 0 ? html`<div class="actions">${action(v, {
     action: `/ui/pools/${pool.name}/drain`,
     label: "Drain pool",
     confirm: `Drain pool ${pool.name}? Its capacity drops to zero and its ready machines are destroyed.`,
     extra: html`<label><input type="checkbox" name="force" value="true"> also end live borrows now</label> `,
-  })}</p>` : ""}
+  })}</div>` : ""}
 <h2 id="charts">Latency</h2><div class="charts">${chart("chart-latency", "Borrow latency", d.latency)}${chart("chart-ready-age", "Ready-queue age", d.readyAge)}</div>
 <h2 id="machines">Machines (${d.machines.length} live, ${d.destroyed} destroyed kept for retention)</h2>
 ${MACHINE_STATES.filter((s) => byState.has(s)).map(
