@@ -84,7 +84,8 @@ export async function drainMachine(ctx: Ctx, p: Principal, machineId: string): P
         await setDue(tx, "retention", `b:${b.id}`, now + ctx.config.retentionMs);
       }
     }
-    const applied = await applyTransition(tx, ctx, m, { kind: "drain", reason: "drained by an operator" }, now, { subject: m.lent_to, nonce: `${nonce}:${m.id}` });
+    // The trail's subject: the borrow that lost its machine, else the operator's token (by id).
+    const applied = await applyTransition(tx, ctx, m, { kind: "drain", reason: "drained by an operator" }, now, { subject: m.lent_to ?? p.tokenId, nonce: `${nonce}:${m.id}` });
     return { machineId: m.id, state: applied.machine.state };
   }, { name: "drain_machine" });
   ctx.kick();

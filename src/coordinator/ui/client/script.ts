@@ -37,7 +37,7 @@ export const UI_JS = String.raw`(function () {
           { splits: function () { return xs; }, values: function () { return d.labels; }, label: d.xLabel, size: 48 },
           { label: "borrows" }
         ],
-        series: [{}, { label: "borrows", paths: window.uPlot.paths.bars({ size: [0.8] }), fill: "#4a6fa5", stroke: "#1d3557" }]
+        series: [{}, { label: "borrows", paths: window.uPlot.paths.bars({ size: [0.8] }), points: { show: false }, fill: "#4a6fa5", stroke: "#1d3557" }]
       }, [xs, d.counts], box);
     });
   }

@@ -58,7 +58,7 @@ function chart(id: string, title: string, h: HistogramFigures): Html {
   const short = (b: number) => seconds(b).replace(" ", "");
   const labels = [...h.bounds.map(short), `>${short(h.bounds[h.bounds.length - 1]!)}`];
   return html`<figure class="chart" aria-labelledby="${id}-t"><figcaption id="${id}-t"><b>${title}</b>: ${h.count} borrows${h.count ? html`, p50 ${quantile(h, 0.5)}, p99 ${quantile(h, 0.99)}, mean ${seconds(h.sum / h.count)}` : ""}</figcaption>
-<div id="${id}" class="plot"></div><script type="application/json" data-chart="${id}">${jsonScript({ labels, counts: h.counts, xLabel: title })}</script>
+<div id="${id}" class="plot"></div><script type="application/json" data-chart="${id}">${jsonScript({ labels, counts: h.counts, xLabel: "bucket (at most; the last is above every bound)" })}</script>
 <details><summary>Figures</summary><table><thead><tr><th>Bucket (at most)</th><th class="num">Borrows</th></tr></thead><tbody>${labels.map((l, i) => html`<tr><td>${l}</td><td class="num">${h.counts[i]}</td></tr>`)}</tbody></table></details></figure>`;
 }
 
