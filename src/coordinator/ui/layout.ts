@@ -50,6 +50,7 @@ export function page(v: View, o: { title: string; current: string; live: string;
 <form method="post" action="/ui/sign-out"><span class="who">org <b>${p.org}</b> · role <b>${p.role}</b> · token <code>${p.tokenId}</code></span>
 <input type="hidden" name="csrf" value="${v.csrf}"><button type="submit">Sign out</button></form></header>
 <main id="main" tabindex="-1"><h1>${o.title}</h1>
+<form id="ui-action" method="post" action="/ui" hidden><input type="hidden" name="csrf" value="${v.csrf}"><input type="hidden" name="back" value="${v.here}"></form>
 <div id="events" hidden hx-sse:connect="/ui/events?since=${o.mark}" hx-sse:close="signed-out"></div>
 <div id="live" hx-get="${withPart(o.live)}" hx-trigger="changed from:#events" hx-swap="innerHTML">${o.body}</div>
 </main>`,
@@ -115,11 +116,19 @@ export function deadline(now: number, at: number): Html {
   return html`<time datetime="${iso(at)}">${iso(at)}</time> <span data-deadline="${at}"${left <= 0 ? html` class="expired"` : ""}>${left <= 0 ? "expired" : duration(left) + " left"}</span>`;
 }
 
-/** A confirmed action form posting to `action` with the session's CSRF token. */
-export function action(v: View, o: { action: string; label: string; confirm: string; fields?: Record<string, string>; extra?: Html }): Html {
-  return html`<form class="inline" method="post" action="${o.action}" data-confirm="${o.confirm}"><input type="hidden" name="csrf" value="${v.csrf}"><input type="hidden" name="back" value="${v.here}">${Object.entries(o.fields ?? {}).map(
-    ([k, val]) => html`<input type="hidden" name="${k}" value="${val}">`,
-  )}${o.extra}<button type="submit" class="danger">${o.label}</button></form>`;
+/**
+ * A confirmed action: a button posting the page's one action form (in the
+ * shell, outside the live region: it holds the session's CSRF token and the
+ * way back) to `action`. One form per page, not one per row, keeps a page of
+ * 1,000 machines small.
+ */
+export function action(o: { action: string; label: string; confirm: string }): Html {
+  return html`<button form="ui-action" formaction="${o.action}" data-confirm="${o.confirm}">${o.label}</button>`;
+}
+
+/** An action with fields of its own (a checkbox): a form of its own, with the CSRF token. */
+export function actionForm(v: View, o: { action: string; label: string; confirm: string; extra: Html }): Html {
+  return html`<form class="inline" method="post" action="${o.action}" data-confirm="${o.confirm}"><input type="hidden" name="csrf" value="${v.csrf}"><input type="hidden" name="back" value="${v.here}">${o.extra}<button type="submit" class="danger">${o.label}</button></form>`;
 }
 
 /** Machine states grouped as capacity is counted (src/coordinator/actions/capacity.ts). */

@@ -17,9 +17,9 @@ export const SECURITY_HEADERS: Record<string, string> = {
 };
 
 export function sendHtml(res: ServerResponse, status: number, body: Html, headers: Record<string, string> = {}): typeof TAKEN {
-  const text = body.text;
-  res.writeHead(status, { ...SECURITY_HEADERS, ...headers, "content-type": "text/html; charset=utf-8", "content-length": Buffer.byteLength(text) });
-  res.end(text);
+  const bytes = Buffer.from(body.text, "utf8");
+  res.writeHead(status, { ...SECURITY_HEADERS, ...headers, "content-type": "text/html; charset=utf-8", "content-length": bytes.length });
+  res.end(bytes);
   return TAKEN;
 }
 

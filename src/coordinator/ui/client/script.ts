@@ -42,8 +42,8 @@ export const UI_JS = String.raw`(function () {
     });
   }
   document.addEventListener("submit", function (e) {
-    var f = e.target;
-    var msg = f && f.getAttribute && f.getAttribute("data-confirm");
+    var b = e.submitter, f = e.target;
+    var msg = (b && b.getAttribute("data-confirm")) || (f && f.getAttribute && f.getAttribute("data-confirm"));
     if (msg && !window.confirm(msg)) e.preventDefault();
   }, true);
   document.addEventListener("signed-out", function () { window.location.assign("/ui/sign-in"); });

@@ -17,7 +17,7 @@ th { font-size: 13px; color: var(--muted); } td.num, th.num { text-align: right;
 .bar .txt { font-size: 13px; font-variant-numeric: tabular-nums; white-space: nowrap; }
 .seg-ready { fill: var(--ready); } .seg-lent { fill: var(--lent); } .seg-cleanup { fill: var(--cleanup); } .seg-other { fill: var(--other); } .seg-used { fill: var(--used); } .bg { fill: var(--free); } .mark { stroke: var(--fg); stroke-width: 2; }
 .state { font-family: ui-monospace, monospace; font-size: 13px; } .muted { color: var(--muted); } .expired { font-weight: 700; text-decoration: line-through; }
-button { font: inherit; padding: 2px 10px; border: 1px solid var(--fg); background: #f5f5f5; cursor: pointer; } button.danger { border-color: #9b2226; color: #9b2226; }
+button { font: inherit; padding: 2px 10px; border: 1px solid var(--fg); background: #f5f5f5; cursor: pointer; } button.danger, button[formaction] { border-color: #9b2226; color: #9b2226; }
 form.inline { display: inline; margin: 0; } .actions { margin: 8px 0; }
 .notice { border: 2px solid var(--fg); padding: 8px 12px; margin: 8px 0; } .error { border-color: #9b2226; }
 .charts { display: flex; flex-wrap: wrap; gap: 24px; } .chart { min-width: 320px; flex: 1 1 420px; }

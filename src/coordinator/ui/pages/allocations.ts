@@ -29,7 +29,7 @@ export async function loadAllocations(ctx: AllocCtx, p: Principal): Promise<Allo
 function row(v: View, a: AllocationRecord): Html {
   const mayRelease = (a.owner === v.principal.tokenId || allows(v.principal, "operator")) && a.state !== "released" && a.state !== "releasing";
   return html`<tr data-allocation="${a.id}"><td>${a.id}</td><td class="state">${a.state}</td><td><code>${a.owner}</code></td><td>${a.size} (${a.vcpu} vCPU, ${a.memoryMib} MiB)</td><td>${a.plan.hostName}</td>
-<td>${ago(v.now, a.createdAt)}</td><td>${deadline(v.now, a.expiresAt)}</td><td>${mayRelease ? action(v, { action: `/ui/allocations/${a.id}/release`, label: "Release", confirm: `Release allocation ${a.id}? Its workspace is torn down.` }) : ""}</td></tr>`;
+<td>${ago(v.now, a.createdAt)}</td><td>${deadline(v.now, a.expiresAt)}</td><td>${mayRelease ? action({ action: `/ui/allocations/${a.id}/release`, label: "Release", confirm: `Release allocation ${a.id}? Its workspace is torn down.` }) : ""}</td></tr>`;
 }
 
 export function renderAllocations(v: View, d: AllocationsData): Html {

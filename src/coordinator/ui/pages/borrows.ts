@@ -22,7 +22,7 @@ export async function loadBorrows(store: Store, p: Principal): Promise<BorrowsDa
 
 function endForm(v: View, id: string): Html {
   return allows(v.principal, "operator")
-    ? action(v, { action: `/ui/borrows/${id}/end`, label: "End borrow", confirm: `End borrow ${id}? The borrower loses access at once.` })
+    ? action({ action: `/ui/borrows/${id}/end`, label: "End borrow", confirm: `End borrow ${id}? The borrower loses access at once.` })
     : html``;
 }
 

@@ -52,7 +52,7 @@ function poolRow(v: View, pool: PoolRecord, states: Map<string, number>): Html {
     { min: pool.minReady, label: `pool ${pool.name}`, text: `ready ${sum("ready")} · lent ${sum("lent")} · cleanup ${sum("cleanup")} (min ${pool.minReady}, max ${pool.maxReady})` },
   )}</td>
 <td>${others.length ? others.map(([s, n]) => `${s} ${n}`).join(", ") : html`<span class="muted">none</span>`}</td>
-<td>${allows(v.principal, "operator") && pool.maxReady > 0 ? action(v, { action: `/ui/pools/${pool.name}/drain`, label: "Drain pool", confirm: `Drain pool ${pool.name}? Its capacity drops to zero and its ready machines are destroyed.` }) : ""}</td></tr>`;
+<td>${allows(v.principal, "operator") && pool.maxReady > 0 ? action({ action: `/ui/pools/${pool.name}/drain`, label: "Drain pool", confirm: `Drain pool ${pool.name}? Its capacity drops to zero and its ready machines are destroyed.` }) : ""}</td></tr>`;
 }
 
 function hostRow(host: HostRow, a: HostAccount | undefined): Html {

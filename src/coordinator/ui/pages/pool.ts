@@ -16,7 +16,7 @@ import type { HistogramFigures, Metrics } from "../../metrics.js";
 import { readPool } from "../../../store/pools.js";
 import { countMachinesByState, listLiveMachinesOfPool, type MachineRow } from "../../../store/machines.js";
 import { html, jsonScript, type Html } from "../html.js";
-import { action, ago, bar, iso, stateClass, type View } from "../layout.js";
+import { action, actionForm, ago, bar, iso, stateClass, type View } from "../layout.js";
 
 export interface PoolData {
   pool: PoolRecord;
@@ -66,7 +66,7 @@ function machineRow(v: View, m: MachineRow): Html {
   const canDrain = allows(v.principal, "operator") && ["ready", "busy", "reserved", "installing", "provisioning", "quarantined"].includes(m.state);
   return html`<tr data-machine="${m.id}" data-state="${m.state}"><td><a href="/ui/machines/${m.id}">${m.id}</a></td><td class="state">${m.state}</td><td class="num">${m.generation}</td><td><code>${m.incarnation ?? "—"}</code></td>
 <td>${ago(v.now, m.created_at)}</td><td>${ago(v.now, m.state_since)}</td><td>${m.lent_to ?? "—"}</td><td>${iso(m.hard_expires_at)}</td><td>${m.reason ?? ""}</td>
-<td>${canDrain ? action(v, { action: `/ui/machines/${m.id}/drain`, label: "Drain", confirm: `Drain machine ${m.id}?${m.state === "ready" ? "" : " Its borrower loses access."} It will be destroyed.` }) : ""}</td></tr>`;
+<td>${canDrain ? action({ action: `/ui/machines/${m.id}/drain`, label: "Drain", confirm: `Drain ${m.id}?${m.state === "ready" ? "" : " Its borrower loses access."} It is destroyed.` }) : ""}</td></tr>`;
 }
 
 export function renderPool(v: View, d: PoolData): Html {
@@ -88,7 +88,7 @@ export function renderPool(v: View, d: PoolData): Html {
     pool.maxReady,
     { min: pool.minReady, label: `pool ${pool.name}`, text: `ready ${count("ready")} · lent ${count("lent")} · cleanup ${count("cleanup")} (min ${pool.minReady}, max ${pool.maxReady})` },
   )}</p>
-${allows(v.principal, "operator") && pool.maxReady > 0 ? html`<div class="actions">${action(v, {
+${allows(v.principal, "operator") && pool.maxReady > 0 ? html`<div class="actions">${actionForm(v, {
     action: `/ui/pools/${pool.name}/drain`,
     label: "Drain pool",
     confirm: `Drain pool ${pool.name}? Its capacity drops to zero and its ready machines are destroyed.`,

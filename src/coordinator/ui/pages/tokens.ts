@@ -18,6 +18,6 @@ export function renderTokens(v: View, d: TokensData): Html {
 <table aria-label="API tokens"><thead><tr><th>Token id</th><th>Role</th><th>Label</th><th>Created</th><th>Expires</th><th>Revoked</th><th>Action</th></tr></thead>
 <tbody>${d.map(
     (t) => html`<tr data-token="${t.id}"><td><code>${t.id}</code>${t.id === v.principal.tokenId ? " (this session's)" : ""}</td><td>${t.role}</td><td>${t.label ?? ""}</td><td>${iso(t.created_at)}</td><td>${iso(t.expires_at)}</td><td>${iso(t.revoked_at)}</td>
-<td>${t.revoked_at === null ? action(v, { action: `/ui/tokens/${t.id}/revoke`, label: "Revoke", confirm: `Revoke token ${t.id}? Every request and session with it is refused from now on, and its live grants are ended.` }) : ""}</td></tr>`,
+<td>${t.revoked_at === null ? action({ action: `/ui/tokens/${t.id}/revoke`, label: "Revoke", confirm: `Revoke token ${t.id}? Every request and session with it is refused from now on, and its live grants are ended.` }) : ""}</td></tr>`,
   )}</tbody></table>`;
 }
