@@ -1,5 +1,5 @@
 /**
- * The one HTTP layer of berth (coordinator API, agent API, and the coming
+ * The one HTTP layer of berth (coordinator API, agent API, and the
  * dashboard), on node:http, so every server refuses the same way. (Fastify
  * was measured against it and cost more than the 10 % allowed: see
  * docs/performance.md.)
@@ -28,8 +28,8 @@
  * unread body is never parsed as the next request.
  *
  * For the dashboard: a handler may answer anything itself through `req.res`
- * (server-sent events, a static file sent with a well-kept library such as
- * `send`, a `set-cookie` header written with `cookie`) and return `TAKEN`.
+ * (server-sent events, static files, HTML with a `set-cookie` header) and
+ * return `TAKEN`; a route may take an HTML form body (`bodyType: "form"`).
  */
 import { createServer, type IncomingHttpHeaders, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";

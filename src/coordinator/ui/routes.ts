@@ -115,6 +115,7 @@ export function addUiRoutes(app: HttpServer, ctx: Ctx, o: UiOptions = {}): Ui {
   /** A page: no session → the sign-in form; `?part=live` → the live region alone; a refusal → an error page. */
   const pageRoute = (path: string, build: (v: View, params: Record<string, Id>) => Promise<PageOut>) =>
     app.get(path, {}, async (req) => {
+      const started = process.hrtime.bigint();
       const part = query(req.raw).get("part") === "live";
       let s: Session;
       try {
@@ -130,8 +131,9 @@ export function addUiRoutes(app: HttpServer, ctx: Ctx, o: UiOptions = {}): Ui {
         // The mark is read before the data, so a change after it is always reported.
         const mark = part ? "" : await live.digest(s.principal.org);
         const out = await build(v, req.params);
-        if (part) return sendHtml(req.res, 200, out.body);
-        return sendHtml(req.res, 200, page(v, { title: out.title, current: out.current, live: self, mark, body: out.body }));
+        const html = part ? out.body : page(v, { title: out.title, current: out.current, live: self, mark, body: out.body });
+        // The server's share of the answer (session, change mark, reads, rendering), for operators and the bench.
+        return sendHtml(req.res, 200, html, { "server-timing": `page;dur=${(Number(process.hrtime.bigint() - started) / 1e6).toFixed(2)}` });
       } catch (e) {
         return sendRefusal(req.res, e, true);
       }
