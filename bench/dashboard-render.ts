@@ -27,7 +27,7 @@ import { loadOverview, renderOverview } from "../src/coordinator/ui/pages/overvi
 import { loadPool, renderPool } from "../src/coordinator/ui/pages/pool.js";
 import { loadBorrows, renderBorrows } from "../src/coordinator/ui/pages/borrows.js";
 import { loadAllocations, renderAllocations } from "../src/coordinator/ui/pages/allocations.js";
-import { arg, dist, enginesArg, keeperPool, ms, PG_URL, pgSkipReason, printTable, spawnServe, stopChild, writeResult, type Engine, type Dist } from "./lib.js";
+import { arg, dist, enginesArg, keeperPool, ms, PG_URL, pgSkipReason, printTable, processCpuMs, round, spawnServe, stopChild, writeResult, type Engine, type Dist } from "./lib.js";
 
 const rounds = Number(arg("rounds", "50"));
 const machines = Number(arg("machines", "1000"));
@@ -44,6 +44,8 @@ interface Row {
   http: Dist;
   /** The server's own time per answer (its Server-Timing header): session, change mark, reads, rendering. */
   server: Dist;
+  /** `serve` mode: the server process's CPU time per answer (ms), steadier than wall time on a busy machine. */
+  serverCpuMs: number | null;
   load: Dist | null;
   render: Dist | null;
 }
@@ -85,22 +87,24 @@ async function signIn(url: string, token: string): Promise<string> {
   return set.split(";")[0]!;
 }
 
-async function timeHttp(url: string, cookie: string, path: string): Promise<{ d: Dist; server: Dist; bytes: number }> {
+async function timeHttp(url: string, cookie: string, path: string, cpuMs: (() => number) | null): Promise<{ d: Dist; server: Dist; bytes: number; cpu: number | null }> {
   const out: number[] = [];
   const server: number[] = [];
+  let cpu0 = 0;
   let bytes = 0;
   for (let i = 0; i < rounds + 5; i++) {
     const t0 = process.hrtime.bigint();
     const r = await fetch(url + path, { headers: { cookie } });
     const text = await r.text();
     if (r.status !== 200) throw new Error(`${path}: ${r.status}`);
+    if (i === 4 && cpuMs) cpu0 = cpuMs();
     if (i >= 5) {
       out.push(ms(t0));
       server.push(Number(/dur=([\d.]+)/.exec(r.headers.get("server-timing") ?? "")?.[1] ?? NaN));
     }
     bytes = text.length;
   }
-  return { d: dist(out), server: dist(server), bytes };
+  return { d: dist(out), server: dist(server), bytes, cpu: cpuMs ? round((cpuMs() - cpu0) / rounds, 2) : null };
 }
 
 async function timeSplit<T>(load: () => Promise<T>, render: (d: T) => { text: string }): Promise<{ load: Dist; render: Dist }> {
@@ -151,7 +155,7 @@ async function run(engine: Engine, mode: string): Promise<Row[]> {
     const p: Principal = { tokenId: admin.id, org: "bench", role: "admin", expiresAt: null };
     const v: View = { principal: p, csrf: "0".repeat(64), now: Date.now(), here: "/ui" };
     for (const page of PAGES) {
-      const h = await timeHttp(url, cookie, page);
+      const h = await timeHttp(url, cookie, page, child ? () => processCpuMs(child!.pid!) : null);
       let split: { load: Dist; render: Dist } | null = null;
       if (coordCtx) {
         const ctx = coordCtx;
@@ -160,7 +164,7 @@ async function run(engine: Engine, mode: string): Promise<Row[]> {
         if (page === "/ui/borrows") split = await timeSplit(() => loadBorrows(store, p), (d) => renderBorrows(v, d));
         if (page === "/ui/allocations") split = await timeSplit(() => loadAllocations(ctx, p), (d) => renderAllocations(v, d));
       }
-      rows.push({ engine, mode, page, bytes: h.bytes, http: h.d, server: h.server, load: split?.load ?? null, render: split?.render ?? null });
+      rows.push({ engine, mode, page, bytes: h.bytes, http: h.d, server: h.server, serverCpuMs: h.cpu, load: split?.load ?? null, render: split?.render ?? null });
     }
     done();
   } finally {
@@ -188,6 +192,7 @@ printTable(`dashboard pages, ${machines} machines (100 lent), ${hostCount} hosts
   kB: Math.round(r.bytes / 1024),
   "server p50": r.server.p50,
   "server p99": r.server.p99,
+  "server cpu": r.serverCpuMs ?? "",
   "http p50": r.http.p50,
   "http p99": r.http.p99,
   "load p50": r.load?.p50 ?? "",

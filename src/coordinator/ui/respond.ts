@@ -16,8 +16,9 @@ export const SECURITY_HEADERS: Record<string, string> = {
   "cache-control": "no-store",
 };
 
-export function sendHtml(res: ServerResponse, status: number, body: Html, headers: Record<string, string> = {}): typeof TAKEN {
-  const bytes = Buffer.from(body.text, "utf8");
+/** `body` as markup, or already encoded (a page that measured its own time, encoding included). */
+export function sendHtml(res: ServerResponse, status: number, body: Html | Buffer, headers: Record<string, string> = {}): typeof TAKEN {
+  const bytes = Buffer.isBuffer(body) ? body : Buffer.from(body.text, "utf8");
   res.writeHead(status, { ...SECURITY_HEADERS, ...headers, "content-type": "text/html; charset=utf-8", "content-length": bytes.length });
   res.end(bytes);
   return TAKEN;

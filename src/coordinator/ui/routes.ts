@@ -132,8 +132,9 @@ export function addUiRoutes(app: HttpServer, ctx: Ctx, o: UiOptions = {}): Ui {
         const mark = part ? "" : await live.digest(s.principal.org);
         const out = await build(v, req.params);
         const html = part ? out.body : page(v, { title: out.title, current: out.current, live: self, mark, body: out.body });
-        // The server's share of the answer (session, change mark, reads, rendering), for operators and the bench.
-        return sendHtml(req.res, 200, html, { "server-timing": `page;dur=${(Number(process.hrtime.bigint() - started) / 1e6).toFixed(2)}` });
+        const bytes = Buffer.from(html.text, "utf8");
+        // The server's share of the answer (session, change mark, reads, rendering, encoding), for operators and the bench.
+        return sendHtml(req.res, 200, bytes, { "server-timing": `page;dur=${(Number(process.hrtime.bigint() - started) / 1e6).toFixed(2)}` });
       } catch (e) {
         return sendRefusal(req.res, e, true);
       }
