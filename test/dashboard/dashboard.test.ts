@@ -115,6 +115,15 @@ describe("dashboard in chromium", { skip: BROWSER_SKIP }, () => {
     assert.match(await page.locator('tr[data-pool="ci"]').innerText(), /ready 3 · lent 0 · cleanup 0 \(min 3, max 4\)/);
     assert.match(await page.locator('tr[data-host="host-a"]').innerText(), /process/);
     await shot(page, "overview");
+    // Keyboard: the focused button keeps the focus while a live refresh changes the page around it.
+    const open = streaming(page);
+    await page.reload();
+    await open;
+    const drainCi = page.locator('tr[data-pool="ci"] button');
+    await drainCi.focus();
+    await seedPool(api("adminA"), "zz-late", 1);
+    await page.locator('tr[data-pool="zz-late"]').waitFor({ timeout: 2000 });
+    assert.equal(await page.evaluate(() => document.activeElement?.getAttribute("formaction")), "/ui/pools/ci/drain");
   });
 
   test("a borrow made through the API appears within 2 s without a reload, and leaves after its return", async () => {

@@ -35,7 +35,9 @@ ${o.head}</head><body>${o.body}</body></html>`;
 
 /**
  * A signed-in page. `live` is the page's own URL: its `?part=live` answer is
- * the inner HTML of the live region, re-fetched on every `changed` event.
+ * the inner HTML of the live region, re-fetched on every `changed` event and
+ * morphed into place (not replaced), so the element that has the keyboard
+ * focus keeps it across refreshes.
  * `mark` is the change mark the page was rendered at, so the stream reports
  * a change that happened between the render and the stream's start.
  */
@@ -52,7 +54,7 @@ export function page(v: View, o: { title: string; current: string; live: string;
 <main id="main" tabindex="-1"><h1>${o.title}</h1>
 <form id="ui-action" method="post" action="/ui" hidden><input type="hidden" name="csrf" value="${v.csrf}"><input type="hidden" name="back" value="${v.here}"></form>
 <div id="events" hidden hx-sse:connect="/ui/events?since=${o.mark}" hx-sse:close="signed-out"></div>
-<div id="live" hx-get="${withPart(o.live)}" hx-trigger="changed from:#events" hx-swap="innerHTML">${o.body}</div>
+<div id="live" hx-get="${withPart(o.live)}" hx-trigger="changed from:#events" hx-swap="innerMorph">${o.body}</div>
 </main>`,
   });
 }
