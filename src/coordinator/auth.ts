@@ -8,7 +8,7 @@ import { BerthError } from "../core/errors.js";
 import { hashToken } from "../core/tokens.js";
 import { ROLES, type Role } from "../core/roles.js";
 import type { Store } from "../store/store.js";
-import { readApiToken } from "../store/api-tokens.js";
+import { readApiToken, type ApiTokenRow } from "../store/api-tokens.js";
 
 export { ROLES, type Role };
 
@@ -41,7 +41,15 @@ export async function authenticate(store: Store, header: string | undefined, now
   const hash = hashToken("api", raw);
   // A committed read outside the transaction queue: a revocation is refused
   // from the request after its commit on, without a transaction per request.
-  const row = await readApiToken(store, hash);
+  return principalOf(await readApiToken(store, hash), now);
+}
+
+/**
+ * The principal of a stored token row, re-checked now: the one check of
+ * revocation and expiry, for the API's bearer tokens and the dashboard's
+ * sessions (which name the token they were opened with).
+ */
+export function principalOf(row: ApiTokenRow | undefined, now: number): Principal {
   if (!row) throw new BerthError("unauthorized", "unauthorized: the API token is not known to this coordinator");
   if (row.revoked_at !== null) throw new BerthError("unauthorized", "unauthorized: the API token was revoked");
   if (row.expires_at !== null && now >= row.expires_at) throw new BerthError("unauthorized", "unauthorized: the API token has expired; create a new one");

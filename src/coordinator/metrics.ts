@@ -5,6 +5,39 @@
  */
 import client from "prom-client";
 
+export const LATENCY_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1];
+export const READY_AGE_BUCKETS = [0.1, 1, 10, 60, 300, 1800, 3600, 14400];
+
+/** One histogram's figures: per-bucket counts (not cumulative; the last is above every bound), sum and count. */
+export interface HistogramFigures {
+  bounds: readonly number[];
+  counts: number[];
+  sum: number;
+  count: number;
+}
+
+/** Histograms keyed by (org, pool), in this process's memory, with fixed bounds (those of the exported histogram). */
+export class PoolHistograms {
+  readonly #byPool = new Map<string, HistogramFigures>();
+  constructor(readonly bounds: readonly number[]) {}
+
+  observe(org: string, pool: string, v: number): void {
+    const key = `${org}\0${pool}`;
+    let h = this.#byPool.get(key);
+    if (!h) this.#byPool.set(key, (h = { bounds: this.bounds, counts: new Array<number>(this.bounds.length + 1).fill(0), sum: 0, count: 0 }));
+    let i = this.bounds.findIndex((b) => v <= b);
+    if (i < 0) i = this.bounds.length;
+    h.counts[i]!++;
+    h.sum += v;
+    h.count++;
+  }
+
+  figures(org: string, pool: string): HistogramFigures {
+    const h = this.#byPool.get(`${org}\0${pool}`);
+    return h ? { ...h, counts: [...h.counts] } : { bounds: this.bounds, counts: new Array<number>(this.bounds.length + 1).fill(0), sum: 0, count: 0 };
+  }
+}
+
 export class Metrics {
   readonly registry = new client.Registry();
   readonly borrowRequests = new client.Counter({ name: "berth_borrow_requests_total", help: "Borrow requests by pool, access and outcome", labelNames: ["pool", "access", "outcome"], registers: [this.registry] });
@@ -17,14 +50,27 @@ export class Metrics {
   readonly ttlRotations = new client.Counter({ name: "berth_ttl_rotations_total", help: "Ready machines rotated out before their hard TTL", labelNames: ["pool"], registers: [this.registry] });
   readonly operations = new client.Counter({ name: "berth_operations_total", help: "Provider operations by kind and outcome", labelNames: ["kind", "outcome"], registers: [this.registry] });
   readonly reconcileVisits = new client.Counter({ name: "berth_reconcile_due_rows_total", help: "Due-index rows visited by the reconciler", registers: [this.registry] });
-  readonly borrowLatency = new client.Histogram({ name: "berth_borrow_latency_seconds", help: "Server-side borrow latency", labelNames: ["access"], buckets: [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1], registers: [this.registry] });
-  readonly readyAge = new client.Histogram({ name: "berth_ready_queue_age_seconds", help: "How long the borrowed machine waited in the ready queue", buckets: [0.1, 1, 10, 60, 300, 1800, 3600, 14400], registers: [this.registry] });
+  readonly borrowLatency = new client.Histogram({ name: "berth_borrow_latency_seconds", help: "Server-side borrow latency", labelNames: ["access"], buckets: LATENCY_BUCKETS, registers: [this.registry] });
+  readonly readyAge = new client.Histogram({ name: "berth_ready_queue_age_seconds", help: "How long the borrowed machine waited in the ready queue", buckets: READY_AGE_BUCKETS, registers: [this.registry] });
+  /** The same two histograms per (org, pool), for the dashboard's pool charts; never exported (an org's figures are shown to it alone). */
+  readonly poolLatency = new PoolHistograms(LATENCY_BUCKETS);
+  readonly poolReadyAge = new PoolHistograms(READY_AGE_BUCKETS);
   readonly clientReports = new client.Histogram({ name: "berth_client_report_seconds", help: "Client-reported timings (telemetry only, never proof): first_command, scrub", labelNames: ["kind"], buckets: [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5], registers: [this.registry] });
   readonly machines = new client.Gauge({ name: "berth_machines", help: "Machines by pool and state", labelNames: ["pool", "state"], registers: [this.registry] });
 
   readonly allocationRefusals = new client.Counter({ name: "berth_allocation_refusals_total", help: "Allocation creates refused, by reason: budget_exhausted, no_capacity, not_admitted", labelNames: ["reason"], registers: [this.registry] });
   readonly allocations = new client.Gauge({ name: "berth_allocations", help: "Allocations by state", labelNames: ["state"], registers: [this.registry] });
   readonly ownerUse = new client.Gauge({ name: "berth_allocation_budget_used_ratio", help: "Share of each owner's budget in use, by dimension (owner is an API token id, never a secret)", labelNames: ["owner", "dimension"], registers: [this.registry] });
+
+  /** One served borrow: the exported histograms and the pool's own. */
+  observeBorrow(o: { org: string; pool: string; access: "keeper" | "portable"; latencySeconds: number; readyAgeSeconds: number | null }): void {
+    this.borrowLatency.observe({ access: o.access }, o.latencySeconds);
+    this.poolLatency.observe(o.org, o.pool, o.latencySeconds);
+    if (o.readyAgeSeconds !== null) {
+      this.readyAge.observe(o.readyAgeSeconds);
+      this.poolReadyAge.observe(o.org, o.pool, o.readyAgeSeconds);
+    }
+  }
 
   /** Set before each scrape from the store (collect hook). */
   setMachineCounts(rows: { pool: string; state: string; n: number }[]): void {

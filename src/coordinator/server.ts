@@ -22,6 +22,7 @@ import { createPortable, grantHooks } from "./actions/grants.js";
 import { registerProvisioned } from "./actions/register.js";
 import type { PortableApi } from "./actions/portable-api.js";
 import { VERSION } from "../core/version.js";
+import { addUiRoutes, type UiOptions } from "./ui/routes.js";
 
 export { VERSION };
 
@@ -41,6 +42,8 @@ export interface CoordinatorOptions {
   reconcileIntervalMs?: number;
   /** Start the reconciler loop (default true). */
   reconcile?: boolean;
+  /** The dashboard at /ui (sessions, live stream). */
+  ui?: UiOptions;
 }
 
 export interface Coordinator {
@@ -100,6 +103,7 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
   };
   const app = createHttpServer({ log, internalMessage: "internal: the coordinator failed to handle this request; see its log" });
   addRoutes(app, { ctx, secret: o.secret, metricsText, portable, version: VERSION });
+  const ui = addUiRoutes(app, ctx, o.ui);
   const { url, port } = await app.listen(o.host ?? "127.0.0.1", o.port ?? 0);
   if (o.reconcile !== false) loop.start();
   return {
@@ -113,6 +117,7 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
     server: app.server,
     async stop() {
       await loop!.stop();
+      ui.stop();
       await app.close();
     },
   };

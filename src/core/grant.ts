@@ -34,7 +34,7 @@ export function grantUsable(g: { state: GrantState; expiresAt: number }, now: nu
 }
 
 /** Why a grant is being invalidated; decides where its machine goes. */
-export type InvalidationReason = "returned" | "drained" | "expired" | "ack_timeout" | "heartbeat_missed" | "token_revoked" | "revalidation_failed" | "identity_drift";
+export type InvalidationReason = "returned" | "ended_by_operator" | "drained" | "expired" | "ack_timeout" | "heartbeat_missed" | "token_revoked" | "revalidation_failed" | "identity_drift";
 
 /**
  * Where the machine goes after invalidation: through proven cleanup (remove
@@ -45,6 +45,7 @@ export type InvalidationReason = "returned" | "drained" | "expired" | "ack_timeo
 export function afterInvalidation(reason: InvalidationReason): "cleanup" | "quarantine" | "drain" {
   switch (reason) {
     case "returned":
+    case "ended_by_operator":
     case "expired":
     case "token_revoked":
       return "cleanup";

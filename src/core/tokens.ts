@@ -6,7 +6,7 @@
  */
 import { createHash, createHmac, timingSafeEqual } from "node:crypto";
 
-export type TokenDomain = "api" | "borrow" | "grant" | "claim" | "agent" | "enroll" | "host-call";
+export type TokenDomain = "api" | "borrow" | "grant" | "claim" | "agent" | "enroll" | "host-call" | "session" | "csrf";
 
 const PREFIX: Record<TokenDomain, string> = {
   api: "bat",
@@ -16,6 +16,9 @@ const PREFIX: Record<TokenDomain, string> = {
   agent: "bag",
   enroll: "ben",
   "host-call": "bhc",
+  // The dashboard's session cookie, and the CSRF token derived from it (never issued raw).
+  session: "bss",
+  csrf: "bcs",
 };
 
 /** A raw token: recognisable prefix + 32 random bytes, base64url. */

@@ -1,5 +1,5 @@
 /**
- * The one HTTP layer of berth (coordinator API, agent API, and the coming
+ * The one HTTP layer of berth (coordinator API, agent API, and the
  * dashboard), on node:http, so every server refuses the same way. (Fastify
  * was measured against it and cost more than the 10 % allowed: see
  * docs/performance.md.)
@@ -12,7 +12,8 @@
  *      body is read;
  *   3. the body (not read for GET), whatever its content-type, up to
  *      `bodyLimit` → 413 `body_too_large` (declared or counted), parsed as
- *      JSON → 400 `invalid_request`; an absent or empty body is `{}`;
+ *      JSON → 400 `invalid_request` (or, for a route that takes an HTML form,
+ *      as `application/x-www-form-urlencoded` fields); an absent or empty body is `{}`;
  *   4. the route's zod schema → 400, the message from the one refusal
  *      formatter (refusal.ts);
  *   5. the handler; a BerthError it throws is answered with its code's
@@ -27,8 +28,8 @@
  * unread body is never parsed as the next request.
  *
  * For the dashboard: a handler may answer anything itself through `req.res`
- * (server-sent events, a static file sent with a well-kept library such as
- * `send`, a `set-cookie` header written with `cookie`) and return `TAKEN`.
+ * (server-sent events, static files, HTML with a `set-cookie` header) and
+ * return `TAKEN`; a route may take an HTML form body (`bodyType: "form"`).
  */
 import { createServer, type IncomingHttpHeaders, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
@@ -82,6 +83,12 @@ export interface RouteOptions<S extends z.ZodType | undefined, A> {
   auth?: (req: IncomingMessage) => A | Promise<A>;
   /** The body's schema; without one the body is not validated (nor read for GET). */
   body?: S;
+  /**
+   * How the body is parsed: JSON (the API; the default) or an HTML form
+   * (`application/x-www-form-urlencoded`, the dashboard), whose fields become
+   * an object of strings (a field sent twice keeps its last value).
+   */
+  bodyType?: "json" | "form";
 }
 
 type BodyOf<S> = S extends z.ZodType ? z.output<S> : unknown;
@@ -90,6 +97,7 @@ type Handler<S, A> = (req: HttpRequest<BodyOf<S>, A>) => Promise<unknown>;
 interface Route {
   auth?: (req: IncomingMessage) => unknown;
   body?: z.ZodType;
+  bodyType?: "json" | "form";
   handler: Handler<unknown, unknown>;
 }
 
@@ -118,7 +126,10 @@ export function createHttpServer(o: HttpServerOptions): HttpServer {
     const { route, params } = m;
     const auth = route.auth ? await route.auth(req) : undefined;
     let body: unknown = undefined;
-    if (method !== "GET" && method !== "HEAD") body = parseJson(await readBody(req, bodyLimit));
+    if (method !== "GET" && method !== "HEAD") {
+      const buf = await readBody(req, bodyLimit);
+      body = route.bodyType === "form" ? parseForm(buf) : parseJson(buf);
+    }
     if (route.body) {
       const r = route.body.safeParse(body ?? {});
       if (!r.success) throw zodRefusal(r.error);
@@ -151,7 +162,7 @@ export function createHttpServer(o: HttpServerOptions): HttpServer {
   });
 
   const add = (method: string) => (path: string, ro: RouteOptions<z.ZodType | undefined, unknown>, handler: Handler<unknown, unknown>) =>
-    router.add(method, path, { auth: ro.auth, body: ro.body, handler });
+    router.add(method, path, { auth: ro.auth, body: ro.body, bodyType: ro.bodyType, handler });
   return {
     get: add("GET") as HttpServer["get"],
     post: add("POST") as HttpServer["post"],
@@ -245,6 +256,10 @@ function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
       reject(e);
     });
   });
+}
+
+function parseForm(buf: Buffer): Record<string, string> {
+  return Object.fromEntries(new URLSearchParams(buf.toString("utf8")));
 }
 
 function parseJson(buf: Buffer): unknown {

@@ -30,6 +30,13 @@ export async function listApiTokens(store: Store): Promise<Array<ApiTokenRow & {
   );
 }
 
+/** The tokens of one organisation, oldest first (ids, roles and dates only). */
+export async function listApiTokensOfOrg(store: Store, org: string): Promise<Array<ApiTokenRow & { label: string | null; created_at: number }>> {
+  return store.transaction((tx) =>
+    tx.all<ApiTokenRow & { label: string | null; created_at: number }>("SELECT id, org, role, label, created_at, expires_at, revoked_at FROM api_tokens WHERE org = ? ORDER BY created_at, id", [org]),
+  );
+}
+
 export interface CreatedToken {
   id: string;
   token: string;

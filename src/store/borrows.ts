@@ -52,3 +52,8 @@ export async function endBorrow(tx: Tx, id: string, state: Exclude<BorrowRow["st
 export async function deleteEndedBorrow(tx: Tx, id: string, endedBefore: number): Promise<number> {
   return tx.run("DELETE FROM borrows WHERE id = ? AND state <> 'active' AND ended_at <= ?", [id, endedBefore]);
 }
+
+/** The org's active keeper borrows, soonest hard deadline first (the dashboard). */
+export async function listActiveBorrows(tx: Tx, org: string): Promise<BorrowRow[]> {
+  return tx.all<BorrowRow>("SELECT * FROM borrows WHERE org = ? AND state = 'active' ORDER BY expires_at, id", [org]);
+}

@@ -112,3 +112,8 @@ export async function closeGrantsOfMachineRows(tx: Tx, machineId: string, now: n
 export async function deleteClosedGrant(tx: Tx, id: string, endedBefore: number): Promise<number> {
   return tx.run("DELETE FROM grants WHERE id = ? AND state = 'closed' AND ended_at <= ?", [id, endedBefore]);
 }
+
+/** The org's grants not yet closed (live, or on their way out), soonest expiry first (the dashboard). */
+export async function listOpenGrants(tx: Tx, org: string): Promise<GrantRow[]> {
+  return tx.all<GrantRow>("SELECT * FROM grants WHERE org = ? AND state <> 'closed' ORDER BY expires_at, id", [org]);
+}

@@ -171,3 +171,19 @@ export async function machineCounts(tx: Tx): Promise<Array<{ pool: string; state
 export async function deleteMachine(tx: Tx, id: string): Promise<void> {
   await tx.run("DELETE FROM machines WHERE id = ?", [id]);
 }
+
+/** Machine counts per pool and state of one org (the dashboard's overview). */
+export async function countMachinesByPoolState(tx: Tx, org: string): Promise<Array<{ pool: string; state: MachineState; n: number }>> {
+  const rows = await tx.all<{ pool: string; state: MachineState; n: number }>("SELECT pool, state, COUNT(*) AS n FROM machines WHERE org = ? GROUP BY pool, state", [org]);
+  return rows.map((r) => ({ ...r, n: Number(r.n) }));
+}
+
+/** A pool's machines that are not destroyed, by state then age (the dashboard's pool page). */
+export async function listLiveMachinesOfPool(tx: Tx, org: string, pool: string): Promise<MachineRow[]> {
+  return tx.all<MachineRow>("SELECT * FROM machines WHERE org = ? AND pool = ? AND state <> 'destroyed' ORDER BY state, created_at, id", [org, pool]);
+}
+
+/** The org's quarantined machines, longest quarantined first. */
+export async function listQuarantined(tx: Tx, org: string): Promise<MachineRow[]> {
+  return tx.all<MachineRow>("SELECT * FROM machines WHERE org = ? AND state = 'quarantined' ORDER BY state_since, id", [org]);
+}

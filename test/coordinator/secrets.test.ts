@@ -108,6 +108,12 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         assert.equal(again.repeated, true);
         await refused(mem.call("POST", `/v1/borrows/${b1.borrowId}/return`, { token: b2.borrowToken }), 403, "token_mismatch");
         await mem.call("POST", `/v1/borrows/${b2.borrowId}/return`, { token: b2.borrowToken, disposition: "drain" });
+        // A dashboard session: the API token in a form body, the session id in a cookie; neither is stored raw.
+        const signIn = await fetch(`${s.coord.url}/ui/sign-in`, { method: "POST", body: new URLSearchParams({ token: admin.token }), redirect: "manual" });
+        const session = /berth_session=([^;]+)/.exec(signIn.headers.get("set-cookie") ?? "")![1]!;
+        secrets.push(session);
+        assert.equal((await fetch(`${s.coord.url}/ui`, { headers: { cookie: `berth_session=${session}` } })).status, 200);
+        await fetch(`${s.coord.url}/ui/sign-in`, { method: "POST", body: new URLSearchParams({ token: stranger }) });
 
         const metrics = (await api.raw("GET", "/metrics")).text;
         assert.match(metrics, /berth_borrow_requests_total\{[^}]*\} 2/, "the metrics are really there");

@@ -64,6 +64,7 @@ describe("isExpired and grantUsable: at now == expiresAt the grant is expired", 
 describe("afterInvalidation: where the machine of an invalidated grant goes", () => {
   const cases: Array<{ reason: InvalidationReason; to: "cleanup" | "quarantine" | "drain"; tag: string }> = [
     { reason: "returned", to: "cleanup", tag: "[I5]" },
+    { reason: "ended_by_operator", to: "cleanup", tag: "[I5]" },
     { reason: "expired", to: "cleanup", tag: "[I5]" },
     { reason: "token_revoked", to: "cleanup", tag: "[I5]" },
     { reason: "drained", to: "drain", tag: "" },

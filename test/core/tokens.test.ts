@@ -11,6 +11,8 @@ const DOMAINS: Array<[TokenDomain, string]> = [
   ["agent", "bag"],
   ["enroll", "ben"],
   ["host-call", "bhc"],
+  ["session", "bss"],
+  ["csrf", "bcs"],
 ];
 const fixed = (n: number) => new Uint8Array(n).fill(7);
 

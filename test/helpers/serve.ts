@@ -101,7 +101,7 @@ export async function startServe(loc: StoreLocation, env: Record<string, string>
   return { child, url, output: () => out, waitFor, kill };
 }
 
-const TABLES = ["api_tokens", "pools", "hosts", "machines", "claims", "borrows", "grants", "due", "operations", "audit", "schema_version", "alloc_owners", "host_accounts", "allocations", "allocation_actors", "allocation_ledger"] as const;
+const TABLES = ["api_tokens", "pools", "hosts", "machines", "claims", "borrows", "grants", "due", "operations", "audit", "schema_version", "alloc_owners", "host_accounts", "allocations", "allocation_actors", "allocation_ledger", "ui_sessions"] as const;
 
 /** Every row of every table, in a stable order: equal dumps mean equal stores. */
 export async function dumpAll(store: Store): Promise<Record<string, string[]>> {

@@ -57,6 +57,7 @@ Example:
         const stopSweep = aws ? aws.sweep(store, c.ctx.log) : () => undefined;
         c.ctx.log.info({ url: c.url, store: store.dialect, portable: o.portable }, "berth coordinator listening");
         process.stdout.write(`berth coordinator listening on ${c.url} (${store.dialect}${o.portable ? ", portable access enabled" : ""})\n`);
+        process.stdout.write(`dashboard at ${c.url}/ui (sign in with an API token: berth token create)\n`);
         await new Promise<void>((resolveStop) => {
           const stop = () => resolveStop();
           process.once("SIGINT", stop);

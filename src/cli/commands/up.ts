@@ -187,7 +187,7 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
           }
         } else {
           process.stdout.write(
-            `berth is up.\n  coordinator  ${coord.url}\n  admin token  ${join(dir, "admin.token")} (0600)\n  client conf  ${join(dir, "client.json")}\n\nNext, from this directory:\n  berth pool show default\n  berth run --pool default -- uname -a\nCtrl-C stops berth and destroys its machines.\n`,
+            `berth is up.\n  coordinator  ${coord.url}\n  dashboard    ${coord.url}/ui (sign in with the admin token)\n  admin token  ${join(dir, "admin.token")} (0600)\n  client conf  ${join(dir, "client.json")}\n\nNext, from this directory:\n  berth pool show default\n  berth run --pool default -- uname -a\nCtrl-C stops berth and destroys its machines.\n`,
           );
           await new Promise<void>((r) => {
             process.once("SIGINT", () => r());

@@ -67,8 +67,13 @@ export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string): Pr
   if (out.work) ctx.kick();
   ctx.metrics.warm.inc({ pool: out.pool, result: "hit" });
   ctx.metrics.borrowRequests.inc({ pool: out.pool, access: "keeper", outcome: "ok" });
-  if (out.readySince !== null) ctx.metrics.readyAge.observe(Math.max(0, now - out.readySince) / 1000);
-  ctx.metrics.borrowLatency.observe({ access: "keeper" }, Number(process.hrtime.bigint() - started) / 1e9);
+  ctx.metrics.observeBorrow({
+    org: p.org,
+    pool: out.pool,
+    access: "keeper",
+    latencySeconds: Number(process.hrtime.bigint() - started) / 1e9,
+    readyAgeSeconds: out.readySince !== null ? Math.max(0, now - out.readySince) / 1000 : null,
+  });
   const m = out.machine;
   return {
     borrowId,

@@ -10,8 +10,8 @@ import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
 import { applyTransition } from "./transition.js";
 import { clearDue, setDue } from "../../store/due.js";
-import { endBorrow, lockActiveBorrowsOfPool } from "../../store/borrows.js";
-import { lockLiveGrantsOfPool } from "../../store/grants.js";
+import { endBorrow, lockActiveBorrowsOfPool, lockBorrow } from "../../store/borrows.js";
+import { lockGrantAt, lockLiveGrantsOfPool } from "../../store/grants.js";
 import { countLiveMachines, lockMachine, lockReadyMachines } from "../../store/machines.js";
 import { lockPool, zeroPoolCapacity } from "../../store/pools.js";
 import { invalidateGrant } from "./grants.js";
@@ -49,6 +49,45 @@ export async function drainPool(ctx: Ctx, p: Principal, name: string, force: boo
     }
     return { drained, remaining: await countLiveMachines(tx, p.org, name) };
   });
+  ctx.kick();
+  return r;
+}
+
+/**
+ * Draining one machine (the dashboard's "drain", `POST /v1/machines/{id}/drain`):
+ * a ready, provisioning or quarantined machine is retired at once. A lent one
+ * loses its borrower first, as a forced pool drain does: a keeper borrow ends
+ * and the machine is destroyed (destruction proves the sessions gone); a
+ * portable grant is invalidated as `drained`. A machine already on its way
+ * out is answered as it is; one in the middle of cleanup is refused (drain it
+ * once its cleanup has finished).
+ */
+export async function drainMachine(ctx: Ctx, p: Principal, machineId: string): Promise<{ machineId: string; state: string }> {
+  const now = ctx.now();
+  const nonce = Buffer.from(ctx.randomBytes(8)).toString("hex");
+  const r = await ctx.store.transaction(async (tx) => {
+    const m = await lockMachine(tx, machineId);
+    if (!m || m.org !== p.org) throw new BerthError("not_found", `not_found: no machine ${machineId} in this organisation`);
+    if (m.state === "draining" || m.state === "destroying" || m.state === "destroyed") return { machineId: m.id, state: m.state };
+    if (m.access === "portable" && ["reserved", "installing", "busy"].includes(m.state)) {
+      const g = await lockGrantAt(tx, m.id, m.generation);
+      if (g && g.org === m.org) {
+        await invalidateGrant(tx, ctx, g, "drained", now, `${nonce}:${g.id}`);
+        return { machineId: m.id, state: (await lockMachine(tx, m.id))?.state ?? "destroyed" };
+      }
+    }
+    if (m.access === "keeper" && m.state === "busy" && m.lent_to !== null) {
+      const b = await lockBorrow(tx, m.lent_to);
+      if (b && b.state === "active" && b.generation === m.generation) {
+        await endBorrow(tx, b.id, "returned", "machine drained", now);
+        await clearDue(tx, "heartbeat", b.id);
+        await setDue(tx, "retention", `b:${b.id}`, now + ctx.config.retentionMs);
+      }
+    }
+    // The trail's subject: the borrow that lost its machine, else the operator's token (by id).
+    const applied = await applyTransition(tx, ctx, m, { kind: "drain", reason: "drained by an operator" }, now, { subject: m.lent_to ?? p.tokenId, nonce: `${nonce}:${m.id}` });
+    return { machineId: m.id, state: applied.machine.state };
+  }, { name: "drain_machine" });
   ctx.kick();
   return r;
 }

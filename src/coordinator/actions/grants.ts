@@ -281,8 +281,13 @@ export function createPortable(ctx: Ctx, deps: PortableDeps): PortableApi {
       ctx.metrics.warm.inc({ pool: poolName, result: "hit" });
       ctx.metrics.borrowRequests.inc({ pool: poolName, access: "portable", outcome: "ok" });
       ctx.metrics.grants.inc({ pool: poolName, event: "issued" });
-      if (out.readySince !== null) ctx.metrics.readyAge.observe(Math.max(0, now - out.readySince) / 1000);
-      ctx.metrics.borrowLatency.observe({ access: "portable" }, Number(process.hrtime.bigint() - started) / 1e9);
+      ctx.metrics.observeBorrow({
+        org: p.org,
+        pool: poolName,
+        access: "portable",
+        latencySeconds: Number(process.hrtime.bigint() - started) / 1e9,
+        readyAgeSeconds: out.readySince !== null ? Math.max(0, now - out.readySince) / 1000 : null,
+      });
       const m = out.machine;
       return {
         borrowId: grantId,

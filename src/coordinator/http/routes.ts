@@ -14,7 +14,8 @@ import { registerMachine } from "../actions/register.js";
 import { borrowKeeper, getBorrow, heartbeatKeeper, returnKeeper } from "../actions/borrow.js";
 import { enrollHost, listHosts } from "../actions/hosts.js";
 import { confirmDestroyed } from "../actions/destroyed.js";
-import { drainPool } from "../actions/drain.js";
+import { drainMachine, drainPool } from "../actions/drain.js";
+import { endBorrowAsOperator } from "../actions/end-borrow.js";
 import { presentPool, presentBorrow, presentHost } from "./present.js";
 import { BerthError } from "../../core/errors.js";
 import type { PortableApi } from "../actions/portable-api.js";
@@ -58,6 +59,8 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
     new Reply(201, await registerMachine(ctx, req.auth, { pool: req.params.pool!, ...req.body })),
   );
   app.post("/v1/machines/:machine/destroyed", auth("operator"), async (req) => confirmDestroyed(ctx, req.auth, req.params.machine!));
+  app.post("/v1/machines/:machine/drain", auth("operator"), async (req) => drainMachine(ctx, req.auth, req.params.machine!));
+  app.post("/v1/borrows/:borrow/end", auth("operator"), async (req) => endBorrowAsOperator(ctx, req.auth, req.params.borrow!));
   app.post("/v1/pools/:pool/borrow", { ...auth("member"), body: borrowSchema }, async (req) => {
     const body = req.body;
     if (body.access === "portable") {

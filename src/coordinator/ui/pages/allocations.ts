@@ -1,0 +1,44 @@
+/**
+ * Allocations and owners' budgets: a member sees its own allocations, an
+ * operator the organisation's and every owner's budget (as the API's
+ * `GET /v1/allocations` and `GET /v1/owners`). Release is offered to whoever
+ * the API lets release.
+ */
+import type { Principal } from "../../auth.js";
+import { allows } from "../../auth.js";
+import type { AllocCtx } from "../../actions/allocation-create.js";
+import { listAllocationsFor } from "../../actions/allocation-read.js";
+import { ownersOf } from "../../actions/alloc-owners.js";
+import type { AllocationRecord } from "../../../store/allocations.js";
+import type { OwnerRecord } from "../../../store/alloc-owners.js";
+import { html, type Html } from "../html.js";
+import { action, ago, capacity, deadline, type View } from "../layout.js";
+
+export interface AllocationsData {
+  allocations: AllocationRecord[];
+  owners: OwnerRecord[] | null;
+}
+
+export async function loadAllocations(ctx: AllocCtx, p: Principal): Promise<AllocationsData> {
+  const operator = allows(p, "operator");
+  // Live allocations only (as `GET /v1/allocations` without `all`); an operator's cover every owner.
+  const allocations = await listAllocationsFor(ctx, { org: p.org, principal: p.tokenId, operator }, false);
+  return { allocations, owners: operator ? await ownersOf(ctx, p.org) : null };
+}
+
+function row(v: View, a: AllocationRecord): Html {
+  const mayRelease = (a.owner === v.principal.tokenId || allows(v.principal, "operator")) && a.state !== "released" && a.state !== "releasing";
+  return html`<tr data-allocation="${a.id}"><td>${a.id}</td><td class="state">${a.state}</td><td><code>${a.owner}</code></td><td>${a.size} (${a.vcpu} vCPU, ${a.memoryMib} MiB)</td><td>${a.plan.hostName}</td>
+<td>${ago(v.now, a.createdAt)}</td><td>${deadline(v.now, a.expiresAt)}</td><td>${mayRelease ? action({ action: `/ui/allocations/${a.id}/release`, label: "Release", confirm: `Release allocation ${a.id}? Its workspace is torn down.` }) : ""}</td></tr>`;
+}
+
+export function renderAllocations(v: View, d: AllocationsData): Html {
+  return html`<h2 id="allocs">Allocations (${d.allocations.length})</h2>
+${d.allocations.length === 0 ? html`<p class="muted">No live allocation.</p>` : html`<table aria-labelledby="allocs"><thead><tr><th>Allocation</th><th>State</th><th>Owner</th><th>Size</th><th>Host</th><th>Age</th><th>Expires</th><th>Action</th></tr></thead>
+<tbody>${d.allocations.map((a) => row(v, a))}</tbody></table>`}
+${d.owners === null ? html`<p class="muted">Owners' budgets are shown to operators.</p>` : html`<h2 id="owners">Owners' budgets (${d.owners.length})</h2>
+${d.owners.length === 0 ? html`<p class="muted">No owner admitted.</p>` : html`<table aria-labelledby="owners"><thead><tr><th>Owner</th><th>vCPU</th><th>Memory</th><th>Allocations</th></tr></thead>
+<tbody>${d.owners.map(
+    (o) => html`<tr data-owner="${o.owner}"><td><code>${o.owner}</code></td><td>${capacity("vCPU", o.used.vcpu, o.budget.vcpu)}</td><td>${capacity("memory", o.used.memoryMib, o.budget.memoryMib, " MiB")}</td><td>${capacity("allocations", o.used.count, o.budget.count)}</td></tr>`,
+  )}</tbody></table>`}`}`;
+}

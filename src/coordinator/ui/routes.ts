@@ -1,0 +1,152 @@
+/**
+ * The dashboard at `/ui`, on the coordinator's own HTTP server:
+ *
+ *   GET  /ui/sign-in, POST /ui/sign-in      the token form → session cookie
+ *   POST /ui/sign-out                        ends the session server-side
+ *   GET  /ui, /ui/pools/{pool}, /ui/borrows, /ui/allocations,
+ *        /ui/machines/{machine}, /ui/tokens  pages (`?part=live`: the live region only)
+ *   GET  /ui/events                          the live stream (sse.ts)
+ *   GET  /ui/assets/*                        htmx, uPlot, the dashboard's script and styles
+ *   POST /ui/...                             actions (actions.ts)
+ *
+ * Pages run the same org-scoped reads and role checks as the API; a page
+ * without a session redirects to the sign-in form.
+ */
+import type { IncomingMessage } from "node:http";
+import { z } from "zod";
+import { BerthError } from "../../core/errors.js";
+import type { HttpServer } from "../../http/server.js";
+import { TAKEN } from "../../http/server.js";
+import type { Ctx } from "../context.js";
+import type { Id } from "../../core/ids.js";
+import { type Html } from "./html.js";
+import { page, type View } from "./layout.js";
+import { ASSET_PATHS, serveAsset } from "./assets.js";
+import { closeSession, checkCsrf, checkOrigin, DEFAULT_SESSION_MS, openSession, overTls, sessionOf, sessionStillValid, setCookieHeader, type Session, type SessionDeps } from "./session.js";
+import { LiveChanges } from "./sse.js";
+import { redirect, sendHtml, sendRefusal } from "./respond.js";
+import { renderSignIn } from "./pages/plain.js";
+import { loadOverview, renderOverview } from "./pages/overview.js";
+import { loadPool, renderPool } from "./pages/pool.js";
+import { loadBorrows, renderBorrows } from "./pages/borrows.js";
+import { loadAllocations, renderAllocations } from "./pages/allocations.js";
+import { loadMachine, renderMachine } from "./pages/machine.js";
+import { loadTokens, renderTokens } from "./pages/tokens.js";
+import { addUiActions } from "./actions.js";
+
+export interface UiOptions {
+  /** Session lifetime (default one hour; never past the token's expiry). */
+  sessionMs?: number;
+  /** How often the live stream looks for changes (default 500 ms). */
+  liveIntervalMs?: number;
+  /** How often a live stream re-checks its session (default 5 s). */
+  liveRecheckMs?: number;
+}
+
+export interface Ui {
+  live: LiveChanges;
+  stop(): void;
+}
+
+interface PageOut {
+  title: string;
+  current: string;
+  body: Html;
+}
+
+function query(req: IncomingMessage): URLSearchParams {
+  const url = req.url ?? "";
+  const q = url.indexOf("?");
+  return new URLSearchParams(q < 0 ? "" : url.slice(q + 1));
+}
+
+export function addUiRoutes(app: HttpServer, ctx: Ctx, o: UiOptions = {}): Ui {
+  const sd: SessionDeps = { store: ctx.store, now: ctx.now, randomBytes: ctx.randomBytes, sessionMs: o.sessionMs ?? DEFAULT_SESSION_MS };
+  const live = new LiveChanges({
+    store: ctx.store,
+    sessionValid: (hash) => sessionStillValid(sd, hash),
+    log: ctx.log,
+    intervalMs: o.liveIntervalMs ?? 500,
+    recheckMs: o.liveRecheckMs ?? 5000,
+  });
+  /** Session check before the body is read (the HTTP layer's order); refusals are the layer's JSON. */
+  const withSession = { auth: async (req: IncomingMessage): Promise<Session> => {
+    checkOrigin(req);
+    return sessionOf(sd, req);
+  } };
+
+  for (const path of ASSET_PATHS) {
+    app.get(path, {}, async (req) => {
+      serveAsset(path, req.raw, req.res);
+      return TAKEN;
+    });
+  }
+
+  app.get("/ui/sign-in", {}, async (req) => {
+    const signedIn = await sessionOf(sd, req.raw).then(() => true, () => false);
+    return signedIn ? redirect(req.res, "/ui") : sendHtml(req.res, 200, renderSignIn());
+  });
+  app.post("/ui/sign-in", { bodyType: "form", body: z.object({ token: z.string().max(500).default("") }) }, async (req) => {
+    checkOrigin(req.raw);
+    try {
+      const s = await openSession(sd, req.body.token.trim());
+      return redirect(req.res, "/ui", { "set-cookie": setCookieHeader(s.cookie, s.expiresAt - ctx.now(), overTls(req.raw)) });
+    } catch (e) {
+      if (e instanceof BerthError && (e.code === "unauthorized" || e.code === "forbidden")) {
+        const why = e.code === "forbidden" ? "This token's role (agent) cannot use the dashboard; sign in with a member, operator or admin token." : e.message.replace(/^unauthorized: /, "");
+        return sendHtml(req.res, e.status, renderSignIn({ error: `Not signed in: ${why}` }));
+      }
+      throw e;
+    }
+  });
+  app.post("/ui/sign-out", { ...withSession, bodyType: "form", body: z.object({ csrf: z.string().optional() }) }, async (req) => {
+    checkCsrf(req.auth, req.body.csrf);
+    await closeSession(sd, req.auth.hash);
+    live.endSession(req.auth.hash);
+    return redirect(req.res, "/ui/sign-in", { "set-cookie": setCookieHeader("", 0, overTls(req.raw)) });
+  });
+
+  app.get("/ui/events", {}, async (req) => {
+    const s = await sessionOf(sd, req.raw);
+    live.open(req.res, s.principal.org, s.hash, query(req.raw).get("since") ?? "");
+    return TAKEN;
+  });
+
+  /** A page: no session → the sign-in form; `?part=live` → the live region alone; a refusal → an error page. */
+  const pageRoute = (path: string, build: (v: View, params: Record<string, Id>) => Promise<PageOut>) =>
+    app.get(path, {}, async (req) => {
+      const started = process.hrtime.bigint();
+      const part = query(req.raw).get("part") === "live";
+      let s: Session;
+      try {
+        s = await sessionOf(sd, req.raw);
+      } catch (e) {
+        if (part) return sendHtml(req.res, 401, renderSignIn(), { "hx-redirect": "/ui/sign-in" });
+        if (e instanceof BerthError && e.code === "unauthorized") return redirect(req.res, "/ui/sign-in");
+        throw e;
+      }
+      const self = (req.raw.url ?? path).split("?")[0]!;
+      const v: View = { principal: s.principal, csrf: s.csrf, now: ctx.now(), here: self };
+      try {
+        // The mark is read before the data, so a change after it is always reported.
+        const mark = part ? "" : await live.digest(s.principal.org);
+        const out = await build(v, req.params);
+        const html = part ? out.body : page(v, { title: out.title, current: out.current, live: self, mark, body: out.body });
+        const bytes = Buffer.from(html.text, "utf8");
+        // The server's share of the answer (session, change mark, reads, rendering, encoding), for operators and the bench.
+        return sendHtml(req.res, 200, bytes, { "server-timing": `page;dur=${(Number(process.hrtime.bigint() - started) / 1e6).toFixed(2)}` });
+      } catch (e) {
+        return sendRefusal(req.res, e, true);
+      }
+    });
+
+  pageRoute("/ui", async (v) => ({ title: "Overview", current: "/ui", body: renderOverview(v, await loadOverview(ctx.store, v.principal)) }));
+  pageRoute("/ui/pools/:pool", async (v, p) => ({ title: `Pool ${p.pool}`, current: "", body: renderPool(v, await loadPool(ctx.store, ctx.metrics, v.principal, p.pool!)) }));
+  pageRoute("/ui/borrows", async (v) => ({ title: "Borrows and grants", current: "/ui/borrows", body: renderBorrows(v, await loadBorrows(ctx.store, v.principal)) }));
+  pageRoute("/ui/allocations", async (v) => ({ title: "Allocations", current: "/ui/allocations", body: renderAllocations(v, await loadAllocations(ctx, v.principal)) }));
+  pageRoute("/ui/machines/:machine", async (v, p) => ({ title: `Machine ${p.machine}`, current: "", body: renderMachine(v, await loadMachine(ctx.store, v.principal, p.machine!)) }));
+  pageRoute("/ui/tokens", async (v) => ({ title: "API tokens", current: "/ui/tokens", body: renderTokens(v, await loadTokens(ctx.store, v.principal)) }));
+
+  addUiActions(app, ctx, { withSession, live });
+  return { live, stop: () => live.stop() };
+}

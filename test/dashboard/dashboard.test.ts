@@ -1,0 +1,252 @@
+/**
+ * The dashboard in a real browser (chromium through playwright-core) against
+ * a real coordinator on a SQLite file: sign in, the overview, a borrow made
+ * through the API appearing and leaving without a reload, draining a machine
+ * from the page, organisation isolation, CSRF refusal, sign-out ending the
+ * session server-side; screenshots of every page; and no token in any page,
+ * URL or log line of the run.
+ */
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { randomBytes } from "node:crypto";
+import pino from "pino";
+import type { Browser, BrowserContext, Page } from "playwright-core";
+import { startCoordinator, type Coordinator } from "../../src/coordinator/server.js";
+import { createToken, type Role } from "../../src/coordinator/auth.js";
+import { SqliteStore } from "../../src/store/sqlite/sqlite-store.js";
+import { Api } from "../../src/cli/api.js";
+import { hashToken } from "../../src/core/tokens.js";
+import { tempDir } from "../helpers/env.js";
+import { BROWSER_SKIP, launch, recordedPage, screenshotDir, type Seen } from "../helpers/browser.js";
+
+type Claim = { token: string };
+
+describe("dashboard in chromium", { skip: BROWSER_SKIP }, () => {
+  const dir = tempDir("berth-dash-");
+  const logFile = join(dir.path, "coordinator.log");
+  const seen: Seen = { urls: [], html: [] };
+  const secrets: string[] = [];
+  const shots = screenshotDir();
+  let store: SqliteStore;
+  let coord: Coordinator;
+  let browser: Browser;
+  let ctxA: BrowserContext;
+  let page: Page;
+  const apis: Api[] = [];
+  const tok: Record<string, { id: string; token: string }> = {};
+
+  const token = async (name: string, role: Role, org: string) => {
+    tok[name] = await createToken(store, { org, role, expiresAt: null, label: name }, Date.now(), (n) => randomBytes(n));
+    secrets.push(tok[name]!.token);
+    return tok[name]!;
+  };
+  const api = (name: string) => {
+    const a = new Api(coord.url, tok[name]!.token);
+    apis.push(a);
+    return a;
+  };
+  const seedPool = async (a: Api, name: string, n: number) => {
+    const e = await a.call<{ claims: Claim[] }>("POST", `/v1/pools/${name}/ensure`, { minReady: n, maxReady: n + 1, compatibilityKey: "linux-x64" });
+    for (const [i, c] of e.claims.entries()) await a.call("POST", `/v1/pools/${name}/machines`, { claimToken: c.token, resourceId: `${name}-vm-${i}`, ssh: { host: "10.0.0.1", port: 22, user: "ci" } });
+  };
+  const shot = (p: Page, name: string) => p.screenshot({ path: join(shots, `${name}.png`), fullPage: true });
+  const signIn = async (p: Page, t: string) => {
+    await p.goto(`${coord.url}/ui`);
+    assert.match(p.url(), /\/ui\/sign-in$/);
+    await p.fill("#token", t);
+    await p.press("#token", "Enter");
+    await p.waitForURL(`${coord.url}/ui`);
+  };
+  /** Waits until the page's live stream is open (a change is then pushed to it). */
+  const streaming = (p: Page) => p.waitForResponse((r) => r.url().includes("/ui/events"), { timeout: 5000 });
+
+  before(async () => {
+    store = new SqliteStore({ path: join(dir.path, "berth.db") });
+    const log = pino({ level: "trace" }, pino.destination({ dest: logFile, sync: true }));
+    coord = await startCoordinator({ store, secret: randomBytes(32), log, reconcileIntervalMs: 50, ui: { liveIntervalMs: 200, liveRecheckMs: 500 } });
+    await token("adminA", "admin", "acme");
+    await token("memberA", "member", "acme");
+    await token("agentA", "agent", "acme");
+    await token("adminB", "admin", "globex");
+    await seedPool(api("adminA"), "ci", 3);
+    await seedPool(api("adminA"), "build", 1);
+    await seedPool(api("adminB"), "zeta", 1);
+    await api("agentA").call("POST", "/v1/hosts/enroll", {
+      name: "host-a",
+      url: "http://127.0.0.1:1",
+      runtime: "process",
+      capacity: { vcpu: 8, memoryMb: 16384, slots: 4 },
+      ssh: { host: "127.0.0.1", port: 2222, hostKey: "ssh-ed25519 AAAA", fingerprint: "SHA256:x" },
+    });
+    await api("adminA").call("POST", `/v1/owners/${tok.memberA!.id}/admit`, { vcpu: 4, memoryMib: 8192, count: 2 });
+    await api("memberA").call("POST", "/v1/allocations", { id: "al-dash-1", size: "small", durationMs: 3_600_000 });
+    browser = await launch();
+    ({ context: ctxA, page } = await recordedPage(browser, seen));
+    page.on("dialog", (d) => void d.accept());
+  });
+
+  after(async () => {
+    await browser?.close();
+    await Promise.all(apis.map((a) => a.close()));
+    await coord?.stop();
+    await store?.close();
+    dir.cleanup();
+  });
+
+  test("sign in with a token: an httpOnly, SameSite=Strict session cookie; a wrong token is refused", async () => {
+    await page.goto(`${coord.url}/ui/sign-in`);
+    await shot(page, "sign-in");
+    await page.fill("#token", "bat_not-a-real-token");
+    await page.press("#token", "Enter");
+    assert.match(await page.locator("[role=alert]").innerText(), /not known/);
+    await signIn(page, tok.adminA!.token);
+    const [cookie] = await ctxA.cookies();
+    assert.equal(cookie?.name, "berth_session");
+    assert.equal(cookie?.httpOnly, true);
+    assert.equal(cookie?.sameSite, "Strict");
+    assert.equal(cookie?.path, "/ui");
+  });
+
+  test("the overview shows the organisation's seeded pools, hosts and their figures", async () => {
+    await page.goto(`${coord.url}/ui`);
+    assert.deepEqual(await page.locator("tr[data-pool]").evaluateAll((rows) => rows.map((r) => r.getAttribute("data-pool"))), ["build", "ci"]);
+    assert.match(await page.locator('tr[data-pool="ci"]').innerText(), /ready 3 · lent 0 · cleanup 0 \(min 3, max 4\)/);
+    assert.match(await page.locator('tr[data-host="host-a"]').innerText(), /process/);
+    await shot(page, "overview");
+    // Keyboard: the focused button keeps the focus while a live refresh changes the page around it.
+    const open = streaming(page);
+    await page.reload();
+    await open;
+    const drainCi = page.locator('tr[data-pool="ci"] button');
+    await drainCi.focus();
+    await seedPool(api("adminA"), "zz-late", 1);
+    await page.locator('tr[data-pool="zz-late"]').waitFor({ timeout: 2000 });
+    assert.equal(await page.evaluate(() => document.activeElement?.getAttribute("formaction")), "/ui/pools/ci/drain");
+  });
+
+  test("a borrow made through the API appears within 2 s without a reload, and leaves after its return", async () => {
+    const open = streaming(page);
+    await page.goto(`${coord.url}/ui/borrows`);
+    await open;
+    await page.evaluate(() => ((window as unknown as { marker: number }).marker = 42));
+    const b = await api("memberA").call<{ borrowId: string; borrowToken: string }>("POST", "/v1/pools/ci/borrow", {});
+    secrets.push(b.borrowToken);
+    const row = page.locator(`tr[data-borrow="${b.borrowId}"]`);
+    await row.waitFor({ state: "visible", timeout: 2000 });
+    assert.match(await row.innerText(), /left/);
+    await shot(page, "borrows");
+    await api("memberA").call("POST", `/v1/borrows/${b.borrowId}/return`, { token: b.borrowToken });
+    await row.waitFor({ state: "detached", timeout: 2000 });
+    assert.equal(await page.evaluate(() => (window as unknown as { marker?: number }).marker), 42, "the page was not reloaded");
+  });
+
+  test("drain a machine from the pool page: it leaves the ready machines, and the page when destroyed", async () => {
+    const open = streaming(page);
+    await page.goto(`${coord.url}/ui/pools/ci`);
+    await open;
+    await shot(page, "pool");
+    const ready = page.locator('table[data-group="ready"] tr[data-machine]');
+    const before = await ready.count();
+    const id = (await ready.first().getAttribute("data-machine"))!;
+    const reopened = streaming(page);
+    await page.locator(`tr[data-machine="${id}"] button`).click();
+    await page.waitForURL(`${coord.url}/ui/pools/ci`);
+    await reopened;
+    await page.locator(`table[data-group="draining"] tr[data-machine="${id}"]`).waitFor({ timeout: 2000 });
+    assert.equal(await page.locator(`table[data-group="ready"] tr[data-machine="${id}"]`).count(), 0);
+    assert.equal(await ready.count(), before - 1);
+    // The outside keeper confirms destruction; the machine leaves the page live.
+    await api("adminA").call("POST", `/v1/machines/${id}/destroyed`, {});
+    await page.locator(`tr[data-machine="${id}"]`).waitFor({ state: "detached", timeout: 2000 });
+    await page.goto(`${coord.url}/ui/machines/${id}`);
+    // The timeline, newest first: confirmed destroyed, drained from the page, … registered ready.
+    const states = await page.locator("#live table").last().locator("tbody tr td:nth-child(4)").allInnerTexts();
+    assert.deepEqual(states.slice(0, 2), ["destroyed", "draining"]);
+    await shot(page, "machine");
+  });
+
+  test("a form posted without the session's CSRF token (or from another site) is refused and changes nothing", async () => {
+    const pool = await api("adminA").call<{ states: Record<string, number> }>("GET", "/v1/pools/build");
+    await page.goto(`${coord.url}/ui/pools/build`);
+    const id = (await page.locator('table[data-group="ready"] tr[data-machine]').first().getAttribute("data-machine"))!;
+    const csrf = (await page.locator('input[name="csrf"]').first().getAttribute("value"))!;
+    const none = await page.request.post(`${coord.url}/ui/machines/${id}/drain`, { form: { back: "/ui" }, maxRedirects: 0 });
+    assert.equal(none.status(), 403);
+    assert.match(await none.text(), /CSRF token is missing or does not match/);
+    const wrong = await page.request.post(`${coord.url}/ui/machines/${id}/drain`, { form: { csrf: "0".repeat(64) }, maxRedirects: 0 });
+    assert.equal(wrong.status(), 403);
+    const elsewhere = await page.request.post(`${coord.url}/ui/machines/${id}/drain`, { form: { csrf }, headers: { origin: "http://evil.example" }, maxRedirects: 0 });
+    assert.equal(elsewhere.status(), 403);
+    assert.deepEqual((await api("adminA").call<{ states: Record<string, number> }>("GET", "/v1/pools/build")).states, pool.states);
+  });
+
+  test("allocations and owners' budgets; release from the page; the tokens page", async () => {
+    await page.goto(`${coord.url}/ui/allocations`);
+    assert.match(await page.locator('tr[data-allocation="al-dash-1"]').innerText(), /placed/);
+    assert.match(await page.locator(`tr[data-owner="${tok.memberA!.id}"]`).innerText(), /2 \/ 4 vCPU/);
+    await shot(page, "allocations");
+    await page.locator('tr[data-allocation="al-dash-1"] button').click();
+    await page.waitForURL(`${coord.url}/ui/allocations`);
+    assert.equal(await page.locator('tr[data-allocation="al-dash-1"]').count(), 0);
+    await page.goto(`${coord.url}/ui/tokens`);
+    assert.equal(await page.locator("tr[data-token]").count(), 3);
+    await shot(page, "tokens");
+  });
+
+  test("a second organisation's session sees none of the first's pools, machines, borrows or actions", async () => {
+    const { context, page: pb } = await recordedPage(browser, seen);
+    try {
+      await signIn(pb, tok.adminB!.token);
+      assert.deepEqual(await pb.locator("tr[data-pool]").evaluateAll((rows) => rows.map((r) => r.getAttribute("data-pool"))), ["zeta"]);
+      assert.equal(await pb.locator("tr[data-host]").count(), 0);
+      const html = await pb.content();
+      for (const word of ["ci", "build", "host-a"]) assert.ok(!html.includes(`>${word}<`), `org B's overview shows ${word}`);
+      await shot(pb, "overview-other-org");
+      const machineA = (await api("adminA").call<{ states: Record<string, number> }>("GET", "/v1/pools/ci")) && (await page.goto(`${coord.url}/ui/pools/ci`), await page.locator("tr[data-machine]").first().getAttribute("data-machine"))!;
+      assert.equal((await pb.goto(`${coord.url}/ui/pools/ci`))!.status(), 404);
+      assert.equal((await pb.goto(`${coord.url}/ui/machines/${machineA}`))!.status(), 404);
+      await pb.goto(`${coord.url}/ui/borrows`);
+      assert.equal(await pb.locator("tr[data-borrow]").count(), 0);
+      await pb.goto(`${coord.url}/ui/tokens`);
+      assert.equal(await pb.locator("tr[data-token]").count(), 1);
+      const csrf = (await pb.locator('input[name="csrf"]').first().getAttribute("value"))!;
+      const drain = await pb.request.post(`${coord.url}/ui/machines/${machineA}/drain`, { form: { csrf }, maxRedirects: 0 });
+      assert.equal(drain.status(), 404);
+      const revoke = await pb.request.post(`${coord.url}/ui/tokens/${tok.adminA!.id}/revoke`, { form: { csrf }, maxRedirects: 0 });
+      assert.equal(revoke.status(), 404);
+    } finally {
+      await context.close();
+    }
+  });
+
+  test("signing out ends the session server-side: the old cookie is refused", async () => {
+    await page.goto(`${coord.url}/ui`);
+    const [cookie] = await ctxA.cookies();
+    const old = `berth_session=${cookie!.value}`;
+    const rows = () => store.transaction((tx) => tx.all("SELECT hash FROM ui_sessions WHERE hash = ?", [hashToken("session", cookie!.value)]));
+    assert.equal((await rows()).length, 1);
+    await page.getByRole("button", { name: "Sign out" }).click();
+    await page.waitForURL(`${coord.url}/ui/sign-in`);
+    assert.equal((await rows()).length, 0);
+    const again = await fetch(`${coord.url}/ui`, { headers: { cookie: old }, redirect: "manual" });
+    assert.equal(again.status, 303);
+    assert.equal(again.headers.get("location"), "/ui/sign-in");
+    const events = await fetch(`${coord.url}/ui/events`, { headers: { cookie: old } });
+    assert.equal(events.status, 401);
+    await events.text();
+  });
+
+  test("no token appears in any HTML page, URL or log line of the run", async () => {
+    const log = readFileSync(logFile, "utf8");
+    assert.ok(seen.html.length >= 10, `only ${seen.html.length} pages recorded`);
+    assert.ok(log.length > 0);
+    for (const s of secrets) {
+      for (const h of seen.html) assert.ok(!h.includes(s), "a token appears in a page");
+      for (const u of seen.urls) assert.ok(!u.includes(s), `a token appears in the URL ${u.slice(0, 40)}…`);
+      assert.ok(!log.includes(s), "a token appears in the coordinator's log");
+    }
+    process.stdout.write(`# dashboard screenshots in ${shots}\n`);
+  });
+});
