@@ -33,6 +33,7 @@ import { BerthError, assertNever } from "../core/errors.js";
 import { parseId, type Id } from "../core/ids.js";
 import {
   OPERATION_KINDS,
+  isAllocKind,
   hashNormalizedArgs,
   normalizeArgs,
   type DestroyResult,
@@ -81,7 +82,19 @@ export interface AgentOpsDeps {
   log: AgentLog;
 }
 
+/** Who runs the allocation operations (src/agent/allocations.ts), once attached. */
+export interface AllocOpsRunner {
+  run(req: OpRequest & { kind: "alloc_hold" | "alloc_launch" | "alloc_release" }): Promise<OpResponse>;
+}
+
 export class AgentOps {
+  #allocations: AllocOpsRunner | null = null;
+
+  /** Routes alloc_hold / alloc_launch / alloc_release to the allocation operations (they run provision, install_key and destroy through this class). */
+  attachAllocations(a: AllocOpsRunner): void {
+    this.#allocations = a;
+  }
+
   readonly #deps: AgentOpsDeps;
   /** One operation at a time per machine. */
   readonly #perMachine = new KeyedLock();
@@ -101,6 +114,10 @@ export class AgentOps {
     const generation = req.generation;
     if (!Number.isSafeInteger(generation) || generation < 0) {
       throw new BerthError("invalid_request", "invalid_request: generation must be a non-negative integer");
+    }
+    if (isAllocKind(kind)) {
+      if (this.#allocations === null) throw new BerthError("invalid_request", `invalid_request: this agent does not run allocations (${kind})`);
+      return this.#allocations.run({ ...req, kind });
     }
     const args = normalizeArgs(kind, req.args);
     const argsHash = hashNormalizedArgs(args);
@@ -232,6 +249,10 @@ export class AgentOps {
         return this.#scrub(ctx);
       case "destroy":
         return this.#destroy(ctx);
+      case "alloc_hold":
+      case "alloc_launch":
+      case "alloc_release":
+        throw new Error(`${args.kind} is run by the allocation operations, not here`);
       default:
         return assertNever(args, "operation");
     }

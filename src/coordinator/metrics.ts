@@ -26,6 +26,8 @@ export class Metrics {
   readonly allocations = new client.Gauge({ name: "berth_allocations", help: "Allocations by state", labelNames: ["state"], registers: [this.registry] });
   readonly ownerUse = new client.Gauge({ name: "berth_allocation_budget_used_ratio", help: "Share of each owner's budget in use, by dimension (owner is an API token id, never a secret)", labelNames: ["owner", "dimension"], registers: [this.registry] });
 
+  readonly allocationReady = new client.Histogram({ name: "berth_allocation_create_to_ready_seconds", help: "From an allocation's create to its sandbox running with its key installed (ready)", buckets: [0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300], registers: [this.registry] });
+
   /** Set before each scrape from the store (collect hook). */
   setMachineCounts(rows: { pool: string; state: string; n: number }[]): void {
     this.machines.reset();
