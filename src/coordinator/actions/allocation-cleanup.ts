@@ -71,9 +71,9 @@ export async function driveCleanup(d: AllocWorkerDeps, id: string): Promise<void
     if (!won) return; // another coordinator changed the record: decide again at the next visit
   }
 
-  // 2. The agent's cleanup.
-  const generation = Math.max(prior?.record.generation ?? 0, decision.kind === "tombstone" ? decision.next.generation : 0);
-  const res = await agent.op(a.hostId, "alloc_release", `${opBase(a.id)}-r`, allocationMachineId(a.id), generation, { allocationId: a.id, keepVolume: launch.keepVolume });
+  // 2. The agent's cleanup. Generation 0 in the envelope: the agent releases at the highest
+  // generation it knows, so every attempt (any coordinator) is the same request under one id.
+  const res = await agent.op(a.hostId, "alloc_release", `${opBase(a.id)}-r`, allocationMachineId(a.id), 0, { allocationId: a.id, keepVolume: launch.keepVolume });
   await d.pauseAt("alloc_during_release");
 
   // 3. Record and refund, or quarantine.

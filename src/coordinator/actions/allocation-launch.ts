@@ -54,7 +54,10 @@ export async function driveLaunch(d: AllocWorkerDeps, id: string): Promise<void>
   const { ctx } = d;
   const now = ctx.now();
   let plan = await ctx.store.transaction((tx) => decide(tx, d, id, now), { name: "alloc_launch_decide" });
-  if (plan.kind === "takeover") plan = await takeOver(d, plan);
+  if (plan.kind === "takeover") {
+    await d.pauseAt("alloc_before_takeover");
+    plan = await takeOver(d, plan);
+  }
   if (plan.kind === "act") await act(d, plan.a, plan.launch, plan.actor);
 }
 
@@ -106,7 +109,8 @@ async function takeOver(d: AllocWorkerDeps, p: Extract<Plan, { kind: "takeover" 
     if (!a || (a.state !== "placed" && a.state !== "launching")) return { kind: "none" };
     switch (decision.kind) {
       case "recover": {
-        // The prior actor's hold stands: continue its generation under this actor (launch is idempotent).
+        // A live prior actor publishes its own hold; a lapsed one's hold is continued here, at its generation (launch is idempotent).
+        if (standing.kind === "recorded" && standing.liveness === "running") return { kind: "none" };
         const mine: ActorRecord = { ...p.prior!.record, actor: ctx.actor };
         if (!(await casActor(tx, p.prior!.record, mine, now))) return { kind: "none" };
         if (a.state === "placed" && !(await casAllocationState(tx, a.id, "placed", "launching", now, null))) return { kind: "none" };
