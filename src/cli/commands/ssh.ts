@@ -37,7 +37,7 @@ import { Borrow } from "../../client/borrow.js";
 import { loadConfig, type ConfigFlags } from "../../client/config.js";
 import { connect, exitStatusOf, shellQuote, type SshConnection } from "../../client/ssh.js";
 import { readReceipt, type Receipt } from "../receipt.js";
-import { describeError, EXIT, exitCodeOf, iso } from "../common.js";
+import { describeError, exitCodeOf, iso } from "../common.js";
 
 /** Everything needed to reach the borrowed machine. */
 export interface SshPlan {
