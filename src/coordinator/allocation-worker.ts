@@ -6,18 +6,10 @@
  * in this process; other coordinators are kept apart by the actor record and
  * its lease, not by this set.
  */
-import type { Ctx } from "./context.js";
-import type { AllocationAgent } from "./allocation-agent.js";
-import { driveLaunch } from "./actions/allocation-launch.js";
+import { driveLaunch, type AllocWorkerDeps } from "./actions/allocation-launch.js";
 import { driveCleanup } from "./actions/allocation-cleanup.js";
 
-export interface AllocWorkerDeps {
-  ctx: Ctx;
-  /** Calls to the allocation's host agent (holds, launch, release). */
-  agent: AllocationAgent;
-  /** A test hook: stops at a named point (see pauseForTestAt); a no-op in production. */
-  pauseAt: (point: string) => Promise<void>;
-}
+export type { AllocWorkerDeps };
 
 export class AllocationWorker {
   readonly #busy = new Set<string>();

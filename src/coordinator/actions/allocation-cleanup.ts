@@ -35,8 +35,7 @@ import { appendLedger } from "../../store/allocation-ledger.js";
 import { lockHostAccount, setHostUsage } from "../../store/host-accounts.js";
 import { clearDue, setDue } from "../../store/due.js";
 import type { AllocReleaseResult } from "../../protocol/operations.js";
-import { opBase } from "./allocation-launch.js";
-import type { AllocWorkerDeps } from "../allocation-worker.js";
+import { opBase, type AllocWorkerDeps } from "./allocation-launch.js";
 
 /** Attempts with an unknown outcome before the allocation is quarantined (it keeps being retried). */
 export const CLEANUP_ATTEMPTS_BEFORE_QUARANTINE = 5;

@@ -43,7 +43,17 @@ import { lockHostAccount } from "../../store/host-accounts.js";
 import { clearDue, setDue } from "../../store/due.js";
 import { applyTakeover } from "./allocation-takeover.js";
 import { releaseIn } from "./allocation-release.js";
-import type { AllocWorkerDeps } from "../allocation-worker.js";
+import type { Ctx } from "../context.js";
+import type { AllocationAgent } from "../allocation-agent.js";
+
+/** What launches and cleanups need (wired in server.ts; run by allocation-worker.ts). */
+export interface AllocWorkerDeps {
+  ctx: Ctx;
+  /** Calls to the allocation's host agent (holds, launch, release). */
+  agent: AllocationAgent;
+  /** A test hook: stops at a named point (allocation-worker.ts pauseForTestAt); a no-op in production. */
+  pauseAt: (point: string) => Promise<void>;
+}
 
 type Plan =
   | { kind: "none" }
