@@ -38,7 +38,7 @@ export class AllocRig {
   readonly coordinators: ServeProcess[] = [];
 
   /** keepFirst: leave the coordinator that set things up running (else each test starts its own). */
-  constructor(readonly engine: Engine = "sqlite", readonly keepFirst = false, readonly leaseArgs: string[] = ["--alloc-actor-lease", "1s"]) {}
+  constructor(readonly engine: Engine = "sqlite", readonly keepFirst = false, readonly leaseArgs: string[] = ["--alloc-actor-lease", "1s"], readonly runtime: "process" | "gvisor" = "process") {}
 
   get agentDir(): string {
     return join(this.tmp.path, "agent");
@@ -71,7 +71,7 @@ export class AllocRig {
 
   async startAgent(coordinatorUrl: string): Promise<void> {
     this.agent = this.h.spawnAgent({
-      stateDir: this.agentDir, coordinator: coordinatorUrl, enrollTokenFile: join(this.tmp.path, "agent.token"), name: "h1",
+      stateDir: this.agentDir, coordinator: coordinatorUrl, enrollTokenFile: join(this.tmp.path, "agent.token"), name: "h1", runtime: this.runtime,
       extraArgs: ["--vcpu", "16", "--memory-mb", "32768", "--slots", "8"],
     });
     const ready = await this.agent.ready;
