@@ -111,6 +111,10 @@ export class AllocStore {
     const r = this.db.prepare("SELECT * FROM alloc_holds WHERE allocation_id = ?").get(allocationId) as HoldRow | undefined;
     return r ? hold(r) : null;
   }
+  getHoldByMachine(machineId: string): HoldRecord | null {
+    const r = this.db.prepare("SELECT * FROM alloc_holds WHERE machine_id = ? AND state = 'held'").get(machineId) as HoldRow | undefined;
+    return r ? hold(r) : null;
+  }
   listHolds(): HoldRecord[] {
     return (this.db.prepare("SELECT * FROM alloc_holds ORDER BY taken_at, allocation_id").all() as HoldRow[]).map(hold);
   }

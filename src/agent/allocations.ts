@@ -35,7 +35,7 @@ import type { AllocStore, HoldRecord } from "./alloc-store.js";
 import { KeyedLock } from "./keyed-lock.js";
 import { errorMessage, type AgentLog } from "./log.js";
 import type { AgentOps, AllocOpsRunner, OpRequest, OpResponse } from "./ops.js";
-import type { Runtime } from "./runtime/types.js";
+import type { CreateOptions, Runtime } from "./runtime/types.js";
 import type { AgentStore, OpRecord } from "./store.js";
 import type { Volumes } from "./volumes.js";
 
@@ -61,6 +61,12 @@ type AllocArgs = Extract<NormalizedArgs, { kind: AllocOperationKind }>;
 export class AllocationOps implements AllocOpsRunner {
   readonly #lock = new KeyedLock();
   constructor(private readonly d: AllocationOpsDeps) {}
+
+  /** An allocation's sandbox is started with its hold's size (enforced where the runtime can: runtime/limits.ts). */
+  createOptions(machineId: string): CreateOptions | undefined {
+    const h = this.d.allocs.getHoldByMachine(machineId);
+    return h ? { resources: { vcpu: h.vcpu, memoryMib: h.memoryMib } } : undefined;
+  }
 
   async run(req: OpRequest & { kind: AllocOperationKind }): Promise<OpResponse> {
     const opId = parseId(req.opId, "opId");

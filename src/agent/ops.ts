@@ -52,7 +52,7 @@ import type { SessionRegistry } from "./contracts.js";
 import { KeyedLock } from "./keyed-lock.js";
 import { supersededAt, type AgentKeys } from "./keys.js";
 import { errorMessage, type AgentLog } from "./log.js";
-import type { Runtime } from "./runtime/types.js";
+import type { CreateOptions, Runtime } from "./runtime/types.js";
 import type { AgentStore, MachineRecord, OpRecord, StoredKey } from "./store.js";
 
 export type OpKind = OperationKind;
@@ -85,6 +85,8 @@ export interface AgentOpsDeps {
 /** Who runs the allocation operations (src/agent/allocations.ts), once attached. */
 export interface AllocOpsRunner {
   run(req: OpRequest & { kind: "alloc_hold" | "alloc_launch" | "alloc_release" }): Promise<OpResponse>;
+  /** What an allocation's sandbox is started with (its size), by machine id; undefined for pool machines. */
+  createOptions(machineId: string): CreateOptions | undefined;
 }
 
 export class AgentOps {
@@ -278,7 +280,7 @@ export class AgentOps {
     const { runtime, store, keys } = this.#deps;
     const before = this.#machine(ctx.machineId);
     const existed = before.state === "running";
-    const rm = await runtime.create(ctx.machineId);
+    const rm = await runtime.create(ctx.machineId, this.#allocations?.createOptions(ctx.machineId));
     const result: ProvisionResult = { incarnation: rm.incarnation, runtime: runtime.kind, existed };
     const m: MachineRecord = {
       ...before,
