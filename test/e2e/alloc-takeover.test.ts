@@ -116,6 +116,25 @@ describe("allocation launch takeover with real processes (SQLite)", { timeout: 1
     await b.kill();
   });
 
+  test("a host withdrawn after placement (and after the hold) never launches: released, nothing started on the agent", async () => {
+    await createPaused(rig, "w-withdrawn", "alloc_after_hold");
+    const b = await rig.coordinator({ BERTH_TEST_PAUSE_AT: "alloc_before_takeover" });
+    await rig.api(b).call("POST", `/v1/hosts/${rig.hostId}/standing`, { standing: "withdrawn" });
+    await b.kill("SIGKILL");
+    const c = await rig.coordinator();
+    try {
+      await rig.waitState("w-withdrawn", "released");
+      assert.match((await rig.allocation("w-withdrawn")).reason ?? "", /cleanup proven/);
+      assert.deepEqual((await heldFor(rig, "w-withdrawn")).map((h) => h.state), ["released"]);
+      const machine = await rig.agentGet("/v1/agent/machines/a-w-withdrawn");
+      assert.ok(machine.status === 404 || (machine.body as { state?: string }).state === "destroyed", `the sandbox was never started: ${JSON.stringify(machine.body)}`);
+      assert.equal(existsSync(join(rig.agentDir, "volumes", "w-withdrawn")), false, "no volume was made");
+    } finally {
+      await rig.api(c).call("POST", `/v1/hosts/${rig.hostId}/standing`, { standing: "ready" });
+      await c.kill();
+    }
+  });
+
   test("never two holds on the agent across every window above", async () => {
     const holds = await rig.holds();
     const ids = holds.map((h) => h.allocationId);

@@ -102,6 +102,13 @@ export class AllocRig {
     return body.holds;
   }
 
+  /** A GET on the agent's API as the coordinator would make it. */
+  async agentGet(path: string): Promise<{ status: number; body: unknown }> {
+    const secret = Buffer.from(readFileSync(join(this.loc.dir, "coordinator.secret"), "utf8").trim(), "base64");
+    const r = await request(`${this.agentUrl}${path}`, { headers: { authorization: `Bearer ${hostCallToken(secret, this.hostId)}` } });
+    return { status: r.statusCode, body: await r.body.json() };
+  }
+
   /** Calls an agent operation as a (late) coordinator would. */
   async agentOp(body: unknown): Promise<{ status: number; body: { error?: { code: string } } }> {
     const secret = Buffer.from(readFileSync(join(this.loc.dir, "coordinator.secret"), "utf8").trim(), "base64");
