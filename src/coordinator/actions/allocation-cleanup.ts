@@ -5,7 +5,8 @@
  *   1. decide whether the launch actor may still act: `takeoverDecision`
  *      with the desire `retired` over the actor's lease standing and a fresh
  *      hold observation. A running actor with no hold yet, or anything
- *      unreadable, keeps the obligation (retry at the lease end); an absent
+ *      unreadable, keeps the obligation (retry at the lease end; an
+ *      unreadable hold counts as an unproven attempt); an absent
  *      hold with a lapsed actor is settled by compare-and-set of the actor
  *      record to a tombstone (a late renewal of that actor then fails and it
  *      stops); a matching hold is released below like any other.
@@ -64,7 +65,11 @@ export async function driveCleanup(d: AllocWorkerDeps, id: string): Promise<void
   const standing: ActorStanding = prior ? { kind: "recorded", record: prior.record, liveness: actorLiveness(prior.recordedAt, now, ctx.config.allocationActorLeaseMs) } : { kind: "none" };
   const decision = takeoverDecision(a.id, standing, hold, "retired");
   ctx.log.info({ allocation: a.id, hold, prior: prior?.record ?? null, decision: decision.kind }, "allocation cleanup: launch actor decision");
-  if (decision.kind === "retain") return;
+  if (decision.kind === "retain") {
+    // Waiting for a live actor is normal; an agent that cannot be read counts towards quarantine.
+    if (hold.kind === "unreadable") await noteDoubt(d, a, `release: hold unreadable: ${hold.why}`, false);
+    return;
+  }
   if (decision.kind === "tombstone") {
     const won = await ctx.store.transaction(async (tx) => casActor(tx, decision.expected, { allocationId: a.id, generation: decision.next.generation, actor: ctx.actor, kind: "tombstone" }, ctx.now()), { name: "alloc_tombstone" });
     if (!won) return; // another coordinator changed the record: decide again at the next visit
@@ -76,12 +81,20 @@ export async function driveCleanup(d: AllocWorkerDeps, id: string): Promise<void
   await d.pauseAt("alloc_during_release");
 
   // 3. Record and refund, or quarantine.
-  await ctx.store.transaction(async (tx) => {
-    const now2 = ctx.now();
-    if (res.kind === "done") return finish(tx, d, a, res.result, now2);
-    const attempts = await noteLaunchError(tx, a.id, `release: ${res.error}`, now2);
-    if (res.kind === "refused" || attempts >= CLEANUP_ATTEMPTS_BEFORE_QUARANTINE) await quarantine(tx, a, `cleanup not proven: ${res.error}`, now2);
-  }, { name: "alloc_cleanup_done" });
+  if (res.kind === "done") {
+    await ctx.store.transaction((tx) => finish(tx, d, a, res.result, ctx.now()), { name: "alloc_cleanup_done" });
+    return;
+  }
+  await noteDoubt(d, a, `release: ${res.error}`, res.kind === "refused");
+}
+
+/** Counts an unproven attempt; a refusal, or too many unknown outcomes, quarantines (slot and budget stay charged). */
+async function noteDoubt(d: AllocWorkerDeps, a: AllocationRecord, error: string, refused: boolean): Promise<void> {
+  await d.ctx.store.transaction(async (tx) => {
+    const now = d.ctx.now();
+    const attempts = await noteLaunchError(tx, a.id, error, now);
+    if (refused || attempts >= CLEANUP_ATTEMPTS_BEFORE_QUARANTINE) await quarantine(tx, a, `cleanup not proven: ${error}`, now);
+  }, { name: "alloc_cleanup_doubt" });
 }
 
 async function finish(tx: Tx, d: AllocWorkerDeps, a0: AllocationRecord, result: AllocReleaseResult, now: number): Promise<void> {
