@@ -26,7 +26,8 @@ export interface AllocHttpDeps {
 }
 
 export function registerAllocRoutes(app: HttpServer, auth: { auth: (req: IncomingMessage) => void }, d: AllocHttpDeps): void {
-  const view = (v: VolumeRecord) => ({ ...v, check: v.state === "ready" ? d.volumes.verify(v.allocationId) : null });
+  // The marker token stays on the host: it proves the directory, it is not shown.
+  const view = ({ marker: _marker, ...v }: VolumeRecord) => ({ ...v, check: v.state === "ready" ? d.volumes.verify(v.allocationId) : null });
   const volumeOf = (raw: string): VolumeRecord => {
     const v = d.allocs.getVolume(parseId(raw, "allocation id"));
     if (!v) throw new BerthError("not_found", `not_found: allocation ${raw} has no workspace volume on this host`);

@@ -85,8 +85,8 @@ export function create(o: Flags & { size: string; id?: string; for?: number; str
         await new Promise((r) => setTimeout(r, 500 * (attempt + 1)));
       }
     }
+    if (key && !o.json) process.stderr.write(`berth: ${a.id}: key ${key.pair.fingerprint} in ${key.file}${key.reused ? " (already there)" : ""}\n`);
     if (o.wait && key) {
-      process.stderr.write(`berth: ${a.id} created; key ${key.pair.fingerprint} in ${key.file}\n`);
       a = { ...(await waitReady<AllocationView & WaitView>(api, a.id, o.waitTimeout ?? 600_000)), created: a.created! };
     }
     if (o.json) printJson(a);
