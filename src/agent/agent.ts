@@ -36,6 +36,11 @@ import { createRuntime, type RuntimeChoice } from "./runtime/index.js";
 import type { Runtime } from "./runtime/types.js";
 import { sqliteSessionStore } from "./sessions/store.js";
 import { AgentStore } from "./store.js";
+import { AllocStore } from "./alloc-store.js";
+import { AllocationOps } from "./allocations.js";
+import { registerAllocRoutes } from "./alloc-http.js";
+import { enforcementOf } from "./runtime/limits.js";
+import { Volumes } from "./volumes.js";
 
 export interface AgentOptions {
   /** The agent's own directory: store, machines, host key. One agent per directory. */
@@ -76,6 +81,9 @@ export interface RunningAgent {
   store: AgentStore;
   keys: AgentKeys;
   ops: AgentOps;
+  /** Allocation holds and workspace volumes. */
+  allocs: AllocStore;
+  volumes: Volumes;
   sessions: SessionRegistry;
   /** Settles once enrolled (or at once without a coordinator); never rejects. */
   enrolled: Promise<void>;
@@ -134,6 +142,16 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     const sessions = gateway.sessions;
 
     const ops = new AgentOps({ store, keys, runtime, sessions, now, log });
+    const allocs = new AllocStore(store.db);
+    const volumes = new Volumes({ stateDir: opts.stateDir, allocs, now, log });
+    volumes.recover();
+    ops.attachAllocations(
+      new AllocationOps({
+        store, allocs, volumes, ops, runtime, now, log,
+        workspacePath: (machineId) => join(opts.stateDir, "machines", machineId, "workspace"),
+        enforcement: (vcpu, memoryMib) => enforcementOf(runtime, vcpu, memoryMib),
+      }),
+    );
     let hostId = store.getMeta(META_HOST_ID);
     const http: AgentHttp = await startHttp(
       {
@@ -145,6 +163,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         tokenHash: () => store.getMeta(META_TOKEN_HASH),
         unrecorded: () => recovery.unrecorded,
         log,
+        extraRoutes: (app, auth) => registerAllocRoutes(app, auth, { allocs, volumes }),
       },
       listen,
     );
@@ -254,6 +273,8 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       store,
       keys,
       ops,
+      allocs,
+      volumes,
       sessions,
       enrolled,
       stop: () => (stopping ??= teardown()),

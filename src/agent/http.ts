@@ -18,7 +18,7 @@
 import type { IncomingMessage } from "node:http";
 import { BerthError } from "../core/errors.js";
 import { hashToken, sameHash } from "../core/tokens.js";
-import { createHttpServer, DEFAULT_BODY_LIMIT } from "../http/server.js";
+import { createHttpServer, DEFAULT_BODY_LIMIT, type HttpServer } from "../http/server.js";
 import { zodRefusal } from "../core/refusal.js";
 import type { SessionRegistry } from "./contracts.js";
 import type { AgentKeys } from "./keys.js";
@@ -39,7 +39,7 @@ export interface AgentIdentity {
 
 export interface AgentHttpDeps {
   /** Runs the coordinator's operations. */
-  ops: AgentOps;
+  ops: Pick<AgentOps, "run">;
   /** Machine records, operation records. */
   store: AgentStore;
   /** Installed keys per machine (fingerprints only leave the agent). */
@@ -54,6 +54,8 @@ export interface AgentHttpDeps {
   unrecorded: () => string[];
   log: AgentLog;
   bodyLimit?: number;
+  /** More routes under the same authentication (the allocation routes, alloc-http.ts). */
+  extraRoutes?: (app: HttpServer, auth: { auth: (req: IncomingMessage) => void }) => void;
 }
 
 export interface MachineView {
@@ -121,6 +123,8 @@ export async function startHttp(deps: AgentHttpDeps, listen_: { host: string; po
     if (!parsed.success) throw zodRefusal(parsed.error, { hint: "send {opId, kind, machineId, generation, args}" });
     return deps.ops.run(parsed.data);
   });
+
+  deps.extraRoutes?.(app, auth);
 
   const { url, port } = await app.listen(listen_.host, listen_.port);
   return { url, port, close: () => app.close() };

@@ -33,6 +33,7 @@ import { BerthError, assertNever } from "../core/errors.js";
 import { parseId, type Id } from "../core/ids.js";
 import {
   OPERATION_KINDS,
+  isAllocKind,
   hashNormalizedArgs,
   normalizeArgs,
   type DestroyResult,
@@ -51,7 +52,7 @@ import type { SessionRegistry } from "./contracts.js";
 import { KeyedLock } from "./keyed-lock.js";
 import { supersededAt, type AgentKeys } from "./keys.js";
 import { errorMessage, type AgentLog } from "./log.js";
-import type { Runtime } from "./runtime/types.js";
+import type { CreateOptions, Runtime } from "./runtime/types.js";
 import type { AgentStore, MachineRecord, OpRecord, StoredKey } from "./store.js";
 
 export type OpKind = OperationKind;
@@ -81,7 +82,21 @@ export interface AgentOpsDeps {
   log: AgentLog;
 }
 
+/** Who runs the allocation operations (src/agent/allocations.ts), once attached. */
+export interface AllocOpsRunner {
+  run(req: OpRequest & { kind: "alloc_hold" | "alloc_launch" | "alloc_release" }): Promise<OpResponse>;
+  /** What an allocation's sandbox is started with (its size), by machine id; undefined for pool machines. */
+  createOptions(machineId: string): CreateOptions | undefined;
+}
+
 export class AgentOps {
+  #allocations: AllocOpsRunner | null = null;
+
+  /** Routes alloc_hold / alloc_launch / alloc_release to the allocation operations (they run provision, install_key and destroy through this class). */
+  attachAllocations(a: AllocOpsRunner): void {
+    this.#allocations = a;
+  }
+
   readonly #deps: AgentOpsDeps;
   /** One operation at a time per machine. */
   readonly #perMachine = new KeyedLock();
@@ -101,6 +116,10 @@ export class AgentOps {
     const generation = req.generation;
     if (!Number.isSafeInteger(generation) || generation < 0) {
       throw new BerthError("invalid_request", "invalid_request: generation must be a non-negative integer");
+    }
+    if (isAllocKind(kind)) {
+      if (this.#allocations === null) throw new BerthError("invalid_request", `invalid_request: this agent does not run allocations (${kind})`);
+      return this.#allocations.run({ ...req, kind });
     }
     const args = normalizeArgs(kind, req.args);
     const argsHash = hashNormalizedArgs(args);
@@ -232,6 +251,10 @@ export class AgentOps {
         return this.#scrub(ctx);
       case "destroy":
         return this.#destroy(ctx);
+      case "alloc_hold":
+      case "alloc_launch":
+      case "alloc_release":
+        throw new Error(`${args.kind} is run by the allocation operations, not here`);
       default:
         return assertNever(args, "operation");
     }
@@ -257,7 +280,7 @@ export class AgentOps {
     const { runtime, store, keys } = this.#deps;
     const before = this.#machine(ctx.machineId);
     const existed = before.state === "running";
-    const rm = await runtime.create(ctx.machineId);
+    const rm = await runtime.create(ctx.machineId, this.#allocations?.createOptions(ctx.machineId));
     const result: ProvisionResult = { incarnation: rm.incarnation, runtime: runtime.kind, existed };
     const m: MachineRecord = {
       ...before,

@@ -25,6 +25,8 @@ export interface CoordinatorConfig {
   allocationSizes: readonly Size[];
   /** Maximum (and default) allocation lifetime, fixed at create. */
   maxAllocationMs: number;
+  /** An allocation launch actor's lease: renewed before each agent call; past it a replacement may take over. */
+  allocationActorLeaseMs: number;
 }
 
 export const DEFAULT_CONFIG: CoordinatorConfig = {
@@ -35,6 +37,7 @@ export const DEFAULT_CONFIG: CoordinatorConfig = {
   maxBorrowMs: 30 * 60_000,
   allocationSizes: DEFAULT_SIZES,
   maxAllocationMs: 24 * 3_600_000,
+  allocationActorLeaseMs: 15_000,
 };
 
 export interface Ctx {

@@ -71,6 +71,7 @@ export class Metrics {
       this.poolReadyAge.observe(o.org, o.pool, o.readyAgeSeconds);
     }
   }
+  readonly allocationReady = new client.Histogram({ name: "berth_allocation_create_to_ready_seconds", help: "From an allocation's create to its sandbox running with its key installed (ready)", buckets: [0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300], registers: [this.registry] });
 
   /** Set before each scrape from the store (collect hook). */
   setMachineCounts(rows: { pool: string; state: string; n: number }[]): void {

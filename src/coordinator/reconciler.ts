@@ -28,6 +28,7 @@ import { rotationMarginMs, fillDecision } from "../core/pool.js";
 import { countCapacity } from "./actions/capacity.js";
 import { handleGrantDueRow, invalidateGrantsOfBorrower } from "./actions/grants.js";
 import { onAllocationExpiryDue } from "./actions/allocation-release.js";
+import type { AllocationWorker } from "./allocation-worker.js";
 
 export interface TickResult {
   visited: number;
@@ -38,6 +39,8 @@ export interface ReconcilerDeps {
   ctx: Ctx;
   /** Leases due operations (in the due row's transaction); the loop then carries them out. */
   executor: Pick<OperationExecutor, "start" | "execute">;
+  /** Runs allocation launches and cleanups after the due row's commit (allocation-worker.ts). */
+  allocations?: Pick<AllocationWorker, "drive">;
 }
 
 export class Reconciler {
@@ -49,7 +52,7 @@ export class Reconciler {
   }
 }
 
-async function tick({ ctx, executor }: ReconcilerDeps, limit: number): Promise<TickResult> {
+async function tick({ ctx, executor, allocations }: ReconcilerDeps, limit: number): Promise<TickResult> {
   const now = ctx.now();
   const result: TickResult = { visited: 0, started: [] };
   // A row re-armed to "now" by another row's handling (a fill after a quarantine) is
@@ -61,7 +64,7 @@ async function tick({ ctx, executor }: ReconcilerDeps, limit: number): Promise<T
     const r = await ctx.store.transaction(async (tx) => {
       const row = await takeDueRow(tx, now);
       if (!row) return null;
-      const started = await handle(tx, ctx, executor, row, now, seed);
+      const started = await handle(tx, ctx, executor, row, now, seed, allocations);
       return { row, started };
     }, { name: "reconcile" });
     if (!r) break;
@@ -76,7 +79,7 @@ async function tick({ ctx, executor }: ReconcilerDeps, limit: number): Promise<T
   return result;
 }
 
-async function handle(tx: Tx, ctx: Ctx, executor: ReconcilerDeps["executor"], row: DueRow, now: number, seed: Uint8Array): Promise<StartedOp | null> {
+async function handle(tx: Tx, ctx: Ctx, executor: ReconcilerDeps["executor"], row: DueRow, now: number, seed: Uint8Array, allocations?: ReconcilerDeps["allocations"]): Promise<StartedOp | null> {
   switch (row.kind) {
     case "op":
       return executor.start(tx, row.ref, now);
@@ -106,6 +109,14 @@ async function handle(tx: Tx, ctx: Ctx, executor: ReconcilerDeps["executor"], ro
     case "alloc_expiry":
       await onAllocationExpiryDue(tx, ctx, row.ref, now);
       return null;
+    case "alloc_launch":
+    case "alloc_cleanup": {
+      // Pushed to the lease end before the step runs: if this coordinator dies, the row comes due for another.
+      const kind = row.kind;
+      await setDue(tx, kind, row.ref, now + ctx.config.allocationActorLeaseMs);
+      if (allocations) tx.afterCommit(() => allocations.drive(kind, row.ref));
+      return null;
+    }
     default:
       // An unknown kind (a newer coordinator's) is left for it, pushed back so it does not block the index.
       await setDue(tx, row.kind as "op", row.ref, now + 60_000);

@@ -23,6 +23,8 @@ import { registerProvisioned } from "./actions/register.js";
 import type { PortableApi } from "./actions/portable-api.js";
 import { VERSION } from "../core/version.js";
 import { addUiRoutes, type UiOptions } from "./ui/routes.js";
+import { AllocationAgent } from "./allocation-agent.js";
+import { AllocationWorker, pauseForTestAt } from "./allocation-worker.js";
 
 export { VERSION };
 
@@ -54,6 +56,10 @@ export interface Coordinator {
   executor: OperationExecutor;
   /** Visits due rows (tests drive it step by step; `loop` runs it in the background). */
   reconciler: Reconciler;
+  /** Allocation launches and cleanups. */
+  allocations: AllocationWorker;
+  /** Calls to agents about allocations (volumes, holds). */
+  allocationAgent: AllocationAgent;
   /** The portable access surface, when enabled. */
   portable: PortableApi | null;
   loop: ReconcilerLoop;
@@ -90,7 +96,9 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
     registerProvisioned: (tx, m, found, now) => registerProvisioned(tx, ctx, m, found, now),
   });
   const portable = config.portable ? createPortable(ctx, { runLeased: (s, read) => executor.execute(s, read) }) : null;
-  const reconciler = new Reconciler({ ctx, executor });
+  const allocationAgent = new AllocationAgent((hostId, method, path, body) => hosts.agentCall(hostId, method, path, body));
+  const allocations = new AllocationWorker({ ctx, agent: allocationAgent, pauseAt: pauseForTestAt });
+  const reconciler = new Reconciler({ ctx, executor, allocations });
   loop = new ReconcilerLoop(reconciler, o.reconcileIntervalMs ?? 250);
   const metricsText = async () => {
     metrics.setMachineCounts(await ctx.store.transaction((tx) => machineCounts(tx)));
@@ -102,7 +110,7 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
     return metrics.registry.metrics();
   };
   const app = createHttpServer({ log, internalMessage: "internal: the coordinator failed to handle this request; see its log" });
-  addRoutes(app, { ctx, secret: o.secret, metricsText, portable, version: VERSION });
+  addRoutes(app, { ctx, secret: o.secret, metricsText, portable, version: VERSION, allocationAgent });
   const ui = addUiRoutes(app, ctx, o.ui);
   const { url, port } = await app.listen(o.host ?? "127.0.0.1", o.port ?? 0);
   if (o.reconcile !== false) loop.start();
@@ -112,12 +120,15 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
     ctx,
     executor,
     reconciler,
+    allocations,
+    allocationAgent,
     portable,
     loop,
     server: app.server,
     async stop() {
       await loop!.stop();
       ui.stop();
+      await allocations.idle();
       await app.close();
     },
   };

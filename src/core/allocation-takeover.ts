@@ -37,6 +37,18 @@ export interface ActorRecord {
   kind: "actor" | "tombstone";
 }
 
+/**
+ * An actor's standing from its lease: the acting coordinator renews the
+ * record's time (compare-and-set on the exact record) before every agent
+ * call and never starts one after `recordedAt + leaseMs`; past that instant
+ * (at equality) it is terminal. A late call of an actor that outlived its
+ * lease is still fenced on the agent: a hold below the highest generation,
+ * or after release, is refused there.
+ */
+export function actorLiveness(recordedAt: number, now: number, leaseMs: number): "running" | "terminal" {
+  return now < recordedAt + leaseMs ? "running" : "terminal";
+}
+
 export type ActorStanding =
   | { kind: "none" }
   | { kind: "recorded"; record: ActorRecord; liveness: "running" | "terminal" | "unreadable" };

@@ -16,8 +16,14 @@ import { parseId, type Id } from "../core/ids.js";
 import { parsePublicKey } from "../core/ssh-public-key.js";
 import { zodRefusal } from "../core/refusal.js";
 
-export const OPERATION_KINDS = ["provision", "install_key", "remove_key", "fence", "scrub", "destroy"] as const;
+export const OPERATION_KINDS = ["provision", "install_key", "remove_key", "fence", "scrub", "destroy", "alloc_hold", "alloc_launch", "alloc_release"] as const;
 export type OperationKind = (typeof OPERATION_KINDS)[number];
+/** The allocation operations (src/agent/allocations.ts): `machineId` names the allocation's sandbox, `generation` the launch actor's. */
+export const ALLOC_OPERATION_KINDS = ["alloc_hold", "alloc_launch", "alloc_release"] as const;
+export type AllocOperationKind = (typeof ALLOC_OPERATION_KINDS)[number];
+export function isAllocKind(k: OperationKind): k is AllocOperationKind {
+  return (ALLOC_OPERATION_KINDS as readonly string[]).includes(k);
+}
 
 /** The request envelope (arguments are validated per kind by `normalizeArgs`). */
 export const operationRequestSchema = z
@@ -51,6 +57,15 @@ export const removeKeyArgsSchema = z
   .strict();
 export type RemoveKeyArgs = z.infer<typeof removeKeyArgsSchema>;
 
+export const allocHoldArgsSchema = z.strictObject({ allocationId: z.string(), vcpu: z.number().int().min(1).max(4096), memoryMib: z.number().int().min(1).max(16 * 1024 * 1024) });
+export const allocLaunchArgsSchema = z.strictObject({
+  allocationId: z.string(),
+  /** The allocation's public key (the client keeps the private half); installed as a grant key until `expiresAt`. */
+  publicKey: z.string().max(16_384),
+  expiresAt: z.number().int().nonnegative(),
+});
+export const allocReleaseArgsSchema = z.strictObject({ allocationId: z.string(), keepVolume: z.boolean() });
+
 /** provision, fence, scrub and destroy take no arguments; an object sent anyway is ignored. */
 const noArgsSchema = z.union([z.record(z.string(), z.unknown()), z.undefined(), z.null()]);
 
@@ -67,7 +82,10 @@ export type NormalizedArgs =
   | { kind: "remove_key"; which: KeySelector }
   | { kind: "fence" }
   | { kind: "scrub" }
-  | { kind: "destroy" };
+  | { kind: "destroy" }
+  | { kind: "alloc_hold"; allocationId: Id; vcpu: number; memoryMib: number }
+  | { kind: "alloc_launch"; allocationId: Id; publicKey: string; fingerprint: string; expiresAt: number }
+  | { kind: "alloc_release"; allocationId: Id; keepVolume: boolean };
 
 function invalidArgs(kind: OperationKind, error: z.ZodError): BerthError {
   return zodRefusal(error, { what: `arguments of ${kind}`, at: "args" });
@@ -95,6 +113,22 @@ export function normalizeArgs(kind: OperationKind, raw: unknown): NormalizedArgs
       if (p.data.grantId !== undefined) which.grantId = parseId(p.data.grantId, "args.grantId");
       if (p.data.fingerprint !== undefined) which.fingerprint = p.data.fingerprint;
       return { kind, which };
+    }
+    case "alloc_hold": {
+      const p = allocHoldArgsSchema.safeParse(raw);
+      if (!p.success) throw invalidArgs(kind, p.error);
+      return { kind, allocationId: parseId(p.data.allocationId, "args.allocationId"), vcpu: p.data.vcpu, memoryMib: p.data.memoryMib };
+    }
+    case "alloc_launch": {
+      const p = allocLaunchArgsSchema.safeParse(raw);
+      if (!p.success) throw invalidArgs(kind, p.error);
+      const key = parsePublicKey(p.data.publicKey);
+      return { kind, allocationId: parseId(p.data.allocationId, "args.allocationId"), publicKey: key.line, fingerprint: key.fingerprint, expiresAt: p.data.expiresAt };
+    }
+    case "alloc_release": {
+      const p = allocReleaseArgsSchema.safeParse(raw);
+      if (!p.success) throw invalidArgs(kind, p.error);
+      return { kind, allocationId: parseId(p.data.allocationId, "args.allocationId"), keepVolume: p.data.keepVolume };
     }
     case "provision":
     case "fence":
@@ -177,6 +211,31 @@ export const destroyResultSchema = z.object({
   processesRemaining: z.literal(0),
 });
 
+export const volumeIdentitySchema = z.object({ path: z.string(), dev: z.string(), ino: z.string() });
+export const allocHoldResultSchema = z.object({
+  allocationId: z.string(),
+  generation: z.number(),
+  /** True when this generation's hold was already taken (a retried or recovered hold). */
+  existed: z.boolean(),
+});
+export const allocLaunchResultSchema = z.object({
+  allocationId: z.string(),
+  machineId: z.string(),
+  incarnation: z.string(),
+  runtime: z.string(),
+  fingerprint: z.string(),
+  volume: volumeIdentitySchema,
+  /** What the runtime enforces of the size (e.g. "cgroup v2: cpu.max 2, memory.max 4096 MiB" or "not enforced: …"). */
+  enforcement: z.string(),
+});
+export const allocReleaseResultSchema = z.object({
+  allocationId: z.string(),
+  sessionsClosed: z.number(),
+  processesRemaining: z.literal(0),
+  volume: z.enum(["kept", "wiped", "none"]),
+  holdReleased: z.literal(true),
+});
+
 export const operationResultSchemas = {
   provision: provisionResultSchema,
   install_key: installKeyResultSchema,
@@ -184,6 +243,9 @@ export const operationResultSchemas = {
   fence: fenceResultSchema,
   scrub: scrubResultSchema,
   destroy: destroyResultSchema,
+  alloc_hold: allocHoldResultSchema,
+  alloc_launch: allocLaunchResultSchema,
+  alloc_release: allocReleaseResultSchema,
 } as const satisfies Record<OperationKind, z.ZodType>;
 
 export type ProvisionResult = z.infer<typeof provisionResultSchema>;
@@ -192,6 +254,9 @@ export type RemoveKeyResult = z.infer<typeof removeKeyResultSchema>;
 export type FenceResult = z.infer<typeof fenceResultSchema>;
 export type ScrubResult = z.infer<typeof scrubResultSchema>;
 export type DestroyResult = z.infer<typeof destroyResultSchema>;
+export type AllocHoldResult = z.infer<typeof allocHoldResultSchema>;
+export type AllocLaunchResult = z.infer<typeof allocLaunchResultSchema>;
+export type AllocReleaseResult = z.infer<typeof allocReleaseResultSchema>;
 export type OperationResults = { [K in OperationKind]: z.infer<(typeof operationResultSchemas)[K]> };
 export type OperationResult = OperationResults[OperationKind];
 

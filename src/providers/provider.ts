@@ -8,9 +8,10 @@
  * capability; a provider lacking one is refused for them (fail closed).
  */
 import type { MachineRow } from "../store/machines.js";
-import type { OperationKind } from "../protocol/operations.js";
+import type { AllocOperationKind, OperationKind as ProtocolKind } from "../protocol/operations.js";
 
-export type { OperationKind };
+/** Machine operations a provider carries out (the allocation kinds go to an agent directly: coordinator/allocation-agent.ts). */
+export type OperationKind = Exclude<ProtocolKind, AllocOperationKind>;
 
 export interface ProviderCapabilities {
   /** Creates machines itself to fill claims. */

@@ -37,3 +37,14 @@ export async function casActor(tx: Tx, expected: ActorRecord | null, next: Actor
   );
   return n === 1;
 }
+
+/** The record with the time it was written or last renewed (the actor's lease starts there). */
+export async function readActor(tx: Tx, allocationId: string): Promise<{ record: ActorRecord; recordedAt: number } | null> {
+  const r = await tx.get<ActorRow>("SELECT * FROM allocation_actors WHERE allocation_id = ?", [allocationId]);
+  return r ? { record: { allocationId: r.allocation_id, generation: r.generation, actor: r.actor, kind: r.kind }, recordedAt: Number(r.recorded_at) } : null;
+}
+
+/** Renews the actor's lease only while the stored record is still exactly `record`; false: it was replaced (stop acting). */
+export async function renewActor(tx: Tx, record: ActorRecord, now: number): Promise<boolean> {
+  return casActor(tx, record, record, now);
+}

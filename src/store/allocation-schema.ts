@@ -1,7 +1,8 @@
 /**
  * Schema of allocations (migration 3): owner budgets, host capacity
  * accounts, allocations with their immutable placement plan, launch actor
- * records, and the allocation ledger (every reservation, refund, budget and
+ * records, launches (the public key to install, what the agent proved at
+ * launch and at release), and the allocation ledger (every reservation, refund, budget and
  * host-account change, in commit order per owner and per host, so an audit
  * can replay the history and check no instant was over a limit).
  */
@@ -77,5 +78,17 @@ CREATE TABLE allocation_ledger (
   actor TEXT NOT NULL
 );
 CREATE INDEX allocation_ledger_alloc ON allocation_ledger (allocation_id, seq);
+CREATE TABLE allocation_launches (
+  allocation_id TEXT PRIMARY KEY,
+  public_key TEXT NOT NULL,
+  fingerprint TEXT NOT NULL,
+  keep_volume INTEGER NOT NULL DEFAULT 0,
+  launch_result TEXT,
+  release_result TEXT,
+  ready_at BIGINT,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  error TEXT,
+  updated_at BIGINT NOT NULL
+);
 `,
 };

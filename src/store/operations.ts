@@ -5,7 +5,10 @@
  * so a coordinator that dies mid-call leaves a row another one picks up.
  */
 import type { Tx } from "./store.js";
-import type { OperationKind } from "../protocol/operations.js";
+import type { AllocOperationKind, OperationKind as ProtocolKind } from "../protocol/operations.js";
+
+/** Machine operations (allocation operations are not kept in this table). */
+type OperationKind = Exclude<ProtocolKind, AllocOperationKind>;
 import { clearDue, setDue } from "./due.js";
 
 /** How long a lease keeps other coordinators off a running operation. */

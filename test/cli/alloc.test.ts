@@ -23,7 +23,7 @@ test("alloc and owner commands through the binary", async () => {
     await t.store.transaction((tx) => accountEnrolledHost(tx, "test", { id: "h_one", org: "acme", name: "one", vcpu: 8, memoryMb: 16384, slots: 4 }, Date.now()));
     await t.store.transaction((tx) => accountEnrolledHost(tx, "test", { id: "h_two", org: "acme", name: "two", vcpu: 2, memoryMb: 2048, slots: 4 }, Date.now()));
 
-    const notYet = await berth(["alloc", "create", "--size", "small", "--id", "w1", ...as("member")]);
+    const notYet = await berth(["alloc", "create", "--no-key", "--size", "small", "--id", "w1", ...as("member")]);
     assert.equal(notYet.status, 1);
     assert.match(notYet.stderr, /^berth: not_admitted: tok_\w+ is not admitted to allocate in this organisation; an operator runs berth owner admit tok_\w+\n$/);
 
@@ -34,22 +34,22 @@ test("alloc and owner commands through the binary", async () => {
     const sizes = await berth(["alloc", "sizes", ...as("member")]);
     assert.match(sizes.stdout, /small\s+2\s+4 GiB\nlarge\s+4\s+8 GiB\nlongest lifetime: 1d\n/);
 
-    const created = await berth(["alloc", "create", "--size", "small", "--id", "w1", "--for", "2h", ...as("member")]);
+    const created = await berth(["alloc", "create", "--no-key", "--size", "small", "--id", "w1", "--for", "2h", ...as("member")]);
     assert.equal(created.status, 0, created.stderr);
     assert.match(created.stdout, /^allocation w1\n {2}state {6}placed\n {2}size {7}small: 2 vCPU, 4 GiB\n/);
     assert.match(created.stdout, /host {7}one \(h_one\), placed .* by binpack/);
-    const again = await berth(["alloc", "create", "--size", "small", "--id", "w1", "--for", "2h", "--json", ...as("member")]);
+    const again = await berth(["alloc", "create", "--no-key", "--size", "small", "--id", "w1", "--for", "2h", "--json", ...as("member")]);
     assert.equal(again.status, 0, again.stderr);
     assert.equal(JSON.parse(again.stdout).created, false);
-    const other = await berth(["alloc", "create", "--size", "large", "--id", "w1", ...as("member")]);
+    const other = await berth(["alloc", "create", "--no-key", "--size", "large", "--id", "w1", ...as("member")]);
     assert.equal(other.status, 1);
     assert.match(other.stderr, /conflict: allocation id w1 is already taken by a different request/);
 
-    const over = await berth(["alloc", "create", "--size", "large", ...as("member")]);
+    const over = await berth(["alloc", "create", "--no-key", "--size", "large", ...as("member")]);
     assert.equal(over.status, 1);
     assert.equal(over.stderr, "berth: budget_exhausted: vcpu 2/4 used, large needs 4\n");
 
-    const badId = await berth(["alloc", "create", "--size", "small", "--id", "a/b", ...as("member")]);
+    const badId = await berth(["alloc", "create", "--no-key", "--size", "small", "--id", "a/b", ...as("member")]);
     assert.equal(badId.status, 1);
     assert.match(badId.stderr, /invalid_id/);
 
@@ -66,7 +66,7 @@ test("alloc and owner commands through the binary", async () => {
 
     const withdraw = await berth(["alloc", "standing", "h_one", "withdrawn", ...as("admin")]);
     assert.equal(withdraw.status, 0, withdraw.stderr);
-    const none = await berth(["alloc", "create", "--size", "small", "--id", "w2", ...as("member")]);
+    const none = await berth(["alloc", "create", "--no-key", "--size", "small", "--id", "w2", ...as("member")]);
     assert.equal(none.status, 69, "no capacity is 'unavailable'");
     assert.match(none.stderr, /no_capacity: no host has room for small \(one: host is withdrawn; two: memory: 2\/2 GiB free, small needs 4\)/);
 

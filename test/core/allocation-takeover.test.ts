@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { takeoverDecision, type ActorRecord, type ActorStanding, type Desire, type HoldObservation } from "../../src/core/allocation-takeover.js";
+import { actorLiveness, takeoverDecision, type ActorRecord, type ActorStanding, type Desire, type HoldObservation } from "../../src/core/allocation-takeover.js";
 
 const rec: ActorRecord = { allocationId: "a1", generation: 3, actor: "c-old", kind: "actor" };
 const tomb: ActorRecord = { ...rec, kind: "tombstone" };
@@ -45,3 +45,9 @@ for (const [name, prior, hold, desire, want] of table) {
     if (d.kind === "retain") assert.ok(d.why.length > 0);
   });
 }
+
+test("an actor's lease: running before recordedAt + lease, terminal at equality and after", () => {
+  assert.equal(actorLiveness(1_000, 1_999, 1_000), "running");
+  assert.equal(actorLiveness(1_000, 2_000, 1_000), "terminal");
+  assert.equal(actorLiveness(1_000, 5_000, 1_000), "terminal");
+});

@@ -8,7 +8,7 @@
  * returns to the local shell with the terminal restored (icanon, echo) and
  * berth's exit status N; so do SIGTERM to berth (143) and the machine side
  * closing the session (the borrow returned: 255). Also: the `--print` command line works with the
- * system ssh client, and `berth ssh ALLOCATION` is refused clearly.
+ * system ssh client, and `berth ssh ALLOCATION` without its key is refused clearly.
  * Process runtime always; gvisor where runsc and root are present.
  */
 import { test } from "node:test";
@@ -182,10 +182,10 @@ for (const runtime of ["process", "gvisor"] as const) {
       const other = spawnSync("sh", ["-c", `${line.replace(`UserKnownHostsFile=${known}`, "UserKnownHostsFile=/dev/null")} -o BatchMode=yes true`], { encoding: "utf8", timeout: 30_000 });
       assert.notEqual(other.status, 0, "without the pinned key, strict checking refuses the host");
 
-      // Allocations do not exist yet: refused with a clear message.
-      const alloc = berthSync(["ssh", "a_dev1", "--config", cluster.clientConfig]);
-      assert.equal(alloc.status, 2);
-      assert.match(alloc.stderr, /allocations are placed and charged but not launched on an agent/);
+      // An allocation this client holds no key for: refused with a clear message (allocations: test/e2e/alloc-ssh.test.ts).
+      const alloc = berthSync(["ssh", "a_dev1", "--config", cluster.clientConfig, "--key-dir", join(cluster.dir.path, "no-keys")]);
+      assert.equal(alloc.status, 1);
+      assert.match(alloc.stderr, /not_found: no key for allocation a_dev1/);
 
       // SIGTERM to berth mid-session: terminal restored, status 143.
       const sshCmd = `${process.execPath} ${BIN} ssh --receipt ${receipt} --config ${cluster.clientConfig}`;

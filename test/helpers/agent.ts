@@ -66,6 +66,8 @@ export interface SpawnAgentOptions {
   enrollTokenFile?: string;
   name?: string;
   logLevel?: "debug" | "info" | "warn" | "error";
+  /** More `berth agent` flags, e.g. ["--vcpu", "8", "--memory-mb", "16384"]. */
+  extraArgs?: string[];
 }
 
 /** One machine on a real runtime behind a real gateway, with a borrow key installed for it. */
@@ -142,6 +144,7 @@ export class AgentHarness {
     if (o.coordinator) args.push("--coordinator", o.coordinator);
     if (o.enrollTokenFile) args.push("--enroll-token-file", o.enrollTokenFile);
     if (o.name) args.push("--name", o.name);
+    if (o.extraArgs) args.push(...o.extraArgs);
     const child = spawn(process.execPath, args, { stdio: ["ignore", "pipe", "pipe"] });
     this.children.add(child);
     let stdout = "";

@@ -67,6 +67,13 @@ export interface SandboxSpecInput {
   runDir: string;
   /** The agent's state directory, masked inside the sandbox. */
   stateDir: string;
+  /** Limits to enforce (OCI linux.resources under `cgroupsPath`); absent: cgroups are not used. */
+  resources?: { vcpu: number; memoryMib: number; cgroupsPath: string };
+}
+
+/** OCI resources of a size: CFS quota of `vcpu` CPUs, a hard memory limit (runsc sizes the sandbox from both). */
+export function ociResources(r: { vcpu: number; memoryMib: number }): Record<string, unknown> {
+  return { cpu: { quota: r.vcpu * 100_000, period: 100_000 }, memory: { limit: r.memoryMib * 1024 * 1024 } };
 }
 
 /** The OCI runtime spec (config.json) of one sandbox incarnation. */
@@ -94,7 +101,10 @@ export function sandboxSpec(i: SandboxSpecInput): Record<string, unknown> {
     root: { path: "/", readonly: false },
     hostname: i.machineId.slice(0, 63),
     mounts,
-    linux: { namespaces: [{ type: "pid" }, { type: "ipc" }, { type: "uts" }, { type: "mount" }, { type: "network" }] },
+    linux: {
+      namespaces: [{ type: "pid" }, { type: "ipc" }, { type: "uts" }, { type: "mount" }, { type: "network" }],
+      ...(i.resources ? { cgroupsPath: i.resources.cgroupsPath, resources: ociResources(i.resources) } : {}),
+    },
   };
 }
 

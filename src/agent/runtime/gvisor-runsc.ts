@@ -48,10 +48,13 @@ export class Runsc {
 
   /**
    * `runsc run --detach` of `bundle` as container `cid`: no network, the root
-   * overlay in sandbox memory, cgroups ignored. Resolves with the sandbox's
-   * host pid; throws with the tail of runsc's log when it fails.
+   * overlay in sandbox memory, cgroups ignored — or, with `limits`, applied
+   * from the spec's resources with the sandbox's CPU count taken from the
+   * quota (`--cpu-num-from-quota`; runsc then also sizes its memory to the
+   * limit). Resolves with the sandbox's host pid; throws with the tail of
+   * runsc's log when it fails.
    */
-  async runDetached(bundle: string, cid: string, what: string): Promise<number> {
+  async runDetached(bundle: string, cid: string, what: string, limits = false): Promise<number> {
     const pidFile = join(bundle, "sandbox.pid");
     const logPath = join(bundle, "runsc.log");
     const logFd = openSync(logPath, "w", 0o600);
@@ -60,7 +63,7 @@ export class Runsc {
       const child = spawn(
         this.bin,
         [
-          "--root", this.root, "--network=none", "--overlay2=root:memory", "--ignore-cgroups", `--platform=${this.platform}`,
+          "--root", this.root, "--network=none", "--overlay2=root:memory", limits ? "--cpu-num-from-quota" : "--ignore-cgroups", `--platform=${this.platform}`,
           "run", "--detach", "--pid-file", pidFile, "--bundle", bundle, cid,
         ],
         { detached: true, stdio: ["ignore", "ignore", logFd] },

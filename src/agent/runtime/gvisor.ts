@@ -61,7 +61,7 @@ import { COUNT_SCRIPT, PATH_IN, SIGNAL_SCRIPT, execProcessSpec, sandboxSpec } fr
 import { awaitExecIdentity } from "./gvisor-identity.js";
 import { Runsc, findRunsc } from "./gvisor-runsc.js";
 import { gvisorExecHandle } from "./gvisor-handle.js";
-import type { ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeMachine } from "./types.js";
+import type { CreateOptions, ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeMachine } from "./types.js";
 import { cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
 import { KeyedLock } from "../keyed-lock.js";
 
@@ -79,6 +79,8 @@ interface GvisorMachineRecord {
   createdAt: string;
   incarnation: string | null;
   container: ContainerRecord | null;
+  /** Limits applied on every start (allocations); absent: cgroups ignored. */
+  resources?: { vcpu: number; memoryMib: number } | null;
 }
 
 export interface GvisorRuntimeOptions {
@@ -163,12 +165,13 @@ export class GvisorRuntime implements Runtime {
     mkdirSync(join(bundle, "run"), { recursive: true, mode: 0o700 });
     mkdirSync(join(this.dir(rec.machineId), "workspace"), { recursive: true, mode: 0o700 });
     writeFileSync(join(bundle, "run", "incarnation"), inc + "\n", { mode: 0o644 });
-    const spec = sandboxSpec({ machineId: rec.machineId, incarnation: inc, workspace: join(this.dir(rec.machineId), "workspace"), runDir: join(bundle, "run"), stateDir: this.stateDir });
+    const res = rec.resources ? { ...rec.resources, cgroupsPath: `/berth/${cid}` } : undefined;
+    const spec = sandboxSpec({ machineId: rec.machineId, incarnation: inc, workspace: join(this.dir(rec.machineId), "workspace"), runDir: join(bundle, "run"), stateDir: this.stateDir, ...(res ? { resources: res } : {}) });
     writeFileSync(join(bundle, "config.json"), JSON.stringify(spec), { mode: 0o600 });
     const intent: GvisorMachineRecord = { ...rec, incarnation: inc, container: { id: cid, bundle, sandboxPid: 0, sandboxStart: 0 } };
     this.save(intent);
 
-    const pid = await this.runsc.runDetached(bundle, cid, `machine ${rec.machineId}`);
+    const pid = await this.runsc.runDetached(bundle, cid, `machine ${rec.machineId}`, res !== undefined);
     const st = Number.isInteger(pid) && pid > 0 ? readStat(pid) : null;
     if (!st || isDead(st)) throw new BerthError("operation_failed", `operation_failed: sandbox of machine ${rec.machineId} is not running after runsc run`);
     const started: GvisorMachineRecord = { ...intent, container: { id: cid, bundle, sandboxPid: pid, sandboxStart: st.startTime } };
@@ -230,14 +233,14 @@ export class GvisorRuntime implements Runtime {
 
   // ---- the contract --------------------------------------------------------
 
-  create(machineId: string): Promise<RuntimeMachine> {
+  create(machineId: string, opts?: CreateOptions): Promise<RuntimeMachine> {
     const dir = this.dir(machineId);
     return this.lock.run(machineId, async () => {
       let rec = this.record(machineId);
       if (rec && this.isRunning(rec.container)) return this.view(rec);
       if (!rec) {
         mkdirSync(join(dir, "workspace"), { recursive: true, mode: 0o700 });
-        rec = { v: 1, machineId, createdAt: new Date().toISOString(), incarnation: null, container: null };
+        rec = { v: 1, machineId, createdAt: new Date().toISOString(), incarnation: null, container: null, ...(opts?.resources ? { resources: opts.resources } : {}) };
         this.save(rec);
       } else if (rec.container) {
         // Recorded but not running as recorded: clean what is left, then start fresh.

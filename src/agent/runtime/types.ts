@@ -88,10 +88,16 @@ export interface FenceProof {
   evidence: string;
 }
 
+/** What a machine is started with beyond its id (allocations: the size's exact grant). */
+export interface CreateOptions {
+  /** vCPU and memory to enforce (gvisor: cgroup limits and the sandbox's CPU count and memory size; process: not enforced). */
+  resources?: { vcpu: number; memoryMib: number };
+}
+
 export interface Runtime {
   readonly kind: RuntimeKind;
-  /** Create (or find, if it already exists with the same id) and start the machine. */
-  create(machineId: string): Promise<RuntimeMachine>;
+  /** Create (or find, if it already exists with the same id) and start the machine; `opts` are kept for every restart. */
+  create(machineId: string, opts?: CreateOptions): Promise<RuntimeMachine>;
   /** Run a command inside a started machine. */
   exec(machineId: string, req: ExecRequest): Promise<ExecHandle>;
   /** Kill every process of the machine and prove none remain; returns the new incarnation. */

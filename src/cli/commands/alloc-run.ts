@@ -7,6 +7,8 @@ import { formatDuration } from "../../core/durations.js";
 import { ApiError, type Api } from "../api.js";
 import { clientFrom, iso, printJson, printTable, runCommand } from "../common.js";
 import type { ConfigFlags } from "../config.js";
+import { allocationKey, allocationKeyDir } from "../alloc-keys.js";
+import { waitReady, type WaitView } from "./alloc-wait.js";
 
 interface Flags extends ConfigFlags {
   json: boolean;
@@ -26,6 +28,8 @@ interface AllocationView {
   stateSince: number;
   reason: string | null;
   created?: boolean;
+  launch?: { fingerprint: string; readyAt: number | null; attempts: number; error: string | null; runtime: string | null; enforcement: string | null; volume: { path: string } | null; release: { volume: string } | null } | null;
+  access?: { host: string; port: number; user: string; hostKeyFingerprint: string } | null;
 }
 
 async function withApi(o: Flags, fn: (api: Api) => Promise<void>): Promise<void> {
@@ -49,15 +53,28 @@ function printAllocation(a: AllocationView): void {
       `  size       ${a.size}: ${a.vcpu} vCPU, ${gib(a.memoryMib)} GiB\n` +
       `  owner      ${a.owner}\n` +
       `  host       ${a.plan.hostName} (${a.hostId}), placed ${iso(a.plan.placedAt)} by ${a.plan.strategy}\n` +
-      `  expires    ${iso(a.expiresAt)}\n`,
+      `  expires    ${iso(a.expiresAt)}\n` +
+      (a.launch
+        ? `  key        ${a.launch.fingerprint}\n` +
+          (a.launch.readyAt ? `  ready      ${iso(a.launch.readyAt)} (${((a.launch.readyAt - a.createdAt) / 1000).toFixed(1)}s after create)\n` : "") +
+          (a.launch.runtime ? `  runtime    ${a.launch.runtime}; size ${a.launch.enforcement}\n` : "") +
+          (a.launch.error ? `  last error ${a.launch.error} (attempt ${a.launch.attempts})\n` : "") +
+          (a.launch.release ? `  volume     ${a.launch.release.volume} at release\n` : "")
+        : "  launch     none (created without a public key: placed and charged only)\n") +
+      (a.access ? `  ssh        berth ssh ${a.id}   (${a.access.user}@${a.access.host}:${a.access.port}, host key ${a.access.hostKeyFingerprint})\n` : ""),
   );
 }
 
 /** Create with a client-chosen id, so a lost answer is retried safely with the same id. */
-export function create(o: Flags & { size: string; id?: string; for?: number; strategy: string; owner?: string }): Promise<void> {
+export function create(o: Flags & { size: string; id?: string; for?: number; strategy: string; owner?: string; wait: boolean; waitTimeout?: number; keyDir?: string; key: boolean }): Promise<void> {
   return withApi(o, async (api) => {
     const id = o.id ?? newId("al", (n) => randomBytes(n));
-    const body = { id, size: o.size, strategy: o.strategy, ...(o.for !== undefined ? { durationMs: o.for } : {}), ...(o.owner ? { owner: o.owner } : {}) };
+    // The private key is on disk before the request leaves: an allocation that exists always has its key here.
+    const key = o.key ? allocationKey(allocationKeyDir(o.keyDir), id) : null;
+    const body = {
+      id, size: o.size, strategy: o.strategy,
+      ...(o.for !== undefined ? { durationMs: o.for } : {}), ...(o.owner ? { owner: o.owner } : {}), ...(key ? { publicKey: key.pair.publicKey } : {}),
+    };
     let a: AllocationView | null = null;
     for (let attempt = 0; a === null; attempt++) {
       try {
@@ -67,6 +84,10 @@ export function create(o: Flags & { size: string; id?: string; for?: number; str
         if (e instanceof ApiError || e instanceof BerthError || attempt >= 2) throw e;
         await new Promise((r) => setTimeout(r, 500 * (attempt + 1)));
       }
+    }
+    if (key && !o.json) process.stderr.write(`berth: ${a.id}: key ${key.pair.fingerprint} in ${key.file}${key.reused ? " (already there)" : ""}\n`);
+    if (o.wait && key) {
+      a = { ...(await waitReady<AllocationView & WaitView>(api, a.id, o.waitTimeout ?? 600_000)), created: a.created! };
     }
     if (o.json) printJson(a);
     else printAllocation(a);

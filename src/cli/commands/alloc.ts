@@ -27,7 +27,11 @@ export function register(program: Command): void {
       .option("--id <id>", "allocation id, 1-128 of A-Z a-z 0-9 _ - (default: a fresh one)")
       .option("--for <duration>", "lifetime, e.g. 8h (default and maximum: the coordinator's policy)", durationArg("--for"))
       .addOption(strategy())
-      .option("--owner <token-id>", "create for another admitted owner (operators)"),
+      .option("--owner <token-id>", "create for another admitted owner (operators)")
+      .option("--wait", "wait until it is ready (progress on stderr while it is placed and launched)", false)
+      .option("--wait-timeout <duration>", "give up waiting after this long (default 10m; the launch goes on)", durationArg("--wait-timeout"))
+      .option("--key-dir <dir>", "where the allocation's private key is written (or BERTH_KEY_DIR; default ~/.local/state/berth/allocations)")
+      .option("--no-key", "no key and no launch: only place and charge the allocation"),
   ).action(async (o) => (await load()).create(o));
 
   clientOpts(alloc.command("ls").description("List your live allocations (an operator sees the organisation's)").option("--all", "include released ones", false)).action(async (o) => (await load()).list(o));

@@ -2,7 +2,7 @@
 import type { Command } from "commander";
 import { join, resolve } from "node:path";
 import { mkdirSync } from "node:fs";
-import { loadOrCreateSecret, openStoreFromFlags, runCommand } from "../common.js";
+import { durationArg, loadOrCreateSecret, openStoreFromFlags, runCommand } from "../common.js";
 
 async function startAws(file: string) {
   const { AwsProvider } = await import("../../providers/aws/aws-provider.js");
@@ -32,6 +32,7 @@ export function register(program: Command): void {
     .option("--listen <host:port>", "address of the HTTP API", "127.0.0.1:7420")
     .option("--secret-file <file>", "coordinator secret (created 0600 if missing; share it between coordinators on one database)")
     .option("--portable", "enable portable access (per-borrow keys, two-phase acknowledgement); off by default", false)
+    .option("--alloc-actor-lease <duration>", "lease of an allocation's launch actor: past it, another coordinator may take the launch over (default 15s)", durationArg("--alloc-actor-lease"))
     .option("--aws-config <file>", "enable the aws provider with this pool configuration (docs/aws.md); credentials come from the AWS SDK's default chain")
     .addHelpText(
       "after",
@@ -43,7 +44,7 @@ with the same --secret-file.
 Example:
   berth serve --state-dir /var/lib/berth --listen 0.0.0.0:7420`,
     )
-    .action((o: { stateDir: string; db?: string; listen: string; secretFile?: string; portable: boolean; awsConfig?: string }) =>
+    .action((o: { stateDir: string; db?: string; listen: string; secretFile?: string; portable: boolean; awsConfig?: string; allocActorLease?: number }) =>
       runCommand(async () => {
         const dir = resolve(o.stateDir);
         mkdirSync(dir, { recursive: true, mode: 0o700 });
@@ -53,7 +54,7 @@ Example:
         // Loaded only here: every other command starts without the coordinator.
         const { startCoordinator } = await import("../../coordinator/server.js");
         const aws = o.awsConfig ? await startAws(resolve(o.awsConfig)) : null;
-        const c = await startCoordinator({ store, secret, host, port, config: { portable: o.portable }, providers: aws ? [aws.provider] : [] });
+        const c = await startCoordinator({ store, secret, host, port, config: { portable: o.portable, ...(o.allocActorLease !== undefined ? { allocationActorLeaseMs: o.allocActorLease } : {}) }, providers: aws ? [aws.provider] : [] });
         const stopSweep = aws ? aws.sweep(store, c.ctx.log) : () => undefined;
         c.ctx.log.info({ url: c.url, store: store.dialect, portable: o.portable }, "berth coordinator listening");
         process.stdout.write(`berth coordinator listening on ${c.url} (${store.dialect}${o.portable ? ", portable access enabled" : ""})\n`);

@@ -1,5 +1,6 @@
 /**
- * `berth ssh --receipt FILE [-- CMD...]`: a real terminal on a borrowed machine.
+ * `berth ssh --receipt FILE [-- CMD...]`: a real terminal on a borrowed machine;
+ * `berth ssh ALLOCATION [-- CMD...]`: the same on a ready allocation (ssh-alloc.ts).
  *
  * The data plane goes straight to the machine's gateway (ssh2 client, host key
  * pinned from the receipt). Terminal contract, on the local side:
@@ -36,7 +37,7 @@ import { Borrow } from "../../client/borrow.js";
 import { loadConfig, type ConfigFlags } from "../../client/config.js";
 import { connect, exitStatusOf, shellQuote, type SshConnection } from "../../client/ssh.js";
 import { readReceipt, type Receipt } from "../receipt.js";
-import { describeError, EXIT, exitCodeOf, iso } from "../common.js";
+import { describeError, exitCodeOf, iso } from "../common.js";
 
 /** Everything needed to reach the borrowed machine. */
 export interface SshPlan {
@@ -89,7 +90,7 @@ export function knownHostsLine(host: string, port: number, hostKey: string): str
 }
 
 /** Write the known_hosts file next to the receipt (0600, whole) and return the ssh argv that uses it. */
-export function systemSshCommand(plan: SshPlan, command: string[]): string[] {
+export function systemSshCommand(plan: Pick<SshPlan, "host" | "port" | "user" | "hostKey" | "keyFile" | "receiptPath">, command: string[]): string[] {
   const knownHosts = `${plan.receiptPath}.known_hosts`;
   writeFileDurable(knownHosts, knownHostsLine(plan.host, plan.port, plan.hostKey) + "\n", 0o600);
   return [
@@ -284,6 +285,7 @@ export function register(program: Command): void {
     .option("--url <url>", "coordinator URL (or BERTH_URL; default: the receipt's)")
     .option("--token-file <file>", "API token file (or BERTH_TOKEN_FILE)")
     .option("--config <file>", "client config file (keeper borrows: its keeperKeyFile is the key)")
+    .option("--key-dir <dir>", "where berth alloc create wrote the allocation's key (or BERTH_KEY_DIR)")
     .addHelpText(
       "after",
       `
@@ -293,20 +295,28 @@ Exit status: the remote shell's or command's; 255 if the session ended without o
 2 for usage errors.
 
 Examples:
+  berth ssh my-workspace
+  berth ssh my-workspace -- make test
+  $(berth ssh --print my-workspace)
   berth ssh --receipt b.json
   berth ssh --receipt b.json -- top
   $(berth ssh --print --receipt b.json)`,
     )
-    .action(async (target: string[], o: { receipt?: string; print: boolean; url?: string; tokenFile?: string; config?: string }) => {
+    .action(async (target: string[], o: { receipt?: string; print: boolean; url?: string; tokenFile?: string; config?: string; keyDir?: string }) => {
       let status: number;
       let plan: SshPlan | null = null;
       try {
         if (!o.receipt) {
-          if (target.length === 0) throw new BerthError("invalid_request", "invalid_request: say what to connect to: berth ssh --receipt FILE");
-          process.stderr.write(
-            `berth: berth ssh ALLOCATION is not available yet: allocations are placed and charged but not launched on an agent (docs/allocations.md), so there is nothing to connect to for ${JSON.stringify(target[0])}; use a borrow instead: berth borrow POOL --receipt FILE, then berth ssh --receipt FILE\n`,
-          );
-          process.exit(EXIT.usage);
+          if (target.length === 0) throw new BerthError("invalid_request", "invalid_request: say what to connect to: berth ssh ALLOCATION, or berth ssh --receipt FILE");
+          const { planFromAllocation } = await import("./ssh-alloc.js");
+          const ap = await planFromAllocation(target[0]!, o);
+          const command = target.slice(1);
+          if (o.print) {
+            process.stdout.write(shellQuote(systemSshCommand(ap, command)) + "\n");
+            process.exit(0);
+          }
+          const client = await connect({ host: ap.host, port: ap.port, user: ap.user, hostKey: ap.hostKey, privateKey: readKey(ap.keyFile) });
+          process.exit(await interactive(client, command.length > 0 ? shellQuote(command) : null, {}));
         }
         plan = planFromReceipt(o.receipt, o);
         if (o.print) {

@@ -29,6 +29,7 @@ import { candidateHostAccounts, listHostAccounts, lockHostAccount, setHostUsage 
 import { getAllocation, insertAllocation, type AllocationRecord } from "../../store/allocations.js";
 import { appendLedger } from "../../store/allocation-ledger.js";
 import { setDue } from "../../store/due.js";
+import { insertLaunch } from "../../store/allocation-launches.js";
 
 /** How many best candidates the database returns per placement attempt. */
 const CANDIDATES = 8;
@@ -42,6 +43,8 @@ export interface AllocCtx {
   config: Pick<CoordinatorConfig, "allocationSizes" | "maxAllocationMs">;
   /** Counts a refusal by reason (metrics); optional so store tests need no metrics. */
   onRefusal?: (reason: string) => void;
+  /** Wakes the reconciler after a commit that made work (launch, cleanup); optional for store tests. */
+  kick?: () => void;
 }
 
 export interface CreateInput {
@@ -50,6 +53,12 @@ export interface CreateInput {
   /** Requested lifetime; null = the policy maximum. */
   durationMs: number | null;
   strategy: Strategy;
+  /**
+   * The allocation's OpenSSH public key (the client keeps the private half).
+   * With a key the allocation is launched on its host; without one it is
+   * placed and charged only (no sandbox, no access).
+   */
+  publicKey?: { line: string; fingerprint: string } | null;
 }
 
 export interface CreateResult {
@@ -60,7 +69,8 @@ export interface CreateResult {
 
 /** The fingerprint of a create request, to tell a retry from a different request under the same id. */
 export function requestHash(owner: string, input: Omit<CreateInput, "id">): string {
-  return createHash("sha256").update(JSON.stringify(["berth-alloc-v1", owner, input.size, input.durationMs, input.strategy])).digest("hex");
+  const key = input.publicKey ? [input.publicKey.fingerprint] : [];
+  return createHash("sha256").update(JSON.stringify(["berth-alloc-v1", owner, input.size, input.durationMs, input.strategy, ...key])).digest("hex");
 }
 
 export async function createAllocation(ctx: AllocCtx, org: string, owner: string, input: CreateInput): Promise<CreateResult> {
@@ -69,7 +79,7 @@ export async function createAllocation(ctx: AllocCtx, org: string, owner: string
   const now = ctx.now();
   const expiry = expiryFor(now, input.durationMs, ctx.config.maxAllocationMs);
   if (!expiry.ok) throw new BerthError("invalid_request", expiry.message);
-  const hash = requestHash(owner, { size: size.name, durationMs: input.durationMs, strategy: input.strategy });
+  const hash = requestHash(owner, { size: size.name, durationMs: input.durationMs, strategy: input.strategy, publicKey: input.publicKey ?? null });
   for (let attempt = 0; ; attempt++) {
     const r = await ctx.store.transaction(async (tx): Promise<CreateResult | "raced"> => {
       const o = await lockOwner(tx, org, owner);
@@ -118,6 +128,12 @@ export async function createAllocation(ctx: AllocCtx, org: string, owner: string
         await setHostUsage(tx, host.hostId, { vcpu: host.used.vcpu + size.vcpu, memoryMib: host.used.memoryMib + size.memoryMib, slots: host.used.slots + 1 });
         await appendLedger(tx, { at: now, event: "reserve", org, allocation_id: id, owner, host_id: host.hostId, vcpu: size.vcpu, memory_mib: size.memoryMib, detail: size.name, actor: ctx.actor });
         await setDue(tx, "alloc_expiry", id, expiry.expiresAt);
+        if (input.publicKey) {
+          // The launch's durable inputs and its due row, in the reserving transaction: any coordinator launches it.
+          await insertLaunch(tx, id, input.publicKey.line, input.publicKey.fingerprint, now);
+          await setDue(tx, "alloc_launch", id, now);
+          tx.afterCommit(() => ctx.kick?.());
+        }
         return { allocation, created: true };
       }
     }, { name: "alloc_create" }).catch((e: unknown) => {

@@ -9,6 +9,9 @@ import { getOwner } from "../../store/alloc-owners.js";
 import { listHostAccounts } from "../../store/host-accounts.js";
 import type { AllocCtx } from "./allocation-create.js";
 import type { Requester } from "./allocation-release.js";
+import { getLaunch } from "../../store/allocation-launches.js";
+import { readHost } from "../../store/hosts.js";
+import type { AllocReleaseResult } from "../../protocol/operations.js";
 
 export async function showAllocation(ctx: AllocCtx, who: Requester, rawId: string): Promise<AllocationRecord> {
   const id = parseId(rawId, "allocation id");
@@ -42,5 +45,41 @@ export async function planAllocation(ctx: AllocCtx, who: Requester, sizeName: st
       decision: place(hosts, size, strategy),
       budget: adm ? { admitted: true as const, fits: adm.kind === "admit", message: adm.kind === "refuse" ? adm.message : null } : null,
     };
+  });
+}
+
+/** What the launch and release proved, and how to reach a ready allocation (its host's gateway, pinned key). */
+export interface AllocationDetail {
+  launch: {
+    fingerprint: string;
+    keepVolume: boolean;
+    readyAt: number | null;
+    attempts: number;
+    error: string | null;
+    machineId: string | null;
+    incarnation: string | null;
+    runtime: string | null;
+    enforcement: string | null;
+    volume: { path: string; dev: string; ino: string } | null;
+    release: AllocReleaseResult | null;
+  } | null;
+  access: { host: string; port: number; user: string; hostKey: string; hostKeyFingerprint: string } | null;
+}
+
+export async function allocationDetail(ctx: AllocCtx, a: AllocationRecord): Promise<AllocationDetail> {
+  return ctx.store.transaction(async (tx) => {
+    const l = await getLaunch(tx, a.id);
+    const host = await readHost(tx, a.hostId);
+    const launch = l
+      ? {
+          fingerprint: l.fingerprint, keepVolume: l.keepVolume, readyAt: l.readyAt, attempts: l.attempts, error: l.error,
+          machineId: l.launch?.machineId ?? null, incarnation: l.launch?.incarnation ?? null, runtime: l.launch?.runtime ?? null,
+          enforcement: l.launch?.enforcement ?? null, volume: l.launch?.volume ?? null, release: l.release,
+        }
+      : null;
+    const access = a.state === "ready" && host && l?.launch
+      ? { host: host.ssh_host, port: host.ssh_port, user: l.launch.machineId, hostKey: host.host_key, hostKeyFingerprint: host.fingerprint }
+      : null;
+    return { launch, access };
   });
 }

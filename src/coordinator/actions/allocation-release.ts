@@ -8,9 +8,9 @@
  * records the refund. Lock order owner → host, as at create.
  *
  * An allocation that never launched (`placed`) is released at once. One that
- * launched goes to `releasing`, keeping slot and budget charged until its
- * cleanup is proven (the cleanup executor is part of the launch work, not
- * built yet: see docs/allocations.md).
+ * launched (or is launching) goes to `releasing`, keeping slot and budget
+ * charged until its cleanup is proven on the agent (allocation-cleanup.ts,
+ * armed here by an `alloc_cleanup` due row in the same transaction).
  */
 import { BerthError } from "../../core/errors.js";
 import { parseId } from "../../core/ids.js";
@@ -22,6 +22,7 @@ import { lockHostAccount, setHostUsage } from "../../store/host-accounts.js";
 import { casAllocationState, getAllocation, type AllocationRecord } from "../../store/allocations.js";
 import { appendLedger } from "../../store/allocation-ledger.js";
 import { clearDue, setDue } from "../../store/due.js";
+import { setKeepVolume } from "../../store/allocation-launches.js";
 import type { AllocCtx } from "./allocation-create.js";
 
 export interface Requester {
@@ -32,7 +33,7 @@ export interface Requester {
 }
 
 /** Applies a release inside `tx`; returns the allocation as it now is. */
-async function releaseIn(tx: Tx, ctx: AllocCtx, a0: AllocationRecord, cause: ReleaseCause, keepVolume: boolean, now: number): Promise<AllocationRecord> {
+export async function releaseIn(tx: Tx, ctx: AllocCtx, a0: AllocationRecord, cause: ReleaseCause, keepVolume: boolean, now: number): Promise<AllocationRecord> {
   const owner = await lockOwner(tx, a0.org, a0.owner);
   // Re-read under the owner's lock: every change of a reservation-holding allocation takes that lock first.
   const a = (await getAllocation(tx, a0.id, true))!;
@@ -49,6 +50,14 @@ async function releaseIn(tx: Tx, ctx: AllocCtx, a0: AllocationRecord, cause: Rel
     await appendLedger(tx, { at: now, event: "refund", org: a.org, allocation_id: a.id, owner: a.owner, host_id: a.hostId, vcpu: a.vcpu, memory_mib: a.memoryMib, detail: cause, actor: ctx.actor });
   }
   if (!(await casAllocationState(tx, a.id, a.state, t.state, now, t.reason))) throw new Error(`allocation ${a.id} changed under the owner's lock`);
+  for (const e of t.effects) {
+    if (e.kind !== "cleanup") continue;
+    // The cleanup's durable intent: what to do with the volume, and a due row any coordinator picks up.
+    await setKeepVolume(tx, a.id, e.keepVolume, now);
+    await setDue(tx, "alloc_cleanup", a.id, now);
+    await clearDue(tx, "alloc_launch", a.id);
+    tx.afterCommit(() => ctx.kick?.());
+  }
   return { ...a, state: t.state, stateSince: now, reason: t.reason };
 }
 

@@ -25,7 +25,10 @@ import { HOST_STANDINGS } from "../../core/allocation-placement.js";
 import { newId } from "../../core/ids.js";
 import { createAllocation, type AllocCtx } from "../actions/allocation-create.js";
 import { releaseAllocation, type Requester } from "../actions/allocation-release.js";
-import { listAllocationsFor, planAllocation, showAllocation } from "../actions/allocation-read.js";
+import { allocationDetail, listAllocationsFor, planAllocation, showAllocation } from "../actions/allocation-read.js";
+import { parsePublicKey } from "../../core/ssh-public-key.js";
+import { registerVolumeRoutes } from "./volume-routes.js";
+import type { AllocationAgent } from "../allocation-agent.js";
 import { changeHostStanding, ownersOf, setOwnerBudget, listHostAccounts } from "../actions/alloc-owners.js";
 import type { AllocationRecord } from "../../store/allocations.js";
 import type { OwnerRecord } from "../../store/alloc-owners.js";
@@ -39,6 +42,8 @@ export const createAllocationSchema = z.strictObject({
   strategy: z.enum(["binpack", "spread"]).default("binpack"),
   /** Operators may create for another admitted owner. */
   owner: idSchema.optional(),
+  /** The allocation's OpenSSH public key (ssh-ed25519 …); with it the allocation is launched and reachable with the private half. */
+  publicKey: z.string().min(1).max(16_384).optional(),
 });
 
 export const planSchema = z.strictObject({ size: z.string().min(1).max(64), strategy: z.enum(["binpack", "spread"]).default("binpack") });
@@ -72,6 +77,8 @@ export interface AllocationRouteDeps {
   ctx: AllocCtx & { randomBytes: (n: number) => Uint8Array };
   /** Authentication and the role, both checked before the body is read. */
   auth: (role?: Role) => { auth: (req: IncomingMessage) => Promise<Principal> };
+  /** Calls to the hosts' agents (volume routes); absent: no volume routes. */
+  agent?: AllocationAgent;
 }
 
 function requester(p: Principal): Requester {
@@ -96,14 +103,20 @@ export function registerAllocationRoutes(app: HttpServer, d: AllocationRouteDeps
     if (body.owner !== undefined && body.owner !== p.tokenId) requireRole(p, "operator");
     // Without a client id the create cannot be retried safely; the CLI always sends one.
     const id = body.id ?? newId("al", ctx.randomBytes);
-    const res = await createAllocation(ctx, p.org, body.owner ?? p.tokenId, { id, size: body.size, durationMs: body.durationMs ?? null, strategy: body.strategy });
+    const key = body.publicKey !== undefined ? parsePublicKey(body.publicKey) : null;
+    const publicKey = key ? { line: key.line, fingerprint: key.fingerprint } : null;
+    const res = await createAllocation(ctx, p.org, body.owner ?? p.tokenId, { id, size: body.size, durationMs: body.durationMs ?? null, strategy: body.strategy, publicKey });
     return new Reply(res.created ? 201 : 200, { ...presentAllocation(res.allocation), created: res.created });
   });
   app.post("/v1/allocations/plan", { ...auth("member"), body: planSchema }, async (req) => planAllocation(ctx, requester(req.auth), req.body.size, req.body.strategy));
-  app.get("/v1/allocations/:allocation", auth("member"), async (req) => presentAllocation(await showAllocation(ctx, requester(req.auth), req.params.allocation!)));
+  app.get("/v1/allocations/:allocation", auth("member"), async (req) => {
+    const a = await showAllocation(ctx, requester(req.auth), req.params.allocation!);
+    return { ...presentAllocation(a), ...(await allocationDetail(ctx, a)) };
+  });
   app.post("/v1/allocations/:allocation/release", { ...auth("member"), body: releaseAllocationSchema }, async (req) =>
     presentAllocation(await releaseAllocation(ctx, requester(req.auth), req.params.allocation!, req.body.keepVolume)),
   );
+  if (d.agent) registerVolumeRoutes(app, { ctx, auth, agent: d.agent, requester });
   app.get("/v1/owners", auth("operator"), async (req) => ({ owners: (await ownersOf(ctx, req.auth.org)).map(presentOwner) }));
   for (const [path, mustExist] of [["/v1/owners/:owner/admit", false], ["/v1/owners/:owner/budget", true]] as const) {
     app.post(path, { ...auth("operator"), body: budgetSchema }, async (req) => presentOwner(await setOwnerBudget(ctx, req.auth.org, req.params.owner!, req.body, mustExist)));

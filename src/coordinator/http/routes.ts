@@ -20,6 +20,7 @@ import { presentPool, presentBorrow, presentHost } from "./present.js";
 import { BerthError } from "../../core/errors.js";
 import type { PortableApi } from "../actions/portable-api.js";
 import { registerAllocationRoutes } from "./allocation-routes.js";
+import type { AllocationAgent } from "../allocation-agent.js";
 
 export interface RouteDeps {
   ctx: Ctx;
@@ -27,6 +28,8 @@ export interface RouteDeps {
   metricsText: () => Promise<string>;
   portable: PortableApi | null;
   version: string;
+  /** Calls to agents about allocations (the volume routes). */
+  allocationAgent?: AllocationAgent;
 }
 
 export function addRoutes(app: HttpServer, d: RouteDeps): void {
@@ -100,5 +103,5 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
   });
   app.get("/v1/hosts", auth(), async (req) => ({ hosts: (await listHosts(ctx, req.auth)).map(presentHost) }));
   app.post("/v1/hosts/enroll", { ...auth(), body: enrollSchema }, async (req) => enrollHost(ctx, req.auth, req.body, d.secret));
-  registerAllocationRoutes(app, { ctx: { ...ctx, onRefusal: (reason) => ctx.metrics.allocationRefusals.inc({ reason }) }, auth });
+  registerAllocationRoutes(app, { ctx: { ...ctx, onRefusal: (reason) => ctx.metrics.allocationRefusals.inc({ reason }) }, auth, ...(d.allocationAgent ? { agent: d.allocationAgent } : {}) });
 }

@@ -54,6 +54,29 @@ export class HostsProvider implements Provider {
     return answerOf(body.kind, { status: r.statusCode, body: parsed });
   }
 
+  /**
+   * One authenticated call to an enrolled host's agent API, outside the
+   * machine operations (allocation holds, launches, volumes:
+   * coordinator/allocation-agent.ts). Throws when the agent does not answer.
+   */
+  async agentCall(hostId: string, method: "GET" | "POST", path: string, body?: unknown): Promise<{ status: number; body: unknown }> {
+    const host = await this.deps.host(hostId);
+    if (!host) return { status: 404, body: { error: { code: "not_found", message: `host ${hostId} is not enrolled` } } };
+    const r = await request(`${host.url}${path}`, {
+      method,
+      headers: { "content-type": "application/json", authorization: `Bearer ${hostCallToken(this.deps.secret, host.id)}` },
+      ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
+      headersTimeout: this.deps.timeoutMs ?? 60_000,
+      bodyTimeout: this.deps.timeoutMs ?? 60_000,
+    });
+    const text = await r.body.text();
+    try {
+      return { status: r.statusCode, body: JSON.parse(text) as unknown };
+    } catch {
+      return { status: r.statusCode, body: { error: { code: "bad_reply", message: `agent answered ${r.statusCode} with a body that is not JSON` } } };
+    }
+  }
+
   async run(op: OperationRequest): Promise<OperationOutcome> {
     const hostId = op.machine.host_id;
     if (!hostId) return { kind: "failed", error: `machine ${op.machine.id} has no host`, retryable: false };

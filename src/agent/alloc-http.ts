@@ -1,0 +1,46 @@
+/**
+ * The agent's allocation routes (registered by http.ts with the same
+ * host-call authentication as every agent route):
+ *
+ *   GET  /v1/agent/holds                         -> {holds: [HoldRecord], held: n}
+ *   GET  /v1/agent/holds/{allocation}            -> HoldRecord | 404 (never held here)
+ *   GET  /v1/agent/volumes                       -> {volumes: [VolumeView]}
+ *   GET  /v1/agent/volumes/{allocation}          -> VolumeView (with a structural check)
+ *   POST /v1/agent/volumes/{allocation}/verify   -> VolumeCheck
+ *   POST /v1/agent/volumes/{allocation}/reset    -> {removed}  (refused on a volume that fails verify)
+ *
+ * A hold observation is what a replacement launch actor reads before it
+ * decides (core/allocation-takeover.ts); it comes from the agent's store,
+ * which only the lock-holding agent process writes.
+ */
+import { BerthError } from "../core/errors.js";
+import { parseId } from "../core/ids.js";
+import type { HttpServer } from "../http/server.js";
+import type { IncomingMessage } from "node:http";
+import type { AllocStore, VolumeRecord } from "./alloc-store.js";
+import type { Volumes } from "./volumes.js";
+
+export interface AllocHttpDeps {
+  allocs: AllocStore;
+  volumes: Volumes;
+}
+
+export function registerAllocRoutes(app: HttpServer, auth: { auth: (req: IncomingMessage) => void }, d: AllocHttpDeps): void {
+  // The marker token stays on the host: it proves the directory, it is not shown.
+  const view = ({ marker: _marker, ...v }: VolumeRecord) => ({ ...v, check: v.state === "ready" ? d.volumes.verify(v.allocationId) : null });
+  const volumeOf = (raw: string): VolumeRecord => {
+    const v = d.allocs.getVolume(parseId(raw, "allocation id"));
+    if (!v) throw new BerthError("not_found", `not_found: allocation ${raw} has no workspace volume on this host`);
+    return v;
+  };
+  app.get("/v1/agent/holds", auth, async () => ({ holds: d.allocs.listHolds(), held: d.allocs.countHeld() }));
+  app.get("/v1/agent/holds/:allocation", auth, async (req) => {
+    const h = d.allocs.getHold(parseId(req.params.allocation!, "allocation id"));
+    if (!h) throw new BerthError("not_found", `not_found: allocation ${req.params.allocation!} never held a slot on this host`);
+    return h;
+  });
+  app.get("/v1/agent/volumes", auth, async () => ({ volumes: d.allocs.listVolumes().map(view) }));
+  app.get("/v1/agent/volumes/:allocation", auth, async (req) => view(volumeOf(req.params.allocation!)));
+  app.post("/v1/agent/volumes/:allocation/verify", auth, async (req) => d.volumes.verify(volumeOf(req.params.allocation!).allocationId));
+  app.post("/v1/agent/volumes/:allocation/reset", auth, async (req) => d.volumes.reset(volumeOf(req.params.allocation!).allocationId));
+}

@@ -1,0 +1,164 @@
+/**
+ * Workspace volumes (the seeds' "state anchors"): one directory per
+ * allocation under <stateDir>/volumes/<allocation>/, holding
+ *   marker  — a random token written once, proving the directory is this volume;
+ *   data/   — the workspace itself: the sandbox's /workspace (gvisor bind
+ *             mount) or cwd and HOME (process runtime).
+ * The sandbox's workspace path (<stateDir>/machines/<machine>/workspace) is
+ * a symlink to data/, made before the runtime starts the sandbox, so every
+ * restart of the sandbox (fence, agent restart) binds the same directory.
+ *
+ * Durable order (records in alloc-store.ts):
+ *   create:  record `intent` (path, marker) → mkdir data/, write marker
+ *            (whole file, fsync) → stat data/ → record `ready` with the
+ *            exact identity (st_dev, st_ino).
+ *   release: the sandbox is destroyed first (the caller proves it: no
+ *            process, no mount user left) → record `release_intent` → remove
+ *            the directory → prove it absent → record `clean`.
+ * A crash between steps leaves `intent` (the next ensure finishes it: the
+ * directory it would make is named by the record) or `release_intent`
+ * (recover() finishes the removal at start-up). Nothing is inferred from a
+ * directory without a record: a directory with no record is never adopted.
+ */
+import { existsSync, lstatSync, mkdirSync, readFileSync, readlinkSync, rmSync, statSync, symlinkSync, unlinkSync } from "node:fs";
+import { randomBytes } from "node:crypto";
+import { join, resolve } from "node:path";
+import { BerthError } from "../core/errors.js";
+import { parseId } from "../core/ids.js";
+import { writeFileDurable } from "../store/durable-file.js";
+import { wipeDirectory } from "./runtime/durable.js";
+import type { AllocStore, VolumeRecord } from "./alloc-store.js";
+import type { AgentLog } from "./log.js";
+
+export interface VolumeCheck {
+  allocationId: string;
+  ok: boolean;
+  state: string;
+  /** What is wrong, one line each; empty when ok. */
+  problems: string[];
+}
+
+export interface VolumesDeps {
+  stateDir: string;
+  /** The volume records. */
+  allocs: AllocStore;
+  now: () => number;
+  log: AgentLog;
+}
+
+export class Volumes {
+  readonly root: string;
+  constructor(private readonly d: VolumesDeps) {
+    this.root = join(resolve(d.stateDir), "volumes");
+    mkdirSync(this.root, { recursive: true, mode: 0o700 });
+  }
+
+  private pathOf(allocationId: string): string {
+    return join(this.root, parseId(allocationId, "allocation id"));
+  }
+
+  /** The allocation's volume, created if needed (intent first, identity after). Idempotent. */
+  ensure(allocationId: string): VolumeRecord {
+    const { allocs, now } = this.d;
+    let v = allocs.getVolume(allocationId);
+    if (v?.state === "ready") {
+      const c = this.verify(allocationId);
+      if (!c.ok) throw new BerthError("conflict", `conflict: the workspace volume of allocation ${allocationId} does not match its record (${c.problems.join("; ")}); it is left untouched; see berth volume verify`);
+      return v;
+    }
+    if (v && v.state !== "intent") throw new BerthError("conflict", `conflict: the workspace volume of allocation ${allocationId} was released (${v.state}); a released allocation is never launched again`);
+    if (!v) {
+      v = { allocationId, state: "intent", path: this.pathOf(allocationId), dev: null, ino: null, marker: randomBytes(16).toString("hex"), createdAt: now(), updatedAt: now() };
+      allocs.putVolume(v); // intent, before anything exists on disk
+    }
+    mkdirSync(join(v.path, "data"), { recursive: true, mode: 0o755 });
+    writeFileDurable(join(v.path, "marker"), `${allocationId} ${v.marker}\n`, 0o600);
+    const st = statSync(join(v.path, "data"), { bigint: true });
+    const ready: VolumeRecord = { ...v, state: "ready", dev: String(st.dev), ino: String(st.ino), updatedAt: now() };
+    allocs.putVolume(ready);
+    return ready;
+  }
+
+  /** Points the sandbox's workspace path at the volume's data directory (before the runtime starts it). */
+  link(workspacePath: string, v: VolumeRecord): void {
+    const target = join(v.path, "data");
+    mkdirSync(join(workspacePath, ".."), { recursive: true, mode: 0o700 });
+    let st: ReturnType<typeof lstatSync> | null = null;
+    try {
+      st = lstatSync(workspacePath);
+    } catch {
+      st = null;
+    }
+    if (st?.isSymbolicLink() && readlinkSync(workspacePath) === target) return;
+    if (st?.isSymbolicLink()) unlinkSync(workspacePath);
+    else if (st?.isDirectory()) rmSync(workspacePath, { recursive: true, force: true }); // an empty workspace a runtime made before the link
+    else if (st) throw new BerthError("conflict", `conflict: ${workspacePath} is neither the volume link nor a directory`);
+    symlinkSync(target, workspacePath, "dir");
+  }
+
+  /** Structural check: record ready, directory present with the recorded identity, marker intact. */
+  verify(allocationId: string): VolumeCheck {
+    const v = this.d.allocs.getVolume(allocationId);
+    if (!v) throw new BerthError("not_found", `not_found: allocation ${allocationId} has no workspace volume on this host`);
+    const problems: string[] = [];
+    if (v.state !== "ready") problems.push(`record is ${v.state}, not ready`);
+    const data = join(v.path, "data");
+    try {
+      const st = lstatSync(data, { bigint: true });
+      if (!st.isDirectory()) problems.push(`${data} is not a directory`);
+      if (v.dev !== null && (String(st.dev) !== v.dev || String(st.ino) !== v.ino)) {
+        problems.push(`identity changed: recorded dev ${v.dev} inode ${v.ino}, found dev ${st.dev} inode ${st.ino}`);
+      }
+    } catch {
+      problems.push(`${data} is missing`);
+    }
+    try {
+      const m = readFileSync(join(v.path, "marker"), "utf8");
+      if (m !== `${allocationId} ${v.marker}\n`) problems.push("marker does not match the record");
+    } catch {
+      problems.push("marker file is missing");
+    }
+    return { allocationId, ok: problems.length === 0, state: v.state, problems };
+  }
+
+  /** Empties the volume (same directory, same identity). Refused on a volume that fails verify. */
+  reset(allocationId: string): { removed: number } {
+    const c = this.verify(allocationId);
+    if (!c.ok) throw new BerthError("conflict", `conflict: the workspace volume of allocation ${allocationId} failed verification (${c.problems.join("; ")}); it is not reset; an operator must inspect it`);
+    const v = this.d.allocs.getVolume(allocationId)!;
+    return { removed: wipeDirectory(join(v.path, "data")) };
+  }
+
+  /**
+   * Release, after the caller proved the sandbox gone: keep (the record stays
+   * `ready`) or wipe in order (release_intent → removed → absent proven → clean).
+   */
+  release(allocationId: string, keep: boolean): "kept" | "wiped" | "none" {
+    const { allocs, now } = this.d;
+    const v = allocs.getVolume(allocationId);
+    if (!v || v.state === "clean") return "none";
+    if (keep && v.state === "ready") return "kept";
+    allocs.putVolume({ ...v, state: "release_intent", updatedAt: now() });
+    this.#remove(v);
+    return "wiped";
+  }
+
+  #remove(v: VolumeRecord): void {
+    rmSync(v.path, { recursive: true, force: true, maxRetries: 3 });
+    if (existsSync(v.path)) throw new BerthError("operation_failed", `operation_failed: volume ${v.path} still exists after removal`);
+    this.d.allocs.putVolume({ ...v, state: "clean", updatedAt: this.d.now() });
+  }
+
+  /** Start-up: finish removals a crash interrupted (release_intent → clean). */
+  recover(): void {
+    for (const v of this.d.allocs.listVolumes()) {
+      if (v.state !== "release_intent") continue;
+      try {
+        this.#remove(v);
+        this.d.log.info({ allocationId: v.allocationId }, "finished an interrupted volume release");
+      } catch (e) {
+        this.d.log.warn({ allocationId: v.allocationId, error: (e as Error).message }, "volume release still unfinished; retried at the next release or start");
+      }
+    }
+  }
+}

@@ -1,0 +1,91 @@
+/**
+ * `berth volume ls|show|verify|reset`: allocations' workspace volumes,
+ * through the coordinator (which asks the host agent). Exit codes: 0; 1 when
+ * `verify` finds a volume damaged (its problems are printed), and for
+ * refusals; 2 for usage.
+ */
+import type { Command } from "commander";
+import { clientFrom, printJson, printTable, runCommand } from "../common.js";
+import type { ConfigFlags } from "../config.js";
+
+interface Flags extends ConfigFlags {
+  json: boolean;
+}
+
+interface VolumeView {
+  allocationId: string;
+  state: string;
+  path: string;
+  dev: string | null;
+  ino: string | null;
+  hostName?: string;
+  allocationState?: string;
+  check?: { ok: boolean; problems: string[] } | null;
+}
+
+interface CheckView {
+  allocationId: string;
+  ok: boolean;
+  state: string;
+  problems: string[];
+}
+
+const seg = encodeURIComponent;
+
+function withApi(o: Flags, fn: (api: ReturnType<typeof clientFrom>["api"]) => Promise<number>): Promise<void> {
+  return runCommand(async () => {
+    const { api } = clientFrom(o);
+    try {
+      return await fn(api);
+    } finally {
+      await api.close();
+    }
+  });
+}
+
+function clientOpts(c: Command): Command {
+  return c.option("--url <url>", "coordinator URL (or BERTH_URL)").option("--token-file <file>", "API token file (or BERTH_TOKEN_FILE)").option("--config <file>", "client config file").option("--json", "print JSON", false);
+}
+
+export function register(program: Command): void {
+  const volume = program.command("volume").description("Workspace volumes of allocations: list, inspect, verify, reset (never by hand on the host)");
+  clientOpts(volume.command("ls").description("List the volumes of your allocations (an operator: the organisation's)")).action((o: Flags) =>
+    withApi(o, async (api) => {
+      const r = await api.call<{ volumes: VolumeView[]; unreachableHosts: string[] }>("GET", "/v1/volumes");
+      if (o.json) printJson(r);
+      else {
+        printTable(["ALLOCATION", "STATE", "ALLOC STATE", "HOST", "CHECK"], r.volumes.map((v) => [v.allocationId, v.state, v.allocationState ?? "", v.hostName ?? "", v.check ? (v.check.ok ? "ok" : "DAMAGED") : "-"]));
+        if (r.unreachableHosts.length > 0) process.stderr.write(`berth: hosts not answering (their volumes are not listed): ${r.unreachableHosts.join(", ")}\n`);
+      }
+      return 0;
+    }),
+  );
+  clientOpts(volume.command("show").description("Show one allocation's volume: record, identity, check").argument("<allocation>", "allocation id")).action((id: string, o: Flags) =>
+    withApi(o, async (api) => {
+      const v = await api.call<VolumeView>("GET", `/v1/volumes/${seg(id)}`);
+      if (o.json) printJson(v);
+      else
+        process.stdout.write(
+          `volume of ${v.allocationId} on ${v.hostName ?? "?"}\n  state      ${v.state}\n  identity   dev ${v.dev ?? "-"} inode ${v.ino ?? "-"}\n  path       ${v.path}\n` +
+            `  check      ${v.check ? (v.check.ok ? "ok" : `DAMAGED: ${v.check.problems.join("; ")}`) : "-"}\n`,
+        );
+      return 0;
+    }),
+  );
+  clientOpts(volume.command("verify").description("Structural check: record, directory identity (device, inode), marker; exits 1 when damaged").argument("<allocation>", "allocation id")).action((id: string, o: Flags) =>
+    withApi(o, async (api) => {
+      const c = await api.call<CheckView>("POST", `/v1/volumes/${seg(id)}/verify`, {});
+      if (o.json) printJson(c);
+      else process.stdout.write(c.ok ? `volume of ${c.allocationId}: ok\n` : `volume of ${c.allocationId}: DAMAGED\n${c.problems.map((p) => `  - ${p}\n`).join("")}`);
+      return c.ok ? 0 : 1;
+    }),
+  );
+  clientOpts(volume.command("reset").description("Empty an allocation's volume (same directory, same identity); refused on a damaged volume").argument("<allocation>", "allocation id")).action((id: string, o: Flags) =>
+    withApi(o, async (api) => {
+      const r = await api.call<{ allocationId: string; removed: number }>("POST", `/v1/volumes/${seg(id)}/reset`, {});
+      if (o.json) printJson(r);
+      else process.stdout.write(`volume of ${r.allocationId}: reset (${r.removed} entries removed)\n`);
+      return 0;
+    }),
+  );
+}

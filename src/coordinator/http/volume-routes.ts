@@ -1,0 +1,71 @@
+/**
+ * Workspace volume routes: `berth volume ls|show|verify|reset` through the
+ * coordinator, which asks the allocation's host agent (alloc-http.ts on the
+ * agent). Nobody needs to know or touch the agent's storage layout.
+ *
+ *   GET  /v1/volumes                          volumes of the caller's allocations (an operator: the org's)
+ *   GET  /v1/volumes/{allocation}             one volume, with a structural check
+ *   POST /v1/volumes/{allocation}/verify      the structural check: record, directory identity, marker
+ *   POST /v1/volumes/{allocation}/reset       empty it (owner or operator); refused on a damaged volume
+ *
+ * Access follows the allocation's: another owner's is not found for a member.
+ */
+import type { IncomingMessage } from "node:http";
+import type { HttpServer } from "../../http/server.js";
+import type { Principal, Role } from "../auth.js";
+import type { AllocationAgent } from "../allocation-agent.js";
+import type { AllocCtx } from "../actions/allocation-create.js";
+import type { Requester } from "../actions/allocation-release.js";
+import { listAllocationsFor, showAllocation } from "../actions/allocation-read.js";
+
+export interface VolumeRouteDeps {
+  ctx: AllocCtx;
+  auth: (role?: Role) => { auth: (req: IncomingMessage) => Promise<Principal> };
+  agent: AllocationAgent;
+  requester: (p: Principal) => Requester;
+}
+
+interface AgentVolume {
+  allocationId: string;
+  state: string;
+}
+
+export function registerVolumeRoutes(app: HttpServer, d: VolumeRouteDeps): void {
+  const { ctx, auth, agent, requester } = d;
+  const seg = encodeURIComponent;
+  app.get("/v1/volumes", auth("member"), async (req) => {
+    const mine = await listAllocationsFor(ctx, requester(req.auth), true);
+    const byHost = new Map<string, Map<string, (typeof mine)[number]>>();
+    for (const a of mine) {
+      if (!byHost.has(a.hostId)) byHost.set(a.hostId, new Map());
+      byHost.get(a.hostId)!.set(a.id, a);
+    }
+    const volumes: unknown[] = [];
+    const unreachable: string[] = [];
+    for (const [hostId, allocs] of byHost) {
+      try {
+        const r = (await agent.volume(hostId, "GET", "/v1/agent/volumes")) as { volumes: AgentVolume[] };
+        for (const v of r.volumes) {
+          const a = allocs.get(v.allocationId);
+          if (a && v.state !== "clean") volumes.push({ ...v, hostId, hostName: a.plan.hostName, allocationState: a.state, owner: a.owner });
+        }
+      } catch {
+        unreachable.push(hostId);
+      }
+    }
+    return { volumes, unreachableHosts: unreachable };
+  });
+  const one = async (p: Principal, raw: string) => showAllocation(ctx, requester(p), raw);
+  app.get("/v1/volumes/:allocation", auth("member"), async (req) => {
+    const a = await one(req.auth, req.params.allocation!);
+    return { ...(await agent.volume(a.hostId, "GET", `/v1/agent/volumes/${seg(a.id)}`) as object), hostId: a.hostId, hostName: a.plan.hostName, allocationState: a.state };
+  });
+  app.post("/v1/volumes/:allocation/verify", auth("member"), async (req) => {
+    const a = await one(req.auth, req.params.allocation!);
+    return agent.volume(a.hostId, "POST", `/v1/agent/volumes/${seg(a.id)}/verify`);
+  });
+  app.post("/v1/volumes/:allocation/reset", auth("member"), async (req) => {
+    const a = await one(req.auth, req.params.allocation!);
+    return { allocationId: a.id, ...(await agent.volume(a.hostId, "POST", `/v1/agent/volumes/${seg(a.id)}/reset`) as object) };
+  });
+}

@@ -1,0 +1,72 @@
+/**
+ * `allocation_launches`: one row per allocation that asked for a launch
+ * (created with a public key). It holds the durable inputs of the launch and
+ * release operations — the OpenSSH public key (public; the private half
+ * never leaves the client) and whether to keep the volume — and what the
+ * agent proved: the launch result (sandbox, incarnation, volume identity)
+ * and the release result (sessions cut, processes gone, volume kept or wiped).
+ */
+import type { Tx } from "./store.js";
+import type { AllocLaunchResult, AllocReleaseResult } from "../protocol/operations.js";
+
+export interface LaunchRecord {
+  allocationId: string;
+  publicKey: string;
+  fingerprint: string;
+  keepVolume: boolean;
+  launch: AllocLaunchResult | null;
+  release: AllocReleaseResult | null;
+  readyAt: number | null;
+  attempts: number;
+  error: string | null;
+}
+
+interface Row {
+  allocation_id: string;
+  public_key: string;
+  fingerprint: string;
+  keep_volume: number | boolean;
+  launch_result: string | null;
+  release_result: string | null;
+  ready_at: number | string | null;
+  attempts: number;
+  error: string | null;
+}
+
+export async function getLaunch(tx: Tx, allocationId: string): Promise<LaunchRecord | null> {
+  const r = await tx.get<Row>("SELECT * FROM allocation_launches WHERE allocation_id = ?", [allocationId]);
+  if (!r) return null;
+  return {
+    allocationId: r.allocation_id,
+    publicKey: r.public_key,
+    fingerprint: r.fingerprint,
+    keepVolume: Boolean(r.keep_volume),
+    launch: r.launch_result ? (JSON.parse(r.launch_result) as AllocLaunchResult) : null,
+    release: r.release_result ? (JSON.parse(r.release_result) as AllocReleaseResult) : null,
+    readyAt: r.ready_at === null ? null : Number(r.ready_at),
+    attempts: r.attempts,
+    error: r.error,
+  };
+}
+
+export async function insertLaunch(tx: Tx, allocationId: string, publicKey: string, fingerprint: string, now: number): Promise<void> {
+  await tx.run("INSERT INTO allocation_launches (allocation_id, public_key, fingerprint, updated_at) VALUES (?, ?, ?, ?) ON CONFLICT (allocation_id) DO NOTHING", [allocationId, publicKey, fingerprint, now]);
+}
+
+export async function setLaunched(tx: Tx, allocationId: string, result: AllocLaunchResult, now: number): Promise<void> {
+  await tx.run("UPDATE allocation_launches SET launch_result = ?, ready_at = ?, error = NULL, updated_at = ? WHERE allocation_id = ?", [JSON.stringify(result), now, now, allocationId]);
+}
+
+export async function setReleased(tx: Tx, allocationId: string, result: AllocReleaseResult, now: number): Promise<void> {
+  await tx.run("UPDATE allocation_launches SET release_result = ?, error = NULL, updated_at = ? WHERE allocation_id = ?", [JSON.stringify(result), now, allocationId]);
+}
+
+export async function setKeepVolume(tx: Tx, allocationId: string, keep: boolean, now: number): Promise<void> {
+  await tx.run("UPDATE allocation_launches SET keep_volume = ?, updated_at = ? WHERE allocation_id = ?", [keep ? 1 : 0, now, allocationId]);
+}
+
+/** Counts a failed attempt and keeps its message; resolves to the attempts so far. */
+export async function noteLaunchError(tx: Tx, allocationId: string, error: string, now: number): Promise<number> {
+  const r = await tx.get<{ attempts: number }>("UPDATE allocation_launches SET attempts = attempts + 1, error = ?, updated_at = ? WHERE allocation_id = ? RETURNING attempts", [error.slice(0, 2000), now, allocationId]);
+  return r?.attempts ?? 0;
+}

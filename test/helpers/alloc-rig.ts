@@ -1,0 +1,153 @@
+/**
+ * Real processes for allocation tests: `berth serve` coordinators on one
+ * store (SQLite file or PostgreSQL schema), one `berth agent` enrolled with
+ * them (process runtime, room for a few `small` allocations), an admin token
+ * admitted as an owner, and readers of the durable state: the coordinator's
+ * store and the agent's holds (through the agent's own API, with the
+ * host-call token the coordinator derives).
+ */
+import { randomBytes } from "node:crypto";
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { request } from "undici";
+import { Api } from "../../src/cli/api.js";
+import { createToken } from "../../src/coordinator/auth.js";
+import { hostCallToken } from "../../src/core/tokens.js";
+import type { PostgresStore } from "../../src/store/postgres/postgres-store.js";
+import type { Store } from "../../src/store/store.js";
+import { AgentHarness, type SpawnedAgent } from "./agent.js";
+import { tempDir, type Engine } from "./env.js";
+import { openLocation, startServe, type ServeProcess, type StoreLocation } from "./serve.js";
+
+export interface Hold {
+  allocationId: string;
+  generation: number;
+  state: "held" | "released";
+}
+
+export class AllocRig {
+  readonly tmp = tempDir("berth-alloc-");
+  readonly h = new AgentHarness("berth-alloc-agent-");
+  loc!: StoreLocation;
+  store!: Store;
+  token = "";
+  tokenId = "";
+  agent: SpawnedAgent | null = null;
+  agentUrl = "";
+  hostId = "";
+  readonly coordinators: ServeProcess[] = [];
+
+  /** keepFirst: leave the coordinator that set things up running (else each test starts its own). */
+  constructor(readonly engine: Engine = "sqlite", readonly keepFirst = false, readonly leaseArgs: string[] = ["--alloc-actor-lease", "1s"], readonly runtime: "process" | "gvisor" = "process") {}
+
+  get agentDir(): string {
+    return join(this.tmp.path, "agent");
+  }
+
+  async start(): Promise<this> {
+    const dir = join(this.tmp.path, "coord");
+    mkdirSync(dir, { recursive: true });
+    this.loc = this.engine === "postgres" ? { engine: "postgres", dir, schema: "t_" + randomBytes(6).toString("hex") } : { engine: "sqlite", dir };
+    this.store = await openLocation(this.loc);
+    const admin = await createToken(this.store, { org: "acme", role: "admin", expiresAt: null, label: null }, Date.now(), (n) => randomBytes(n));
+    const agentTok = await createToken(this.store, { org: "acme", role: "agent", expiresAt: null, label: null }, Date.now(), (n) => randomBytes(n));
+    this.token = admin.token;
+    this.tokenId = admin.id;
+    writeFileSync(join(this.tmp.path, "admin.token"), admin.token, { mode: 0o600 });
+    writeFileSync(join(this.tmp.path, "agent.token"), agentTok.token, { mode: 0o600 });
+    const c = await this.coordinator();
+    await this.startAgent(c.url);
+    await this.api(c).call("POST", `/v1/owners/${this.tokenId}/admit`, { vcpu: 16, memoryMib: 32768, count: 8 });
+    if (!this.keepFirst) await c.kill("SIGTERM");
+    return this;
+  }
+
+  /** Another `berth serve` on the same store (`env` e.g. a pause point). */
+  async coordinator(env: Record<string, string> = {}): Promise<ServeProcess> {
+    const p = await startServe(this.loc, { NODE_ENV: "test", ...env }, this.leaseArgs);
+    this.coordinators.push(p);
+    return p;
+  }
+
+  async startAgent(coordinatorUrl: string): Promise<void> {
+    this.agent = this.h.spawnAgent({
+      stateDir: this.agentDir, coordinator: coordinatorUrl, enrollTokenFile: join(this.tmp.path, "agent.token"), name: "h1", runtime: this.runtime,
+      extraArgs: ["--vcpu", "16", "--memory-mb", "32768", "--slots", "8"],
+    });
+    const ready = await this.agent.ready;
+    this.agentUrl = ready.url;
+    this.hostId = /host=(\S+)/.exec(ready.line)?.[1] ?? "";
+    if (!this.hostId.startsWith("h_")) {
+      const r = await this.store.transaction((tx) => tx.get<{ id: string }>("SELECT id FROM hosts WHERE name = 'h1'"));
+      this.hostId = r!.id;
+    }
+  }
+
+  async killAgent(): Promise<void> {
+    const a = this.agent;
+    if (!a || a.child.exitCode !== null || a.child.signalCode !== null) return;
+    a.child.kill("SIGKILL");
+    await a.exit;
+  }
+
+  api(c: ServeProcess): Api {
+    return new Api(c.url, this.token);
+  }
+
+  /** The agent's holds, from its own API (the coordinator's host-call token, derived from the shared secret). */
+  async holds(): Promise<Hold[]> {
+    const secret = Buffer.from(readFileSync(join(this.loc.dir, "coordinator.secret"), "utf8").trim(), "base64");
+    const r = await request(`${this.agentUrl}/v1/agent/holds`, { headers: { authorization: `Bearer ${hostCallToken(secret, this.hostId)}` } });
+    const body = (await r.body.json()) as { holds: Hold[] };
+    return body.holds;
+  }
+
+  /** A GET on the agent's API as the coordinator would make it. */
+  async agentGet(path: string): Promise<{ status: number; body: unknown }> {
+    const secret = Buffer.from(readFileSync(join(this.loc.dir, "coordinator.secret"), "utf8").trim(), "base64");
+    const r = await request(`${this.agentUrl}${path}`, { headers: { authorization: `Bearer ${hostCallToken(secret, this.hostId)}` } });
+    return { status: r.statusCode, body: await r.body.json() };
+  }
+
+  /** Calls an agent operation as a (late) coordinator would. */
+  async agentOp(body: unknown): Promise<{ status: number; body: { error?: { code: string } } }> {
+    const secret = Buffer.from(readFileSync(join(this.loc.dir, "coordinator.secret"), "utf8").trim(), "base64");
+    const r = await request(`${this.agentUrl}/v1/agent/ops`, { method: "POST", headers: { "content-type": "application/json", authorization: `Bearer ${hostCallToken(secret, this.hostId)}` }, body: JSON.stringify(body) });
+    return { status: r.statusCode, body: (await r.body.json()) as { error?: { code: string } } };
+  }
+
+  async allocation(id: string): Promise<{ state: string; reason: string | null }> {
+    const r = await this.store.transaction((tx) => tx.get<{ state: string; reason: string | null }>("SELECT state, reason FROM allocations WHERE id = ?", [id]));
+    if (!r) throw new Error(`no allocation ${id}`);
+    return r;
+  }
+
+  async actor(id: string): Promise<{ generation: number; actor: string; kind: string } | null> {
+    const r = await this.store.transaction((tx) => tx.get<{ generation: number; actor: string; kind: string }>("SELECT generation, actor, kind FROM allocation_actors WHERE allocation_id = ?", [id]));
+    return r ? { ...r, generation: Number(r.generation) } : null;
+  }
+
+  async ownerUse(): Promise<{ vcpu: number; memory: number; count: number }> {
+    const r = await this.store.transaction((tx) => tx.get<{ used_vcpu: number; used_memory_mib: number; used_count: number }>("SELECT used_vcpu, used_memory_mib, used_count FROM alloc_owners WHERE owner = ?", [this.tokenId]));
+    return { vcpu: Number(r!.used_vcpu), memory: Number(r!.used_memory_mib), count: Number(r!.used_count) };
+  }
+
+  async waitState(id: string, state: string, ms = 30_000): Promise<void> {
+    const deadline = Date.now() + ms;
+    for (;;) {
+      const a = await this.allocation(id);
+      if (a.state === state) return;
+      if (Date.now() > deadline) throw new Error(`allocation ${id} is ${a.state} (${a.reason ?? ""}), not ${state}, after ${ms} ms`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+
+  async close(): Promise<void> {
+    for (const c of this.coordinators) await c.kill("SIGKILL").catch(() => undefined);
+    await this.killAgent().catch(() => undefined);
+    await this.h.close();
+    if (this.engine === "postgres") await (this.store as PostgresStore).pool.query(`DROP SCHEMA "${this.loc.schema}" CASCADE`).catch(() => undefined);
+    await this.store.close();
+    this.tmp.cleanup();
+  }
+}
