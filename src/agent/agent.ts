@@ -36,6 +36,9 @@ import { createRuntime, type RuntimeChoice } from "./runtime/index.js";
 import type { Runtime } from "./runtime/types.js";
 import { sqliteSessionStore } from "./sessions/store.js";
 import { AgentStore } from "./store.js";
+import { MachineNetworks, type NetworkOptions } from "./network/manager.js";
+import { networkAvailability } from "./network/host.js";
+import { coordinatorServices } from "./network/coordinator.js";
 
 export interface AgentOptions {
   /** The agent's own directory: store, machines, host key. One agent per directory. */
@@ -63,6 +66,12 @@ export interface AgentOptions {
    * the same process, or a test). Only its hash is kept.
    */
   hostCallToken?: string;
+  /**
+   * Network policies (docs/network.md): options of the machine networks, or
+   * false to refuse every `egress` machine. Default: enabled where the host
+   * allows it (Linux, root, `ip` and `nft`).
+   */
+  network?: NetworkOptions | false;
 }
 
 export interface RunningAgent {
@@ -77,6 +86,8 @@ export interface RunningAgent {
   keys: AgentKeys;
   ops: AgentOps;
   sessions: SessionRegistry;
+  /** Machine networks, or why this agent has none. */
+  network: MachineNetworks | { unavailable: string };
   /** Settles once enrolled (or at once without a coordinator); never rejects. */
   enrolled: Promise<void>;
   stop(): Promise<void>;
@@ -119,7 +130,14 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     }
     const keys = new AgentKeys({ store, now, log });
     cleanups.push(() => keys.close());
-    const recovery = await recover({ store, runtime, keys, now, log });
+    // Machine networks: the agent's own ports are known once its listeners run.
+    const ports: Array<{ port: number; why: string }> = [];
+    const coordinator = opts.coordinatorUrl !== undefined ? await coordinatorServices(opts.coordinatorUrl) : [];
+    const avail = opts.network === false ? { ok: false as const, why: "disabled on this agent" } : networkAvailability();
+    const network: MachineNetworks | { unavailable: string } = avail.ok
+      ? new MachineNetworks({ db: store.db, stateDir: opts.stateDir, log, now, agentPorts: () => ports, coordinator: () => coordinator }, opts.network || {})
+      : { unavailable: avail.why };
+    const recovery = await recover({ store, runtime, keys, now, log, network: network instanceof MachineNetworks ? network : null });
 
     const gateway: Gateway = await startGateway({
       hostKeyPath: join(opts.stateDir, "ssh_host_ed25519_key"),
@@ -133,7 +151,8 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     cleanups.push(() => gateway.close());
     const sessions = gateway.sessions;
 
-    const ops = new AgentOps({ store, keys, runtime, sessions, now, log });
+    ports.push({ port: gateway.port, why: "agent SSH gateway" });
+    const ops = new AgentOps({ store, keys, runtime, sessions, now, log, network });
     let hostId = store.getMeta(META_HOST_ID);
     const http: AgentHttp = await startHttp(
       {
@@ -149,6 +168,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       listen,
     );
     cleanups.push(() => http.close());
+    ports.push({ port: http.port, why: "agent API" });
 
     const advertised = opts.advertiseHost ?? (isWildcard(listen.host) ? hostname() : listen.host);
     const sshHost = opts.advertiseHost ?? (isWildcard(sshListen.host) ? hostname() : sshListen.host);
@@ -255,6 +275,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       keys,
       ops,
       sessions,
+      network,
       enrolled,
       stop: () => (stopping ??= teardown()),
     };

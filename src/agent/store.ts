@@ -24,6 +24,7 @@ import { join } from "node:path";
 import Database from "better-sqlite3";
 import type { InstalledKey } from "./contracts.js";
 import { runMigrations, sqliteMigrationDriver, SCHEMA_VERSION_TABLE, type Migration } from "../store/migrate.js";
+import { NETWORK_MIGRATION } from "./network/store.js";
 
 export const STORE_FILE = "agent.db";
 
@@ -105,6 +106,7 @@ export const AGENT_MIGRATIONS: Migration[] = [
         WHERE kind = 'create';
     `,
   },
+  NETWORK_MIGRATION,
 ];
 
 /** Named migrations of the scheme before `schema_version` (adopted once, by version). */

@@ -81,6 +81,19 @@ export interface ExecHandle {
   resume(): void;
 }
 
+/** How a machine is created: with `network`, every process of it runs in that network namespace. */
+export interface CreateOptions {
+  network?: {
+    /** Name of the namespace under /run/netns. */
+    netns: string;
+    /** Its inode when set up: a sandbox started in another namespace of the same name is restarted. */
+    inode: string;
+    /** Files bound over /etc/hosts and /etc/resolv.conf (gvisor; the process runtime uses `ip netns exec`'s /etc/netns). */
+    hosts: string;
+    resolvConf: string;
+  };
+}
+
 export interface FenceProof {
   /** The new incarnation after the fence. */
   incarnation: string;
@@ -91,7 +104,7 @@ export interface FenceProof {
 export interface Runtime {
   readonly kind: RuntimeKind;
   /** Create (or find, if it already exists with the same id) and start the machine. */
-  create(machineId: string): Promise<RuntimeMachine>;
+  create(machineId: string, opts?: CreateOptions): Promise<RuntimeMachine>;
   /** Run a command inside a started machine. */
   exec(machineId: string, req: ExecRequest): Promise<ExecHandle>;
   /** Kill every process of the machine and prove none remain; returns the new incarnation. */
