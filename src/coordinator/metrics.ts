@@ -20,6 +20,7 @@ export class Metrics {
   readonly borrowLatency = new client.Histogram({ name: "berth_borrow_latency_seconds", help: "Server-side borrow latency", labelNames: ["access"], buckets: [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1], registers: [this.registry] });
   readonly readyAge = new client.Histogram({ name: "berth_ready_queue_age_seconds", help: "How long the borrowed machine waited in the ready queue", buckets: [0.1, 1, 10, 60, 300, 1800, 3600, 14400], registers: [this.registry] });
   readonly clientReports = new client.Histogram({ name: "berth_client_report_seconds", help: "Client-reported timings (telemetry only, never proof): first_command, scrub", labelNames: ["kind"], buckets: [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5], registers: [this.registry] });
+  readonly networkProbes = new client.Counter({ name: "berth_network_probes_total", help: "Network readiness probes reported by agents, by outcome: pass, fail, missing", labelNames: ["pool", "outcome"], registers: [this.registry] });
   readonly machines = new client.Gauge({ name: "berth_machines", help: "Machines by pool and state", labelNames: ["pool", "state"], registers: [this.registry] });
 
   readonly allocationRefusals = new client.Counter({ name: "berth_allocation_refusals_total", help: "Allocation creates refused, by reason: budget_exhausted, no_capacity, not_admitted", labelNames: ["reason"], registers: [this.registry] });

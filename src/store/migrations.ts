@@ -8,6 +8,7 @@
  */
 import type { Migration } from "./migrate.js";
 import { ALLOCATIONS_MIGRATION } from "./allocation-schema.js";
+import { NETWORK_MIGRATION } from "./machine-network.js";
 
 export const MIGRATIONS: readonly Migration[] = [
   {
@@ -175,4 +176,5 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
 `,
   },
   ALLOCATIONS_MIGRATION,
+  NETWORK_MIGRATION,
 ];
