@@ -49,7 +49,7 @@ describe("agent store lock", () => {
     store.db.prepare("INSERT INTO extra (x) VALUES (1)").run();
     store.close();
     const again = AgentStore.open(dir, { migrations: extra });
-    assert.deepEqual((again.db.prepare("SELECT version FROM schema_version ORDER BY version").all() as Array<{ version: number }>).map((r) => r.version), [1, 2, 100]);
+    assert.deepEqual((again.db.prepare("SELECT version FROM schema_version ORDER BY version").all() as Array<{ version: number }>).map((r) => r.version), [...AGENT_MIGRATIONS.map((m) => m.version), 100]);
     assert.equal((again.db.prepare("SELECT count(*) AS n FROM extra").get() as { n: number }).n, 1);
     assert.equal(again.db.pragma("journal_mode", { simple: true }), "wal");
     assert.equal(again.db.pragma("synchronous", { simple: true }), 2, "synchronous=FULL");
@@ -69,7 +69,7 @@ describe("agent store lock", () => {
     const store = AgentStore.open(dir);
     try {
       const versions = (store.db.prepare("SELECT version FROM schema_version ORDER BY version").all() as Array<{ version: number }>).map((r) => r.version);
-      assert.deepEqual(versions, [1, 2]);
+      assert.deepEqual(versions, AGENT_MIGRATIONS.map((m) => m.version));
       assert.equal(store.db.prepare("SELECT name FROM sqlite_master WHERE name = 'schema_migrations'").get(), undefined);
       const op = store.getOp("op_old");
       assert.equal(op?.kind, "provision");
