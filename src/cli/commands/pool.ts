@@ -79,10 +79,10 @@ export function register(program: Command): void {
   ).action(
     (name: string, o: { minReady: number; maxReady: number; compatibilityKey: string; access: string; provider: string; hardTtl?: number; heartbeat?: number; keeperKey?: string; imageId?: string; network: "none" | "egress"; allow: string[]; dns: string[]; wait: boolean; timeout: number; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
       runCommand(async () => {
+        // Checked here too, so a typo is refused before any request.
+        const network = makePolicy(o.network, o.allow, o.dns);
         const { api, config } = clientFrom(o);
         try {
-          // Checked here too, so a typo is a usage error before any request.
-          const network = makePolicy(o.network, o.allow, o.dns);
           let keeperKey: string | null = null;
           const keyFile = o.keeperKey ?? (o.access === "keeper" && o.provider === "hosts" && config.keeperKeyFile ? `${config.keeperKeyFile}.pub` : undefined);
           if (keyFile) keeperKey = readFileSync(keyFile, "utf8").trim();
