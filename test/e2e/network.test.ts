@@ -112,10 +112,15 @@ describe("network policy end to end", { skip: avail.ok ? false : `network polici
     await ensure(c, "net", allow2, [target.ip]);
     const f2 = policyFingerprint(makePolicy("egress", allow2, [target.ip]));
     assert.notEqual(f1, f2);
-    const fresh = await c.waitFor("a ready machine of the new policy", async () => {
-      const p = await c.api.call<PoolShow>("GET", "/v1/pools/net");
-      return p.networks.find((m) => m.state === "ready" && m.policyFingerprint === f2) ?? null;
-    });
+    let last: PoolShow | null = null;
+    const fresh = await c
+      .waitFor("a ready machine of the new policy", async () => {
+        last = await c.api.call<PoolShow>("GET", "/v1/pools/net");
+        return last.networks.find((m) => m.state === "ready" && m.policyFingerprint === f2) ?? null;
+      }, 60_000)
+      .catch((e: Error) => {
+        throw new Error(`${e.message}; pool: ${JSON.stringify(last)}; agent output: ${c.agent?.output().slice(-2000)}`);
+      });
     const b2 = await c.api.call<Borrow>("POST", "/v1/pools/net/borrow", {});
     assert.equal(b2.machine.id, fresh.id, "the next borrow gets a machine of the new policy");
     const p2 = await c.api.call<PoolShow>("GET", "/v1/pools/net");
