@@ -36,7 +36,7 @@ export interface BenchCluster {
   close(): Promise<void>;
 }
 
-export async function startCluster(o: { engine: Engine; runtime: Runtime; slots: number; portable?: boolean }): Promise<BenchCluster> {
+export async function startCluster(o: { engine: Engine; runtime: Runtime; slots: number; portable?: boolean; agentArgs?: string[] }): Promise<BenchCluster> {
   const coord = await startBenchCoordinator({ engine: o.engine, mode: "serve", portable: o.portable });
   let agent: ChildProcess | null = null;
   try {
@@ -44,7 +44,7 @@ export async function startCluster(o: { engine: Engine; runtime: Runtime; slots:
     writeFileSync(tokenFile, (await coord.token("agent")) + "\n", { mode: 0o600 });
     agent = spawn(
       process.execPath,
-      [BIN, "agent", "--state-dir", join(coord.dir, "agent"), "--coordinator", coord.url, "--enroll-token-file", tokenFile, "--runtime", o.runtime, "--slots", String(o.slots), "--name", "bench", "--log-level", "warn"],
+      [BIN, "agent", "--state-dir", join(coord.dir, "agent"), "--coordinator", coord.url, "--enroll-token-file", tokenFile, "--runtime", o.runtime, "--slots", String(o.slots), "--name", "bench", "--log-level", "warn", ...(o.agentArgs ?? [])],
       { env: { ...process.env, BERTH_LOG_LEVEL: "warn" }, stdio: ["ignore", "pipe", "inherit"] },
     );
     await new Promise<void>((resolve, reject) => {
@@ -84,8 +84,9 @@ export async function startCluster(o: { engine: Engine; runtime: Runtime; slots:
   }
 }
 
-export async function ensureHostsPool(c: BenchCluster, pool: string, access: "keeper" | "portable", machines: number): Promise<void> {
+export async function ensureHostsPool(c: BenchCluster, pool: string, access: "keeper" | "portable", machines: number, extra: Record<string, unknown> = {}): Promise<void> {
   await c.admin.call("POST", `/v1/pools/${pool}/ensure`, {
+    ...extra,
     minReady: machines,
     maxReady: machines,
     compatibilityKey: "bench",

@@ -41,6 +41,9 @@ import { AllocationOps } from "./allocations.js";
 import { registerAllocRoutes } from "./alloc-http.js";
 import { enforcementOf } from "./runtime/limits.js";
 import { Volumes } from "./volumes.js";
+import { MachineNetworks, type NetworkOptions } from "./network/manager.js";
+import { networkAvailability } from "./network/host.js";
+import { coordinatorServices } from "./network/coordinator.js";
 
 export interface AgentOptions {
   /** The agent's own directory: store, machines, host key. One agent per directory. */
@@ -68,6 +71,12 @@ export interface AgentOptions {
    * the same process, or a test). Only its hash is kept.
    */
   hostCallToken?: string;
+  /**
+   * Network policies (docs/network.md): options of the machine networks, or
+   * false to refuse every `egress` machine. Default: enabled where the host
+   * allows it (Linux, root, `ip` and `nft`).
+   */
+  network?: NetworkOptions | false;
 }
 
 export interface RunningAgent {
@@ -85,6 +94,8 @@ export interface RunningAgent {
   allocs: AllocStore;
   volumes: Volumes;
   sessions: SessionRegistry;
+  /** Machine networks, or why this agent has none. */
+  network: MachineNetworks | { unavailable: string };
   /** Settles once enrolled (or at once without a coordinator); never rejects. */
   enrolled: Promise<void>;
   stop(): Promise<void>;
@@ -127,7 +138,14 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     }
     const keys = new AgentKeys({ store, now, log });
     cleanups.push(() => keys.close());
-    const recovery = await recover({ store, runtime, keys, now, log });
+    // Machine networks: the agent's own ports are known once its listeners run.
+    const ports: Array<{ port: number; why: string }> = [];
+    const coordinator = opts.coordinatorUrl !== undefined ? await coordinatorServices(opts.coordinatorUrl) : [];
+    const avail = opts.network === false ? { ok: false as const, why: "disabled on this agent" } : networkAvailability();
+    const network: MachineNetworks | { unavailable: string } = avail.ok
+      ? new MachineNetworks({ db: store.db, stateDir: opts.stateDir, log, now, agentPorts: () => ports, coordinator: () => coordinator }, opts.network || {})
+      : { unavailable: avail.why };
+    const recovery = await recover({ store, runtime, keys, now, log, network: network instanceof MachineNetworks ? network : null });
 
     const gateway: Gateway = await startGateway({
       hostKeyPath: join(opts.stateDir, "ssh_host_ed25519_key"),
@@ -141,7 +159,8 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     cleanups.push(() => gateway.close());
     const sessions = gateway.sessions;
 
-    const ops = new AgentOps({ store, keys, runtime, sessions, now, log });
+    ports.push({ port: gateway.port, why: "agent SSH gateway" });
+    const ops = new AgentOps({ store, keys, runtime, sessions, now, log, network });
     const allocs = new AllocStore(store.db);
     const volumes = new Volumes({ stateDir: opts.stateDir, allocs, now, log });
     volumes.recover();
@@ -168,6 +187,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       listen,
     );
     cleanups.push(() => http.close());
+    ports.push({ port: http.port, why: "agent API" });
 
     const advertised = opts.advertiseHost ?? (isWildcard(listen.host) ? hostname() : listen.host);
     const sshHost = opts.advertiseHost ?? (isWildcard(sshListen.host) ? hostname() : sshListen.host);
@@ -276,6 +296,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       allocs,
       volumes,
       sessions,
+      network,
       enrolled,
       stop: () => (stopping ??= teardown()),
     };

@@ -54,6 +54,9 @@ import { supersededAt, type AgentKeys } from "./keys.js";
 import { errorMessage, type AgentLog } from "./log.js";
 import type { CreateOptions, Runtime } from "./runtime/types.js";
 import type { AgentStore, MachineRecord, OpRecord, StoredKey } from "./store.js";
+import type { MachineNetworks } from "./network/manager.js";
+import type { NetworkPolicy } from "../core/network-policy.js";
+import type { ReadinessEvidence } from "../core/network-evidence.js";
 
 export type OpKind = OperationKind;
 
@@ -80,6 +83,8 @@ export interface AgentOpsDeps {
   /** The clock (epoch ms). */
   now: () => number;
   log: AgentLog;
+  /** Machine networks (network policy `egress`); null where this host cannot enforce one (why). */
+  network?: MachineNetworks | { unavailable: string } | null;
 }
 
 /** Who runs the allocation operations (src/agent/allocations.ts), once attached. */
@@ -240,7 +245,7 @@ export class AgentOps {
   async #act(ctx: OpContext, args: Normalized): Promise<OperationResult> {
     switch (args.kind) {
       case "provision":
-        return this.#provision(ctx);
+        return this.#provision(ctx, args.network ?? null);
       case "install_key":
         return this.#installKey(ctx, args);
       case "remove_key":
@@ -276,12 +281,39 @@ export class AgentOps {
     };
   }
 
-  async #provision(ctx: OpContext): Promise<ProvisionResult> {
+  /** The machine networks, or a refusal naming why this host cannot enforce a policy. */
+  #networks(): MachineNetworks {
+    const n = this.#deps.network;
+    if (n === undefined || n === null || "unavailable" in n) {
+      const why = n && "unavailable" in n ? n.unavailable : "network policies are not enabled on this agent";
+      throw new BerthError("provider_unavailable", `provider_unavailable: this host cannot enforce a network policy: ${why}`);
+    }
+    return n;
+  }
+
+  /** The machine's network, when it has one (a record exists). */
+  #networkOf(machineId: string): MachineNetworks | null {
+    const n = this.#deps.network;
+    if (n === undefined || n === null || "unavailable" in n) return null;
+    return n.get(machineId) ? n : null;
+  }
+
+  async #provision(ctx: OpContext, policy: NetworkPolicy | null): Promise<ProvisionResult> {
     const { runtime, store, keys } = this.#deps;
     const before = this.#machine(ctx.machineId);
     const existed = before.state === "running";
-    const rm = await runtime.create(ctx.machineId, this.#allocations?.createOptions(ctx.machineId));
-    const result: ProvisionResult = { incarnation: rm.incarnation, runtime: runtime.kind, existed };
+    // The network first (intent, then exact identity), so no process of the
+    // machine ever runs outside its namespace.
+    let createOpts: CreateOptions = { ...this.#allocations?.createOptions(ctx.machineId) };
+    let net: MachineNetworks | null = null;
+    if (policy !== null && policy.mode === "egress") {
+      net = this.#networks();
+      const rec = await net.setUp(ctx.machineId, policy);
+      createOpts = { ...createOpts, network: { netns: rec.netns, inode: rec.netnsInode as string, ...net.files(rec.netns) } };
+    }
+    const rm = await runtime.create(ctx.machineId, createOpts);
+    const evidence: ReadinessEvidence | null = net ? await net.probe(ctx.machineId, runtime, ctx.generation) : null;
+    const result: ProvisionResult = { incarnation: rm.incarnation, runtime: runtime.kind, existed, ...(evidence ? { network: evidence } : {}) };
     const m: MachineRecord = {
       ...before,
       state: "running",
@@ -411,7 +443,14 @@ export class AgentOps {
     // runtime reports now, so the next start recognises the machine.
     const seen = await runtime.inspect(ctx.machineId);
     if (!seen.exists) throw new Error(`the runtime no longer has machine ${ctx.machineId} after the scrub`);
-    const result: ScrubResult = { incarnationBefore: m.incarnation, incarnation: seen.incarnation, scrubbed: true };
+    // Before it may be ready again: the rules exactly the policy's, then the probe from inside.
+    const net = this.#networkOf(ctx.machineId);
+    let evidence: ReadinessEvidence | null = null;
+    if (net) {
+      await net.reapply(ctx.machineId);
+      evidence = await net.probe(ctx.machineId, runtime, ctx.generation);
+    }
+    const result: ScrubResult = { incarnationBefore: m.incarnation, incarnation: seen.incarnation, scrubbed: true, ...(evidence ? { network: evidence } : {}) };
     store.transaction(this.#commit(ctx, { ...this.#machine(ctx.machineId), incarnation: seen.incarnation }, result));
     return result;
   }
@@ -421,6 +460,7 @@ export class AgentOps {
     const now = this.#deps.now();
     const m = store.getMachine(ctx.machineId);
     if (m === null || m.state === "destroyed") {
+      await this.#networkOf(ctx.machineId)?.tearDown(ctx.machineId);
       // Never created here (or already gone): record it destroyed, so a
       // delayed provision for this id can never bring it back.
       const result: DestroyResult = {
@@ -443,6 +483,8 @@ export class AgentOps {
     if (seen.exists || seen.liveProcesses > 0) {
       throw new Error(`machine ${ctx.machineId} still exists after destroy (${seen.liveProcesses} processes)`);
     }
+    // No process of the machine is left: its network goes, in order (manager.ts).
+    await this.#networkOf(ctx.machineId)?.tearDown(ctx.machineId);
     // A retry after a crash finds the keys already dropped; report the total once known.
     const result: DestroyResult = {
       existed: true,

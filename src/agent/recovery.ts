@@ -32,6 +32,7 @@ import type { AgentKeys } from "./keys.js";
 import { errorMessage, type AgentLog } from "./log.js";
 import type { Runtime } from "./runtime/types.js";
 import type { AgentStore, MachineRecord } from "./store.js";
+import type { MachineNetworks, SweepReport } from "./network/manager.js";
 
 export interface RecoveryDeps {
   /** The machine and operation records the previous process left. */
@@ -42,6 +43,8 @@ export interface RecoveryDeps {
   keys: AgentKeys;
   now: () => number;
   log: AgentLog;
+  /** Machine networks: a running machine's must be exactly as recorded; every other one is stale and removed. */
+  network?: MachineNetworks | null;
 }
 
 export interface RecoveryReport {
@@ -53,11 +56,16 @@ export interface RecoveryReport {
   unrecorded: string[];
   /** Keys dropped because they had expired (or were of an older generation) while no agent ran. */
   droppedKeys: number;
+  /** Stale machine networks removed: of machines not running (created, destroyed or mid-operation), and objects no record explains. */
+  staleNetworks: SweepReport;
 }
 
 export async function recover(deps: RecoveryDeps): Promise<RecoveryReport> {
   const { store, runtime, keys, log } = deps;
-  const report: RecoveryReport = { reattached: [], pending: [], mismatched: [], unrecorded: [], droppedKeys: 0 };
+  const report: RecoveryReport = {
+    reattached: [], pending: [], mismatched: [], unrecorded: [], droppedKeys: 0,
+    staleNetworks: { records: 0, netns: 0, links: 0, tables: 0, leases: 0 },
+  };
   const records = store.listMachines(true);
 
   for (const m of records) {
@@ -103,10 +111,29 @@ export async function recover(deps: RecoveryDeps): Promise<RecoveryReport> {
       else mismatch(`incarnation: recorded ${m.incarnation ?? "none"}, the runtime reports ${seen.incarnation ?? "none"}`);
       continue;
     }
+    if (deps.network && deps.network.intact(m.id) === false) {
+      mismatch(`network: the namespace or veth of machine ${m.id} is not the recorded one`);
+      continue;
+    }
     const dropped = keys.attach(m.id, m.generation);
     report.droppedKeys += dropped.length;
     report.reattached.push(m.id);
     if (unfinished.length > 0) pending();
+  }
+
+  if (deps.network) {
+    // A machine that is not running (or held as a mismatch) has no use for a
+    // network: mid-provision (the retried provision sets it up again),
+    // mid-destroy, destroyed, or never recorded. Removed in order, counted.
+    const network = deps.network;
+    try {
+      report.staleNetworks = await network.sweep((id) => {
+        const m = store.getMachine(id);
+        return m !== null && (m.state === "running" || m.state === "mismatch");
+      });
+    } catch (e) {
+      log.warn({ error: errorMessage(e) }, "could not sweep stale machine networks");
+    }
   }
 
   try {
@@ -125,6 +152,7 @@ export async function recover(deps: RecoveryDeps): Promise<RecoveryReport> {
       mismatched: report.mismatched.length,
       unrecorded: report.unrecorded.length,
       droppedKeys: report.droppedKeys,
+      staleNetworks: report.staleNetworks.records + report.staleNetworks.netns,
     },
     "recovery sweep done",
   );

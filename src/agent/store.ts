@@ -25,6 +25,7 @@ import Database from "better-sqlite3";
 import type { InstalledKey } from "./contracts.js";
 import { runMigrations, sqliteMigrationDriver, SCHEMA_VERSION_TABLE, type Migration } from "../store/migrate.js";
 import { ALLOC_AGENT_MIGRATION } from "./alloc-store.js";
+import { NETWORK_MIGRATION } from "./network/store.js";
 
 export const STORE_FILE = "agent.db";
 
@@ -107,6 +108,7 @@ export const AGENT_MIGRATIONS: Migration[] = [
     `,
   },
   ALLOC_AGENT_MIGRATION,
+  NETWORK_MIGRATION,
 ];
 
 /** Named migrations of the scheme before `schema_version` (adopted once, by version). */

@@ -32,6 +32,10 @@ import { failOp, finishOp, leaseHeld, leaseOp, lockOp, OP_LEASE_MS, retryOpAt, t
 import { releaseHostSlot } from "../store/hosts.js";
 import type { OperationEvidence, OperationOutcome } from "../providers/provider.js";
 import { applyTransition } from "./actions/transition.js";
+import { readinessVerdict, type ReadinessEvidence, type ReadinessVerdict } from "../core/network-evidence.js";
+import { policyFingerprint } from "../core/network-policy.js";
+import { setMachineEvidence } from "../store/machine-network.js";
+import { readPool } from "../store/pools.js";
 
 /** Attempts before a failed or unprovable operation is given up (destroy is retried for as long as it takes). */
 export const OP_MAX_ATTEMPTS = 6;
@@ -181,7 +185,14 @@ export class OperationExecutor {
     }
     if (op.kind === "provision") {
       const found = provisionedMachine(result);
-      const r = found ? await this.#deps.registerProvisioned(tx, m, found, now) : { ok: false as const, why: "the provider's proof lacks the machine's incarnation or SSH address" };
+      const net = m.state === "provisioning" ? await this.#network(tx, m, result, 0) : ({ kind: "ready" } as const);
+      const r =
+        net.kind !== "ready"
+          ? { ok: false as const, why: net.why }
+          : found
+            ? await this.#deps.registerProvisioned(tx, m, found, now)
+            : { ok: false as const, why: "the provider's proof lacks the machine's incarnation or SSH address" };
+      if (net.kind === "quarantine") ctx.metrics.quarantined.inc({ pool: m.pool, reason: "network_probe_failed" });
       if (!r.ok && m.state === "provisioning") {
         const d = await applyTransition(tx, ctx, m, { kind: "drain", reason: `not registered: ${r.why}` }, now, { nonce });
         if (d.opIds.length === 0) await audit(tx, { at: now, machineId: m.id, subject: op.id, event: "unregistered", from: "provisioning", to: d.machine.state, generation: m.generation, actor: ctx.actor });
@@ -210,8 +221,17 @@ export class OperationExecutor {
         return;
       case "scrub":
         if (m.state === "scrubbing") {
-          await applyTransition(tx, ctx, m, { kind: "scrubbed" }, now, { nonce });
+          // Ready again only with passing network evidence for this generation (docs/network.md).
+          const net = await this.#network(tx, m, result, m.generation);
+          if (net.kind === "quarantine") {
+            ctx.metrics.quarantined.inc({ pool: m.pool, reason: "network_probe_failed" });
+            grants.cleanupFailed(tx, m, "network_probe");
+            await applyTransition(tx, ctx, m, { kind: "quarantine", reason: net.why }, now, { nonce });
+            return;
+          }
+          const back = await applyTransition(tx, ctx, m, { kind: "scrubbed" }, now, { nonce });
           await grants.cleanupStep(tx, m.id, m.generation, "closed", now);
+          if (net.kind === "rotate") await applyTransition(tx, ctx, back.machine, { kind: "drain", reason: net.why }, now, { nonce: `${nonce}:rotate` });
           // Back in the ready queue: let the reconciler check the pool is not above its capacity.
           await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
         }
@@ -219,6 +239,25 @@ export class OperationExecutor {
       case "install_key":
         return; // the current generation's install is recorded by #complete
     }
+  }
+
+  /**
+   * The network verdict of a provision or scrub result: records the evidence
+   * on the machine and counts it. A machine of a pool with a policy becomes
+   * ready only with passing evidence for its policy and generation; a policy
+   * changed meanwhile rotates it out.
+   */
+  async #network(tx: Tx, m: MachineRow, result: OperationEvidence, generation: number): Promise<ReadinessVerdict> {
+    const pool = await readPool(tx, m.org, m.pool);
+    const current = pool ? policyFingerprint(pool.network) : "none";
+    const expected = m.network_fingerprint ?? "none";
+    const evidence = (result.network ?? null) as ReadinessEvidence | null;
+    if (evidence) await setMachineEvidence(tx, m.id, evidence);
+    if (expected !== "none") {
+      const outcome = evidence ? evidence.result : "missing";
+      tx.afterCommit(() => this.#deps.ctx.metrics.networkProbes.inc({ pool: m.pool, outcome }));
+    }
+    return readinessVerdict(expected, current, generation, evidence);
   }
 
   async #onGiveUp(tx: Tx, op: OpRow, m: MachineRow, error: string, now: number, nonce: string): Promise<void> {

@@ -56,6 +56,7 @@ export class Metrics {
   readonly poolLatency = new PoolHistograms(LATENCY_BUCKETS);
   readonly poolReadyAge = new PoolHistograms(READY_AGE_BUCKETS);
   readonly clientReports = new client.Histogram({ name: "berth_client_report_seconds", help: "Client-reported timings (telemetry only, never proof): first_command, scrub", labelNames: ["kind"], buckets: [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5], registers: [this.registry] });
+  readonly networkProbes = new client.Counter({ name: "berth_network_probes_total", help: "Network readiness probes reported by agents, by outcome: pass, fail, missing", labelNames: ["pool", "outcome"], registers: [this.registry] });
   readonly machines = new client.Gauge({ name: "berth_machines", help: "Machines by pool and state", labelNames: ["pool", "state"], registers: [this.registry] });
 
   readonly allocationRefusals = new client.Counter({ name: "berth_allocation_refusals_total", help: "Allocation creates refused, by reason: budget_exhausted, no_capacity, not_admitted", labelNames: ["reason"], registers: [this.registry] });

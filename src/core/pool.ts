@@ -5,6 +5,8 @@
  *   is issued only while ready capacity (counting claims already funding
  *   provisioning) is below minReady.
  */
+import type { NetworkPolicy } from "./network-policy.js";
+
 export type Access = "keeper" | "portable";
 export type ProviderName = "hosts" | "aws" | "external";
 
@@ -27,6 +29,8 @@ export interface PoolRecord {
   hardTtlMs: number;
   heartbeatMs: number;
   keeperKey: string | null;
+  /** Network policy of its machines (part of compatibility: a change rotates machines). */
+  network: NetworkPolicy;
   createdAt: number;
   updatedAt: number;
 }

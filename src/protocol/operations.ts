@@ -15,6 +15,7 @@ import { BerthError, assertNever } from "../core/errors.js";
 import { parseId, type Id } from "../core/ids.js";
 import { parsePublicKey } from "../core/ssh-public-key.js";
 import { zodRefusal } from "../core/refusal.js";
+import { parsePolicy, type NetworkPolicy } from "../core/network-policy.js";
 
 export const OPERATION_KINDS = ["provision", "install_key", "remove_key", "fence", "scrub", "destroy", "alloc_hold", "alloc_launch", "alloc_release"] as const;
 export type OperationKind = (typeof OPERATION_KINDS)[number];
@@ -66,7 +67,17 @@ export const allocLaunchArgsSchema = z.strictObject({
 });
 export const allocReleaseArgsSchema = z.strictObject({ allocationId: z.string(), keepVolume: z.boolean() });
 
-/** provision, fence, scrub and destroy take no arguments; an object sent anyway is ignored. */
+/**
+ * provision takes the machine's network policy (absent or `none`: no network
+ * of its own, as before; the canonical hash of `{kind: "provision"}` is kept).
+ */
+const provisionArgsSchema = z.union([
+  z.object({ network: z.unknown().optional() }).passthrough(),
+  z.undefined(),
+  z.null(),
+]);
+
+/** fence, scrub and destroy take no arguments; an object sent anyway is ignored. */
 const noArgsSchema = z.union([z.record(z.string(), z.unknown()), z.undefined(), z.null()]);
 
 /** Which keys a removal names: by grant, by fingerprint, or both. */
@@ -77,7 +88,7 @@ export interface KeySelector {
 
 /** Arguments as the agent acts on them: validated, ids checked, the key parsed. */
 export type NormalizedArgs =
-  | { kind: "provision" }
+  | { kind: "provision"; network?: NetworkPolicy }
   | { kind: "install_key"; publicKey: string; fingerprint: string; mode: "grant" | "keeper"; grantId: Id; expiresAt: number | null }
   | { kind: "remove_key"; which: KeySelector }
   | { kind: "fence" }
@@ -130,7 +141,12 @@ export function normalizeArgs(kind: OperationKind, raw: unknown): NormalizedArgs
       if (!p.success) throw invalidArgs(kind, p.error);
       return { kind, allocationId: parseId(p.data.allocationId, "args.allocationId"), keepVolume: p.data.keepVolume };
     }
-    case "provision":
+    case "provision": {
+      const p = provisionArgsSchema.safeParse(raw);
+      if (!p.success) throw invalidArgs(kind, p.error);
+      const network = parsePolicy(p.data?.network ?? null);
+      return network.mode === "none" ? { kind } : { kind, network };
+    }
     case "fence":
     case "scrub":
     case "destroy": {
@@ -166,11 +182,33 @@ export function canonicalJson(v: unknown): string {
 
 // ---- results ---------------------------------------------------------------
 
+/** Readiness evidence of a machine with a network policy (src/core/network-evidence.ts). */
+export const readinessEvidenceSchema = z.object({
+  result: z.enum(["pass", "fail"]),
+  policyFingerprint: z.string(),
+  generation: z.number().int().nonnegative(),
+  incarnation: z.string().nullable(),
+  at: z.number(),
+  durationMs: z.number(),
+  checks: z.array(z.object({
+    kind: z.enum(["permit", "deny", "dns-answer", "dns-refused", "pinned"]),
+    target: z.string(),
+    why: z.string(),
+    got: z.string(),
+    ms: z.number(),
+    ok: z.boolean(),
+  })),
+  pinned: z.record(z.string(), z.array(z.string())),
+  error: z.string().optional(),
+});
+
 export const provisionResultSchema = z.object({
   incarnation: z.string(),
   runtime: z.string(),
   /** True when the runtime already had the machine (a provision retried under a new opId). */
   existed: z.boolean(),
+  /** Present when the machine has a network policy: the probe run before it may be ready. */
+  network: readinessEvidenceSchema.optional(),
 });
 export const installKeyResultSchema = z.object({
   fingerprint: z.string(),
@@ -202,6 +240,8 @@ export const scrubResultSchema = z.object({
   /** The incarnation after the scrub (gVisor restarts the sandbox; process keeps it). */
   incarnation: z.string().nullable(),
   scrubbed: z.literal(true),
+  /** Present when the machine has a network policy: the probe run after the scrub, before it may be ready again. */
+  network: readinessEvidenceSchema.optional(),
 });
 export const destroyResultSchema = z.object({
   existed: z.boolean(),

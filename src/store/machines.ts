@@ -7,6 +7,7 @@ import { BerthError } from "../core/errors.js";
 import type { Tx } from "./store.js";
 import type { MachineState } from "../core/machine.js";
 import { rotationMarginMs, type Access, type PoolRecord } from "../core/pool.js";
+import { policyFingerprint } from "../core/network-policy.js";
 
 export interface MachineRow {
   id: string;
@@ -30,6 +31,10 @@ export interface MachineRow {
   ready_since: number | null;
   hard_expires_at: number;
   reason: string | null;
+  /** The fingerprint of the network policy the machine was provisioned for (migration 5); NULL: none. */
+  network_fingerprint?: string | null;
+  /** JSON of its last readiness evidence (migration 5). */
+  network_evidence?: string | null;
 }
 
 /** Reads and locks a machine row (the read every transition starts from). */
@@ -50,8 +55,8 @@ export async function readMachine(tx: Tx, id: string): Promise<MachineRow | unde
  */
 export async function takeReadyMachine(tx: Tx, pool: PoolRecord, access: Access, now: number): Promise<MachineRow | undefined> {
   return tx.get<MachineRow>(
-    `SELECT * FROM machines WHERE org = ? AND pool = ? AND state = 'ready' AND access = ? AND hard_expires_at > ? ORDER BY ready_since, id LIMIT 1${tx.skipLocked}`,
-    [pool.org, pool.name, access, now + rotationMarginMs(pool.hardTtlMs)],
+    `SELECT * FROM machines WHERE org = ? AND pool = ? AND state = 'ready' AND access = ? AND hard_expires_at > ? AND COALESCE(network_fingerprint, 'none') = ? ORDER BY ready_since, id LIMIT 1${tx.skipLocked}`,
+    [pool.org, pool.name, access, now + rotationMarginMs(pool.hardTtlMs), policyFingerprint(pool.network)],
   );
 }
 

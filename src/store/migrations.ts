@@ -9,6 +9,7 @@
 import type { Migration } from "./migrate.js";
 import { ALLOCATIONS_MIGRATION } from "./allocation-schema.js";
 import { UI_SESSIONS_MIGRATION } from "./ui-sessions.js";
+import { NETWORK_MIGRATION } from "./machine-network.js";
 
 export const MIGRATIONS: readonly Migration[] = [
   {
@@ -176,5 +177,6 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
 `,
   },
   ALLOCATIONS_MIGRATION,
+  NETWORK_MIGRATION,
   UI_SESSIONS_MIGRATION,
 ];

@@ -1,6 +1,7 @@
 /** The `pools` table: desired capacity and settings of each pool, keyed by (org, name). */
 import type { Tx } from "./store.js";
 import type { PoolRecord } from "../core/pool.js";
+import { parsePolicy } from "../core/network-policy.js";
 
 export interface PoolRow {
   org: string;
@@ -14,6 +15,7 @@ export interface PoolRow {
   hard_ttl_ms: number;
   heartbeat_ms: number;
   keeper_key: string | null;
+  network?: string | null;
   created_at: number;
   updated_at: number;
 }
@@ -31,6 +33,7 @@ export function poolFromRow(r: PoolRow): PoolRecord {
     hardTtlMs: r.hard_ttl_ms,
     heartbeatMs: r.heartbeat_ms,
     keeperKey: r.keeper_key,
+    network: parsePolicy(r.network ? JSON.parse(r.network) : null),
     createdAt: r.created_at,
     updatedAt: r.updated_at,
   };
@@ -62,17 +65,22 @@ export type PoolSettings = Omit<PoolRecord, "org" | "name" | "createdAt" | "upda
 /** Inserts the pool if absent; resolves to whether it was created. */
 export async function insertPoolIfAbsent(tx: Tx, org: string, name: string, s: PoolSettings, now: number): Promise<boolean> {
   const n = await tx.run(
-    "INSERT INTO pools (org, name, access, provider, compatibility_key, identity, min_ready, max_ready, hard_ttl_ms, heartbeat_ms, keeper_key, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (org, name) DO NOTHING",
-    [org, name, s.access, s.provider, s.compatibilityKey, s.identity ? JSON.stringify(s.identity) : null, s.minReady, s.maxReady, s.hardTtlMs, s.heartbeatMs, s.keeperKey, now, now],
+    "INSERT INTO pools (org, name, access, provider, compatibility_key, identity, min_ready, max_ready, hard_ttl_ms, heartbeat_ms, keeper_key, network, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (org, name) DO NOTHING",
+    [org, name, s.access, s.provider, s.compatibilityKey, s.identity ? JSON.stringify(s.identity) : null, s.minReady, s.maxReady, s.hardTtlMs, s.heartbeatMs, s.keeperKey, networkColumn(s.network), now, now],
   );
   return n > 0;
 }
 
 export async function updatePool(tx: Tx, org: string, name: string, s: PoolSettings, now: number): Promise<void> {
   await tx.run(
-    "UPDATE pools SET access = ?, provider = ?, compatibility_key = ?, identity = ?, min_ready = ?, max_ready = ?, hard_ttl_ms = ?, heartbeat_ms = ?, keeper_key = ?, updated_at = ? WHERE org = ? AND name = ?",
-    [s.access, s.provider, s.compatibilityKey, s.identity ? JSON.stringify(s.identity) : null, s.minReady, s.maxReady, s.hardTtlMs, s.heartbeatMs, s.keeperKey, now, org, name],
+    "UPDATE pools SET access = ?, provider = ?, compatibility_key = ?, identity = ?, min_ready = ?, max_ready = ?, hard_ttl_ms = ?, heartbeat_ms = ?, keeper_key = ?, network = ?, updated_at = ? WHERE org = ? AND name = ?",
+    [s.access, s.provider, s.compatibilityKey, s.identity ? JSON.stringify(s.identity) : null, s.minReady, s.maxReady, s.hardTtlMs, s.heartbeatMs, s.keeperKey, networkColumn(s.network), now, org, name],
   );
+}
+
+/** The stored form of a policy: NULL for `none` (rows written before migration 5 read the same). */
+function networkColumn(p: PoolSettings["network"] | undefined): string | null {
+  return p === undefined || p.mode === "none" ? null : JSON.stringify(p);
 }
 
 /** A drained pool wants no machines. */

@@ -69,6 +69,12 @@ export interface SandboxSpecInput {
   stateDir: string;
   /** Limits to enforce (OCI linux.resources under `cgroupsPath`); absent: cgroups are not used. */
   resources?: { vcpu: number; memoryMib: number; cgroupsPath: string };
+  /**
+   * Network policy `egress`: the sandbox shares the network namespace runsc
+   * starts in (the machine's own, `--network=host`), so the spec asks for no
+   * new one; these files are bound read-only over /etc/hosts and /etc/resolv.conf.
+   */
+  network?: { hosts: string; resolvConf: string };
 }
 
 /** OCI resources of a size: CFS quota of `vcpu` CPUs, a hard memory limit (runsc sizes the sandbox from both). */
@@ -88,6 +94,11 @@ export function sandboxSpec(i: SandboxSpecInput): Record<string, unknown> {
     // Mask the agent's state (records, runsc state, other machines' workspaces).
     { destination: i.stateDir, type: "tmpfs", source: "tmpfs", options: ["ro", "size=4k"] },
   ];
+  if (i.network) {
+    mounts.push({ destination: "/etc/hosts", type: "bind", source: i.network.hosts, options: ["rbind", "ro"] });
+    mounts.push({ destination: "/etc/resolv.conf", type: "bind", source: i.network.resolvConf, options: ["rbind", "ro"] });
+  }
+  const namespaces = [{ type: "pid" }, { type: "ipc" }, { type: "uts" }, { type: "mount" }, ...(i.network ? [] : [{ type: "network" }])];
   return {
     ociVersion: "1.0.2",
     process: {
@@ -102,7 +113,7 @@ export function sandboxSpec(i: SandboxSpecInput): Record<string, unknown> {
     hostname: i.machineId.slice(0, 63),
     mounts,
     linux: {
-      namespaces: [{ type: "pid" }, { type: "ipc" }, { type: "uts" }, { type: "mount" }, { type: "network" }],
+      namespaces,
       ...(i.resources ? { cgroupsPath: i.resources.cgroupsPath, resources: ociResources(i.resources) } : {}),
     },
   };

@@ -29,10 +29,23 @@ export class Runsc {
     private readonly platform: "ptrace" | "kvm",
   ) {}
 
+  /**
+   * The command line of `runsc ARGS` for a container in network namespace
+   * `netns` (null: the host's): runsc's control socket is an abstract unix
+   * socket, which lives in a network namespace, so every runsc call about a
+   * sandbox started inside one must run inside it too (`nsenter --net`, which
+   * execs runsc with the same pid).
+   */
+  command(args: string[], netns: string | null = null): { file: string; args: string[] } {
+    if (netns === null) return { file: this.bin, args };
+    return { file: "nsenter", args: [`--net=/run/netns/${netns}`, "--", this.bin, ...args] };
+  }
+
   /** `runsc --root <root> ARGS`; never rejects (a failure is a non-zero code). */
-  run(args: string[], timeoutMs = 30_000): Promise<RunscResult> {
+  run(args: string[], timeoutMs = 30_000, netns: string | null = null): Promise<RunscResult> {
+    const c = this.command(["--root", this.root, ...args], netns);
     return new Promise((resolveP) => {
-      execFile(this.bin, ["--root", this.root, ...args], { timeout: timeoutMs, maxBuffer: 8 << 20 }, (err, stdout, stderr) => {
+      execFile(c.file, c.args, { timeout: timeoutMs, maxBuffer: 8 << 20 }, (err, stdout, stderr) => {
         const code = err ? (typeof (err as { code?: unknown }).code === "number" ? ((err as { code: number }).code) : 1) : 0;
         resolveP({ code, stdout: String(stdout), stderr: String(stderr) });
       });
@@ -47,27 +60,30 @@ export class Runsc {
   }
 
   /**
-   * `runsc run --detach` of `bundle` as container `cid`: no network, the root
-   * overlay in sandbox memory, cgroups ignored — or, with `limits`, applied
-   * from the spec's resources with the sandbox's CPU count taken from the
-   * quota (`--cpu-num-from-quota`; runsc then also sizes its memory to the
+   * `runsc run --detach` of `bundle` as container `cid`: no network (or, with
+   * `netns`, the host network stack of that namespace: `--network=host` inside
+   * the machine's own namespace, where the host's nftables rules apply), the
+   * root overlay in sandbox memory, cgroups ignored — or, with `limits`,
+   * applied from the spec's resources with the sandbox's CPU count taken from
+   * the quota (`--cpu-num-from-quota`; runsc then also sizes its memory to the
    * limit). Resolves with the sandbox's host pid; throws with the tail of
    * runsc's log when it fails.
    */
-  async runDetached(bundle: string, cid: string, what: string, limits = false): Promise<number> {
+  async runDetached(bundle: string, cid: string, what: string, o: { limits?: boolean; netns?: string | null } = {}): Promise<number> {
+    const netns = o.netns ?? null;
     const pidFile = join(bundle, "sandbox.pid");
     const logPath = join(bundle, "runsc.log");
     const logFd = openSync(logPath, "w", 0o600);
     const code = await new Promise<number>((res) => {
       // detached: the gofer stays in runsc's process group; keep it out of the agent's.
-      const child = spawn(
-        this.bin,
+      const c = this.command(
         [
-          "--root", this.root, "--network=none", "--overlay2=root:memory", limits ? "--cpu-num-from-quota" : "--ignore-cgroups", `--platform=${this.platform}`,
+          "--root", this.root, netns === null ? "--network=none" : "--network=host", "--overlay2=root:memory", o.limits ? "--cpu-num-from-quota" : "--ignore-cgroups", `--platform=${this.platform}`,
           "run", "--detach", "--pid-file", pidFile, "--bundle", bundle, cid,
         ],
-        { detached: true, stdio: ["ignore", "ignore", logFd] },
+        netns,
       );
+      const child = spawn(c.file, c.args, { detached: true, stdio: ["ignore", "ignore", logFd] });
       child.on("exit", (c) => res(c ?? 1));
       child.on("error", () => res(127));
     });

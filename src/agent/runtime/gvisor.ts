@@ -71,6 +71,8 @@ interface ContainerRecord {
   /** Host pid and start time of runsc-sandbox; 0 while `runsc run` is in flight (intent). */
   sandboxPid: number;
   sandboxStart: number;
+  /** Inode of the network namespace the sandbox was started in (network policy `egress`). */
+  netnsInode?: string;
 }
 
 interface GvisorMachineRecord {
@@ -81,6 +83,8 @@ interface GvisorMachineRecord {
   container: ContainerRecord | null;
   /** Limits applied on every start (allocations); absent: cgroups ignored. */
   resources?: { vcpu: number; memoryMib: number } | null;
+  /** The machine's network namespace and the files bound over /etc/hosts and /etc/resolv.conf; absent: no network. */
+  network?: NonNullable<CreateOptions["network"]>;
 }
 
 export interface GvisorRuntimeOptions {
@@ -166,15 +170,21 @@ export class GvisorRuntime implements Runtime {
     mkdirSync(join(this.dir(rec.machineId), "workspace"), { recursive: true, mode: 0o700 });
     writeFileSync(join(bundle, "run", "incarnation"), inc + "\n", { mode: 0o644 });
     const res = rec.resources ? { ...rec.resources, cgroupsPath: `/berth/${cid}` } : undefined;
-    const spec = sandboxSpec({ machineId: rec.machineId, incarnation: inc, workspace: join(this.dir(rec.machineId), "workspace"), runDir: join(bundle, "run"), stateDir: this.stateDir, ...(res ? { resources: res } : {}) });
+    const net = rec.network;
+    const spec = sandboxSpec({
+      machineId: rec.machineId, incarnation: inc, workspace: join(this.dir(rec.machineId), "workspace"), runDir: join(bundle, "run"), stateDir: this.stateDir,
+      ...(res ? { resources: res } : {}),
+      ...(net ? { network: { hosts: net.hosts, resolvConf: net.resolvConf } } : {}),
+    });
     writeFileSync(join(bundle, "config.json"), JSON.stringify(spec), { mode: 0o600 });
-    const intent: GvisorMachineRecord = { ...rec, incarnation: inc, container: { id: cid, bundle, sandboxPid: 0, sandboxStart: 0 } };
+    const netnsInode = net ? { netnsInode: net.inode } : {};
+    const intent: GvisorMachineRecord = { ...rec, incarnation: inc, container: { id: cid, bundle, sandboxPid: 0, sandboxStart: 0, ...netnsInode } };
     this.save(intent);
 
-    const pid = await this.runsc.runDetached(bundle, cid, `machine ${rec.machineId}`, res !== undefined);
+    const pid = await this.runsc.runDetached(bundle, cid, `machine ${rec.machineId}`, { limits: res !== undefined, netns: net?.netns ?? null });
     const st = Number.isInteger(pid) && pid > 0 ? readStat(pid) : null;
     if (!st || isDead(st)) throw new BerthError("operation_failed", `operation_failed: sandbox of machine ${rec.machineId} is not running after runsc run`);
-    const started: GvisorMachineRecord = { ...intent, container: { id: cid, bundle, sandboxPid: pid, sandboxStart: st.startTime } };
+    const started: GvisorMachineRecord = { ...intent, container: { id: cid, bundle, sandboxPid: pid, sandboxStart: st.startTime, ...netnsInode } };
     this.save(started);
     return started;
   }
@@ -196,7 +206,7 @@ export class GvisorRuntime implements Runtime {
     } else {
       // Only an intent was recorded (crash during runsc run): runsc's own state
       // under our private root names the container; let runsc kill it.
-      const r = await this.runsc.run(["delete", "--force", c.id]);
+      const r = await this.runsc.run(["delete", "--force", c.id], 30_000, this.netnsOf(rec));
       how = `container ${c.id} from an interrupted start deleted (runsc exit ${r.code})`;
     }
     // Everything else of the container (gofer, exec clients, signal helpers).
@@ -217,15 +227,15 @@ export class GvisorRuntime implements Runtime {
     }
     const stopped: GvisorMachineRecord = { ...rec, container: null };
     this.save(stopped);
-    this.collect(rec.machineId, c);
+    this.collect(rec.machineId, c, this.netnsOf(rec));
     return { rec: stopped, evidence: `${how}; ${others} other host processes of ${c.id} killed; 0 remain` };
   }
 
   /** Delete a retired container's runsc state and bundle in the background. */
-  private collect(machineId: string, c: ContainerRecord): void {
+  private collect(machineId: string, c: ContainerRecord, netns: string | null): void {
     const prev = this.garbage.get(machineId) ?? Promise.resolve();
     const next = prev.then(async () => {
-      await this.runsc.run(["delete", "--force", c.id]);
+      await this.runsc.run(["delete", "--force", c.id], 30_000, netns);
       rmSync(c.bundle, { recursive: true, force: true });
     });
     this.garbage.set(machineId, next.catch(() => undefined));
@@ -233,18 +243,36 @@ export class GvisorRuntime implements Runtime {
 
   // ---- the contract --------------------------------------------------------
 
-  create(machineId: string, opts?: CreateOptions): Promise<RuntimeMachine> {
+  /** The network namespace runsc calls about this machine run in (null: the host's). */
+  private netnsOf(rec: GvisorMachineRecord | null): string | null {
+    const ns = rec?.network?.netns ?? null;
+    // A namespace already removed (destroy after a crash) has no sandbox left to reach.
+    return ns !== null && existsSync(`/run/netns/${ns}`) ? ns : null;
+  }
+
+  create(machineId: string, opts: CreateOptions = {}): Promise<RuntimeMachine> {
     const dir = this.dir(machineId);
     return this.lock.run(machineId, async () => {
       let rec = this.record(machineId);
-      if (rec && this.isRunning(rec.container)) return this.view(rec);
+      const sameNet = (r: GvisorMachineRecord): boolean => (r.container?.netnsInode ?? null) === (opts.network?.inode ?? null);
+      if (rec && this.isRunning(rec.container) && sameNet(rec)) return this.view(rec);
       if (!rec) {
         mkdirSync(join(dir, "workspace"), { recursive: true, mode: 0o700 });
-        rec = { v: 1, machineId, createdAt: new Date().toISOString(), incarnation: null, container: null, ...(opts?.resources ? { resources: opts.resources } : {}) };
+        rec = {
+          v: 1, machineId, createdAt: new Date().toISOString(), incarnation: null, container: null,
+          ...(opts.resources ? { resources: opts.resources } : {}),
+          ...(opts.network ? { network: opts.network } : {}),
+        };
         this.save(rec);
       } else if (rec.container) {
-        // Recorded but not running as recorded: clean what is left, then start fresh.
+        // Recorded but not running as recorded (or in another network
+        // namespace than the machine's): clean what is left, then start fresh.
         rec = (await this.stop(rec)).rec;
+      }
+      if (opts.network || rec.network) {
+        const { network: _old, ...rest } = rec;
+        rec = { ...rest, ...(opts.network ? { network: opts.network } : {}) };
+        this.save(rec);
       }
       return this.view(await this.start(rec));
     });
@@ -278,14 +306,14 @@ export class GvisorRuntime implements Runtime {
         const ipidPath = join(execDir, `${tag}.pid`);
         // The spec file keeps the environment out of argv (visible in ps).
         writeFileSync(specPath, JSON.stringify(execProcessSpec(argv, env, Boolean(req.pty))), { mode: 0o600 });
-        const args = this.runsc.execArgs(c.id, specPath, ipidPath);
+        const { file: execFile, args } = this.runsc.command(this.runsc.execArgs(c.id, specPath, ipidPath), this.netnsOf(rec));
         let setLine!: (l: string | null) => void;
         const line = new Promise<string | null>((r) => (setLine = r));
         let plumbing: Plumbing;
         let clientPid: number;
         let p: pty.IPty | null = null;
         if (req.pty) {
-          p = pty.spawn(this.runsc.bin, args, {
+          p = pty.spawn(execFile, args, {
             name: env.TERM,
             cols: req.pty.cols,
             rows: req.pty.rows,
@@ -296,7 +324,7 @@ export class GvisorRuntime implements Runtime {
           clientPid = p.pid;
           plumbing = fromPty(p, setLine);
         } else {
-          const child = spawn(this.runsc.bin, args, { detached: true, stdio: ["pipe", "pipe", "pipe"] });
+          const child = spawn(execFile, args, { detached: true, stdio: ["pipe", "pipe", "pipe"] });
           if (child.pid === undefined) throw new BerthError("operation_failed", "operation_failed: could not start runsc exec");
           clientPid = child.pid;
           plumbing = fromChild(child, setLine);
@@ -338,7 +366,7 @@ export class GvisorRuntime implements Runtime {
     if (leader.pid !== leader.pgid || leader.pgid <= 1) return false;
     const name = signal.replace(/^SIG/, "");
     if (!/^[A-Z0-9]+$/.test(name)) throw new BerthError("invalid_request", `invalid_request: unknown signal ${signal}`);
-    const r = await this.runsc.run(["exec", cid, "/bin/sh", "-c", SIGNAL_SCRIPT, "berth-signal", String(leader.pid), String(leader.startTime), String(leader.pgid), name], 10_000);
+    const r = await this.runsc.run(["exec", cid, "/bin/sh", "-c", SIGNAL_SCRIPT, "berth-signal", String(leader.pid), String(leader.startTime), String(leader.pgid), name], 10_000, this.netnsOf(rec));
     if (r.code === 0) return true;
     if (r.code === 3 || r.code === 4) return false;
     // The sandbox went away in the meantime: nothing of the group can remain.
@@ -402,7 +430,7 @@ export class GvisorRuntime implements Runtime {
       const prefix = this.containerPrefix(machineId) + ".";
       for (const ct of await this.runsc.list()) {
         if (!ct.id.startsWith(prefix)) continue;
-        const r = await this.runsc.run(["delete", "--force", ct.id]);
+        const r = await this.runsc.run(["delete", "--force", ct.id], 30_000, this.netnsOf(rec));
         if (r.code !== 0) throw new BerthError("operation_failed", `operation_failed: runsc delete ${ct.id} failed: ${r.stderr.trim().slice(0, 300)}`);
       }
       const left = (await this.runsc.list()).filter((ct) => ct.id.startsWith(prefix));
@@ -418,7 +446,7 @@ export class GvisorRuntime implements Runtime {
     const rec = this.record(machineId);
     if (!rec) return { exists: false, incarnation: null, liveProcesses: 0 };
     if (!this.isRunning(rec.container)) return { exists: true, incarnation: null, liveProcesses: 0 };
-    const r = await this.runsc.run(["exec", rec.container.id, "/bin/sh", "-c", COUNT_SCRIPT], 10_000);
+    const r = await this.runsc.run(["exec", rec.container.id, "/bin/sh", "-c", COUNT_SCRIPT], 10_000, this.netnsOf(rec));
     const n = Number(r.stdout.trim());
     if (r.code !== 0 || !Number.isInteger(n)) {
       throw new BerthError("operation_failed", `operation_failed: could not count processes in machine ${machineId}: ${r.stderr.trim().slice(0, 200)}`);

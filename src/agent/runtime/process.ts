@@ -44,7 +44,7 @@ import { isId, parseId } from "../../core/ids.js";
 import { readRecord, wipeDirectory, writeRecord } from "./durable.js";
 import { readStat, signalExact, signalForegroundExact, signalGroupExact, sleep, type ProcStat } from "./procfs.js";
 import { fromChild, fromPty, type Plumbing } from "./streams.js";
-import type { ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeMachine } from "./types.js";
+import type { CreateOptions, ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeMachine } from "./types.js";
 import { cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
 import { KeyedLock } from "../keyed-lock.js";
 import { findCgroupBase, machineProcesses, readCgroupProcs } from "./process-scan.js";
@@ -58,6 +58,8 @@ interface ProcessMachineRecord {
   /** Absolute path of the machine's cgroup v2 directory, or null when unavailable. */
   cgroup: string | null;
   createdAt: string;
+  /** The machine's network namespace (network policy `egress`); absent: the host's network. */
+  netns?: string;
 }
 
 interface Tracked {
@@ -108,16 +110,19 @@ export class ProcessRuntime implements Runtime {
       machineId: rec.machineId,
       incarnation: rec.incarnation,
       workspace: join(this.dir(rec.machineId), "workspace"),
-      identity: { runtime: "process", cgroup: rec.cgroup ?? "none", createdAt: rec.createdAt },
+      identity: { runtime: "process", cgroup: rec.cgroup ?? "none", createdAt: rec.createdAt, ...(rec.netns ? { netns: rec.netns } : {}) },
     };
   }
 
-  create(machineId: string): Promise<RuntimeMachine> {
+  create(machineId: string, opts: CreateOptions = {}): Promise<RuntimeMachine> {
     const dir = this.dir(machineId);
     return this.lock.run(machineId, async () => {
       const existing = this.record(machineId);
       if (existing) {
         mkdirSync(join(dir, "workspace"), { recursive: true, mode: 0o700 });
+        if ((existing.netns ?? null) !== (opts.network?.netns ?? null)) {
+          throw new BerthError("conflict", `conflict: machine ${machineId} exists with network namespace ${existing.netns ?? "none"}; destroy it to change its network`);
+        }
         return this.view(existing);
       }
       mkdirSync(join(dir, "workspace"), { recursive: true, mode: 0o700 });
@@ -139,6 +144,7 @@ export class ProcessRuntime implements Runtime {
         incarnations: [inc],
         cgroup,
         createdAt: new Date().toISOString(),
+        ...(opts.network ? { netns: opts.network.netns } : {}),
       };
       writeRecord(join(dir, "machine.json"), rec);
       return this.view(rec);
@@ -162,11 +168,14 @@ export class ProcessRuntime implements Runtime {
         BERTH_INCARNATION: rec.incarnation,
       });
       const argv = req.argv && req.argv.length > 0 ? req.argv : [shell, "-l"];
-      // A tiny wrapper joins the machine's cgroup (when there is one) before the
-      // command runs, and otherwise just execs it (so "command not found" is a
-      // normal exit 127 from the shell, not a spawn error).
-      const script = rec.cgroup ? 'echo $$ > "$0" || exit 126; exec "$@"' : 'exec "$@"';
-      const args = ["-c", script, rec.cgroup ? join(rec.cgroup, "cgroup.procs") : "berth-exec", ...argv];
+      // A tiny wrapper joins the machine's cgroup (when there is one), enters
+      // the machine's network namespace (when it has one; `ip netns exec` also
+      // binds /etc/netns/<ns>/{hosts,resolv.conf}), and execs the command with
+      // the same pid (so "command not found" is a normal exit 127 from the
+      // shell, not a spawn error).
+      const join_ = rec.cgroup ? 'echo $$ > "$0" || exit 126; ' : "";
+      const enter = rec.netns ? 'ns=$1; shift; exec ip netns exec "$ns" "$@"' : 'exec "$@"';
+      const args = ["-c", join_ + enter, rec.cgroup ? join(rec.cgroup, "cgroup.procs") : "berth-exec", ...(rec.netns ? [rec.netns] : []), ...argv];
 
       let plumbing: Plumbing;
       let pid: number;

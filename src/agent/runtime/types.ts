@@ -81,17 +81,30 @@ export interface ExecHandle {
   resume(): void;
 }
 
+/**
+ * How a machine is created: with `network`, every process of it runs in that
+ * network namespace; with `resources` (allocations: the size's exact grant),
+ * vCPU and memory are enforced (gvisor: cgroup limits and the sandbox's CPU
+ * count and memory size; process: not enforced).
+ */
+export interface CreateOptions {
+  resources?: { vcpu: number; memoryMib: number };
+  network?: {
+    /** Name of the namespace under /run/netns. */
+    netns: string;
+    /** Its inode when set up: a sandbox started in another namespace of the same name is restarted. */
+    inode: string;
+    /** Files bound over /etc/hosts and /etc/resolv.conf (gvisor; the process runtime uses `ip netns exec`'s /etc/netns). */
+    hosts: string;
+    resolvConf: string;
+  };
+}
+
 export interface FenceProof {
   /** The new incarnation after the fence. */
   incarnation: string;
   /** How absence was proven, e.g. "sandbox restarted: incarnation A -> B" or "3 groups reaped, 0 processes remain". */
   evidence: string;
-}
-
-/** What a machine is started with beyond its id (allocations: the size's exact grant). */
-export interface CreateOptions {
-  /** vCPU and memory to enforce (gvisor: cgroup limits and the sandbox's CPU count and memory size; process: not enforced). */
-  resources?: { vcpu: number; memoryMib: number };
 }
 
 export interface Runtime {

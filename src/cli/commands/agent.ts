@@ -55,6 +55,11 @@ export function register(program: Command): void {
     .option("--vcpu <n>", "vCPUs this host offers", positiveInt("--vcpu"), 2)
     .option("--memory-mb <n>", "memory this host offers, in MiB", positiveInt("--memory-mb"), 2048)
     .option("--name <name>", "this host's name at the coordinator (default: the system host name)")
+    .option("--no-network", "refuse machines with a network policy (egress) on this host")
+    .option("--network-range <cidr>", "address range of machine networks, a /30 per machine (default 10.213.0.0/16)")
+    .option("--network-resolver <ip>", "resolve allow-list names through this DNS server instead of the host's resolver")
+    .option("--network-probe-deny <host:port>", "an extra target every readiness probe must find refused (repeatable)", (v: string, acc: string[]) => [...acc, v], [] as string[])
+    .option("--network-probe-refused-resolver <ip>", "a resolver every readiness probe must find refused unless the policy allows it (repeatable)", (v: string, acc: string[]) => [...acc, v], [] as string[])
     .addOption(new Option("--log-level <level>", "log level (logs go to stderr)").choices(["debug", "info", "warn", "error"]).default("info"))
     .addHelpText(
       "after",
@@ -74,6 +79,11 @@ export function register(program: Command): void {
       memoryMb: number;
       name?: string;
       logLevel: string;
+      network: boolean;
+      networkRange?: string;
+      networkResolver?: string;
+      networkProbeDeny: string[];
+      networkProbeRefusedResolver: string[];
     }) => {
       const log = pino({ level: o.logLevel, base: { component: "agent" } }, pino.destination({ dest: 2, sync: true }));
       // Handlers first: a signal that arrives while starting (or right after the
@@ -106,6 +116,7 @@ export function register(program: Command): void {
           memoryMb: o.memoryMb,
           name: o.name,
           log,
+          network: o.network ? await networkOptions(o) : false,
         });
       } catch (e) {
         const msg = e instanceof Error ? e.message : String(e);
@@ -126,4 +137,25 @@ export function register(program: Command): void {
       });
       process.exit(0);
     });
+}
+
+/** The agent's machine-network options from its flags (docs/network.md). */
+async function networkOptions(o: { networkRange?: string; networkResolver?: string; networkProbeDeny: string[]; networkProbeRefusedResolver: string[] }) {
+  const deny = o.networkProbeDeny.map((t) => {
+    const m = /^(\d{1,3}(?:\.\d{1,3}){3}):(\d{1,5})$/.exec(t);
+    if (!m) throw new Error(`--network-probe-deny ${t}: use IPV4:PORT`);
+    return { host: m[1]!, port: Number(m[2]), why: "configured deny target" };
+  });
+  let resolve: ((name: string) => Promise<string[]>) | undefined;
+  if (o.networkResolver) {
+    const { Resolver } = await import("node:dns/promises");
+    const r = new Resolver({ timeout: 2000, tries: 2 });
+    r.setServers([o.networkResolver]);
+    resolve = (name) => r.resolve4(name);
+  }
+  return {
+    ...(o.networkRange ? { range: o.networkRange } : {}),
+    ...(resolve ? { resolve } : {}),
+    probe: { deny, ...(o.networkProbeRefusedResolver.length > 0 ? { refusedResolvers: o.networkProbeRefusedResolver } : {}) },
+  };
 }

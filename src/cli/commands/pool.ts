@@ -6,6 +6,7 @@ import { BerthError } from "../../core/errors.js";
 import { formatDuration } from "../../core/durations.js";
 import { clientFrom, durationArg, intArg, printJson, printTable, runCommand } from "../common.js";
 import type { Api } from "../api.js";
+import { makePolicy } from "../../core/network-policy.js";
 
 interface PoolView {
   name: string;
@@ -22,6 +23,16 @@ interface PoolView {
   machines?: number;
   claims?: { id: string; token: string; expiresAt: number }[];
   note?: string | null;
+  network?: { mode: string; allow?: string[]; dns?: string[]; fingerprint: string };
+  /** pool show: each live machine's policy and last readiness evidence. */
+  networks?: Array<{ id: string; state: string; generation: number; policyFingerprint: string; evidence: { result: string; policyFingerprint: string; generation: number; at: number; checks: Array<{ ok: boolean }> } | null }>;
+}
+
+/** One line for the pool's network policy. */
+function networkLine(n: PoolView["network"]): string {
+  if (!n || n.mode === "none") return "none";
+  const dns = n.dns && n.dns.length > 0 ? `dns ${n.dns.join(", ")}` : "no resolver";
+  return `egress to ${(n.allow ?? []).join(", ") || "nothing"}; ${dns} (${n.fingerprint})`;
 }
 
 function clientOpts(c: Command): Command {
@@ -60,11 +71,16 @@ export function register(program: Command): void {
       .option("--heartbeat <duration>", "borrow heartbeat interval", durationArg("--heartbeat"))
       .option("--keeper-key <file>", "public key file installed on keeper machines (the keeper's own key)")
       .option("--image-id <id>", "typed identity: provider-scoped immutable image id")
+      .addOption(new Option("--network <mode>", "none (default: gvisor machines have no network, process machines the host's) or egress (own namespace, allow list only)").choices(["none", "egress"]).default("none"))
+      .option("--allow <entry>", "egress allow entry: CIDR, CIDR:PORT or NAME:PORT (repeatable; names are resolved and pinned by the agent)", (v: string, acc: string[]) => [...acc, v], [] as string[])
+      .option("--dns <ip>", "a DNS resolver the machines may query (repeatable; none: pinned names only)", (v: string, acc: string[]) => [...acc, v], [] as string[])
       .option("--wait", "wait until min-ready machines are ready", false)
       .option("--timeout <duration>", "how long --wait waits", durationArg("--timeout"), 300_000),
   ).action(
-    (name: string, o: { minReady: number; maxReady: number; compatibilityKey: string; access: string; provider: string; hardTtl?: number; heartbeat?: number; keeperKey?: string; imageId?: string; wait: boolean; timeout: number; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
+    (name: string, o: { minReady: number; maxReady: number; compatibilityKey: string; access: string; provider: string; hardTtl?: number; heartbeat?: number; keeperKey?: string; imageId?: string; network: "none" | "egress"; allow: string[]; dns: string[]; wait: boolean; timeout: number; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
       runCommand(async () => {
+        // Checked here too, so a typo is refused before any request.
+        const network = makePolicy(o.network, o.allow, o.dns);
         const { api, config } = clientFrom(o);
         try {
           let keeperKey: string | null = null;
@@ -80,12 +96,13 @@ export function register(program: Command): void {
             ...(o.heartbeat ? { heartbeatMs: o.heartbeat } : {}),
             ...(o.imageId ? { identity: { imageId: o.imageId } } : {}),
             keeperKey,
+            network,
           });
           let view = res;
           if (o.wait) view = { ...res, ...(await waitReady(api, name, o.minReady, o.timeout, (s) => process.stderr.write(s + "\n"))) };
           if (o.json) printJson(view);
           else {
-            process.stdout.write(`pool ${res.name}: ${res.access}, ${res.provider}, min ${res.minReady} / max ${res.maxReady}, ready ${view.counts?.ready ?? 0}\n`);
+            process.stdout.write(`pool ${res.name}: ${res.access}, ${res.provider}, min ${res.minReady} / max ${res.maxReady}, ready ${view.counts?.ready ?? 0}, network ${networkLine(res.network)}\n`);
             for (const c of res.claims ?? []) process.stdout.write(`fill claim ${c.id} (expires ${new Date(c.expiresAt).toISOString()}): register with POST /v1/pools/${res.name}/machines\n`);
             if (res.note) process.stdout.write(`note: ${res.note}\n`);
           }
@@ -121,8 +138,19 @@ export function register(program: Command): void {
             process.stdout.write(
               `pool ${p.name}\n  access          ${p.access}\n  provider        ${p.provider}\n  compatibility   ${p.compatibilityKey}\n  capacity        min ${p.minReady}, max ${p.maxReady}\n  hard TTL        ${formatDuration(p.hardTtlMs)}\n  heartbeat       ${formatDuration(p.heartbeatMs)}\n  ready           ${p.counts?.ready ?? 0}\n  lent            ${p.counts?.lent ?? 0}\n  in cleanup      ${p.counts?.cleanup ?? 0}\n  claims open     ${p.counts?.openClaims ?? 0}\n`,
             );
+            process.stdout.write(`  network         ${networkLine(p.network)}\n`);
             const states = Object.entries(p.states ?? {});
             if (states.length) process.stdout.write(`  machines        ${states.map(([s, n]) => `${s} ${n}`).join(", ")}\n`);
+            if (p.network && p.network.mode !== "none" && (p.networks ?? []).length > 0) {
+              process.stdout.write("  readiness evidence\n");
+              printTable(
+                ["    MACHINE", "STATE", "GEN", "RESULT", "POLICY", "PROBED GEN", "CHECKS", "AT"],
+                (p.networks ?? []).map((m) => {
+                  const e = m.evidence;
+                  return [`    ${m.id}`, m.state, m.generation, e?.result ?? "-", m.policyFingerprint, e?.generation ?? "-", e ? `${e.checks.filter((c) => c.ok).length}/${e.checks.length} ok` : "-", e ? new Date(e.at).toISOString() : "-"];
+                }),
+              );
+            }
           }
           return 0;
         } finally {

@@ -16,6 +16,8 @@ import { takeHostSlot } from "../../store/hosts.js";
 import { insertMachine } from "../../store/machines.js";
 import { insertOp } from "../../store/operations.js";
 import { createHmac } from "node:crypto";
+import { policyFingerprint } from "../../core/network-policy.js";
+import { setMachineFingerprint } from "../../store/machine-network.js";
 import type { Ctx } from "../context.js";
 
 export interface FillResult {
@@ -58,7 +60,9 @@ export async function fillPool(tx: Tx, ctx: Ctx, pool: PoolRecord, now: number, 
         state: "provisioning", ssh: { host: null, port: null, user: null, hostKey: null }, claimId: claim.id, now, hardExpiresAt: now + pool.hardTtlMs,
       });
       await setClaimMachine(tx, claim.id, machineId);
-      await insertOp(tx, { id: opId, kind: "provision", machineId, hostId: hostIds[i] ?? null, generation: 0, args: { claimId: claim.id, keeperKey: pool.keeperKey }, now });
+      await setMachineFingerprint(tx, machineId, policyFingerprint(pool.network));
+      const network = pool.network.mode === "none" ? {} : { network: pool.network };
+      await insertOp(tx, { id: opId, kind: "provision", machineId, hostId: hostIds[i] ?? null, generation: 0, args: { claimId: claim.id, keeperKey: pool.keeperKey, ...network }, now });
       await audit(tx, { at: now, machineId, subject: claim.id, event: "provision", from: null, to: "provisioning", generation: 0, actor: ctx.actor });
     }
   }

@@ -12,6 +12,10 @@ import { insertPoolIfAbsent, listPools as listPoolRecords, lockPool, readPool, u
 import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
 import { fillPool } from "./fill.js";
+import { NO_NETWORK, policyFingerprint, type NetworkPolicy } from "../../core/network-policy.js";
+import { poolMachineNetworks, staleReadyMachineIds, type MachineNetworkRow } from "../../store/machine-network.js";
+import { lockMachine } from "../../store/machines.js";
+import { applyTransition } from "./transition.js";
 import { countCapacity, type IssuedClaim } from "./capacity.js";
 
 export interface EnsureInput {
@@ -25,6 +29,8 @@ export interface EnsureInput {
   hardTtlMs: number;
   heartbeatMs: number;
   keeperKey: string | null;
+  /** Network policy of the pool's machines; default `none`. */
+  network?: NetworkPolicy;
 }
 
 export interface EnsureResult {
@@ -50,11 +56,17 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
   if (input.maxReady > CAPACITY_LIMIT) throw new BerthError("invalid_request", `invalid_request: maxReady is at most ${CAPACITY_LIMIT}`);
   if (!ctx.providers.get(input.provider)) throw new BerthError("invalid_request", `invalid_request: provider ${input.provider} is not configured on this coordinator`);
   if (input.access === "portable") checkPortable(ctx, input.provider);
+  const settings = { ...input, network: input.network ?? NO_NETWORK };
+  if (settings.network.mode === "egress" && input.provider !== "hosts") {
+    throw new BerthError("invalid_request", `invalid_request: network egress is enforced by berth agents; provider ${input.provider} cannot enforce it (use --provider hosts, or --network none)`);
+  }
+  const fingerprint = policyFingerprint(settings.network);
   const now = ctx.now();
   const seed = ctx.randomBytes(32);
+  const nonce = Buffer.from(ctx.randomBytes(8)).toString("hex");
   const result = await ctx.store.transaction(async (tx) => {
     // Insert-if-absent first, so concurrent first ensures of one pool serialize on its row.
-    const created = await insertPoolIfAbsent(tx, p.org, input.name, input, now);
+    const created = await insertPoolIfAbsent(tx, p.org, input.name, settings, now);
     const existing = await lockPool(tx, p.org, input.name);
     if (!created && existing) {
       if (existing.access !== input.access || existing.provider !== input.provider || existing.compatibilityKey !== input.compatibilityKey) {
@@ -65,7 +77,13 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
           );
         }
       }
-      await updatePool(tx, p.org, input.name, input, now);
+      await updatePool(tx, p.org, input.name, settings, now);
+      // The policy is part of compatibility: ready machines of another policy
+      // are rotated out (never changed live); lent ones when they come back.
+      for (const id of await staleReadyMachineIds(tx, p.org, input.name, fingerprint)) {
+        const m = await lockMachine(tx, id);
+        if (m && m.state === "ready") await applyTransition(tx, ctx, m, { kind: "drain", reason: `network policy changed to ${fingerprint}` }, now, { nonce: `${nonce}:${id}` });
+      }
     }
     const pool = (await lockPool(tx, p.org, input.name))!;
     const filled = await fillPool(tx, ctx, pool, now, seed);
@@ -80,7 +98,7 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
   return provider?.capabilities.provision ? { ...result, claims: [] } : result;
 }
 
-export async function getPool(ctx: Ctx, p: Principal, name: string): Promise<{ pool: PoolRecord; counts: CapacityCounts; states: Record<string, number> }> {
+export async function getPool(ctx: Ctx, p: Principal, name: string): Promise<{ pool: PoolRecord; counts: CapacityCounts; states: Record<string, number>; machines: MachineNetworkRow[] }> {
   const now = ctx.now();
   return ctx.store.transaction(async (tx) => {
     const pool = await readPool(tx, p.org, name);
@@ -88,7 +106,7 @@ export async function getPool(ctx: Ctx, p: Principal, name: string): Promise<{ p
     const counts = await countCapacity(tx, p.org, name, now);
     const states: Record<string, number> = {};
     for (const r of await countMachinesByState(tx, p.org, name)) states[r.state] = r.n;
-    return { pool, counts, states };
+    return { pool, counts, states, machines: await poolMachineNetworks(tx, p.org, name) };
   });
 }
 

@@ -1,5 +1,8 @@
 /** API shapes of stored records: camelCase, no hashes, no internal columns. */
 import type { PoolRecord } from "../../core/pool.js";
+import { policyFingerprint } from "../../core/network-policy.js";
+import { evidenceSummary, type ReadinessEvidence } from "../../core/network-evidence.js";
+import type { MachineNetworkRow } from "../../store/machine-network.js";
 import type { BorrowRow } from "../../store/borrows.js";
 import type { HostRow } from "../../store/hosts.js";
 
@@ -15,6 +18,19 @@ export function presentPool(p: PoolRecord) {
     hardTtlMs: p.hardTtlMs,
     heartbeatMs: p.heartbeatMs,
     keeperKey: p.keeperKey !== null,
+    network: { ...p.network, fingerprint: policyFingerprint(p.network) },
+  };
+}
+
+/** A machine's network: the policy it was made for and its last readiness evidence. */
+export function presentMachineNetwork(r: MachineNetworkRow) {
+  const e = r.network_evidence ? (JSON.parse(r.network_evidence) as ReadinessEvidence) : null;
+  return {
+    id: r.id,
+    state: r.state,
+    generation: r.generation,
+    policyFingerprint: r.network_fingerprint ?? "none",
+    evidence: e ? evidenceSummary(e) : null,
   };
 }
 

@@ -16,7 +16,8 @@ import { enrollHost, listHosts } from "../actions/hosts.js";
 import { confirmDestroyed } from "../actions/destroyed.js";
 import { drainMachine, drainPool } from "../actions/drain.js";
 import { endBorrowAsOperator } from "../actions/end-borrow.js";
-import { presentPool, presentBorrow, presentHost } from "./present.js";
+import { presentPool, presentBorrow, presentHost, presentMachineNetwork } from "./present.js";
+import { parsePolicy } from "../../core/network-policy.js";
 import { BerthError } from "../../core/errors.js";
 import type { PortableApi } from "../actions/portable-api.js";
 import { registerAllocationRoutes } from "./allocation-routes.js";
@@ -51,10 +52,10 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
   }));
   app.get("/v1/pools/:pool", auth(), async (req) => {
     const x = await getPool(ctx, req.auth, req.params.pool!);
-    return { ...presentPool(x.pool), counts: x.counts, states: x.states };
+    return { ...presentPool(x.pool), counts: x.counts, states: x.states, networks: x.machines.map(presentMachineNetwork) };
   });
   app.post("/v1/pools/:pool/ensure", { ...auth("operator"), body: ensureSchema }, async (req) => {
-    const res = await ensurePool(ctx, req.auth, { name: req.params.pool!, ...req.body });
+    const res = await ensurePool(ctx, req.auth, { name: req.params.pool!, ...req.body, network: parsePolicy(req.body.network) });
     return { ...presentPool(res.pool), counts: res.counts, claims: res.claims, note: res.note };
   });
   app.post("/v1/pools/:pool/drain", { ...auth("operator"), body: drainSchema }, async (req) => drainPool(ctx, req.auth, req.params.pool!, req.body.force));

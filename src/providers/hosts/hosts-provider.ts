@@ -91,7 +91,9 @@ export class HostsProvider implements Provider {
   }
 
   async #provision(host: HostRow, op: OperationRequest): Promise<OperationOutcome> {
-    const created = await this.#call(host, { opId: op.opId, kind: "provision", machineId: op.machine.resource_id, generation: 0, args: {} });
+    // The machine's network policy goes with its provision (absent: none, as before).
+    const args = op.args.network !== undefined ? { network: op.args.network } : {};
+    const created = await this.#call(host, { opId: op.opId, kind: "provision", machineId: op.machine.resource_id, generation: 0, args });
     if (created.kind !== "done") return created;
     const keeperKey = typeof op.args.keeperKey === "string" ? op.args.keeperKey : null;
     if (keeperKey) {

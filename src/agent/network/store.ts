@@ -1,0 +1,130 @@
+/**
+ * The agent store's record of each machine's network (migration 5): the
+ * intent (names, address slot, policy) written BEFORE anything is created,
+ * the exact identity (network namespace inode, host veth ifindex, nftables
+ * table handle) written once everything is up, and the last readiness
+ * evidence. A record in `releasing` keeps its identity until every object is
+ * proven gone; then the row is deleted.
+ */
+import type Database from "better-sqlite3";
+import type { Migration } from "../../store/migrate.js";
+import type { NetworkPolicy } from "../../core/network-policy.js";
+import type { ReadinessEvidence } from "../../core/network-evidence.js";
+
+export const NETWORK_MIGRATION: Migration = {
+  version: 5,
+  name: "machine networks",
+  sql: `
+    CREATE TABLE machine_networks (
+      machine_id   TEXT PRIMARY KEY,
+      state        TEXT NOT NULL,     -- intent | up | releasing
+      policy       TEXT NOT NULL,     -- canonical policy JSON
+      fingerprint  TEXT NOT NULL,
+      slot         INTEGER,           -- address slot (a host-wide lease), NULL until leased
+      netns        TEXT NOT NULL,
+      host_if      TEXT NOT NULL,
+      nft_table    TEXT NOT NULL,
+      netns_inode  TEXT,              -- exact identity, once up
+      host_ifindex INTEGER,
+      nft_handle   INTEGER,
+      resolved     TEXT,              -- JSON {name: [ipv4]} pinned at set-up
+      evidence     TEXT,              -- JSON of the last readiness evidence
+      created_at   INTEGER NOT NULL,
+      updated_at   INTEGER NOT NULL
+    );
+  `,
+};
+
+export type NetState = "intent" | "up" | "releasing";
+
+export interface NetRecord {
+  machineId: string;
+  state: NetState;
+  policy: NetworkPolicy;
+  fingerprint: string;
+  slot: number | null;
+  netns: string;
+  hostIf: string;
+  table: string;
+  netnsInode: string | null;
+  hostIfindex: number | null;
+  nftHandle: number | null;
+  resolved: Record<string, string[]>;
+  evidence: ReadinessEvidence | null;
+  createdAt: number;
+  updatedAt: number;
+}
+
+interface Row {
+  machine_id: string;
+  state: string;
+  policy: string;
+  fingerprint: string;
+  slot: number | null;
+  netns: string;
+  host_if: string;
+  nft_table: string;
+  netns_inode: string | null;
+  host_ifindex: number | null;
+  nft_handle: number | null;
+  resolved: string | null;
+  evidence: string | null;
+  created_at: number;
+  updated_at: number;
+}
+
+function fromRow(r: Row): NetRecord {
+  return {
+    machineId: r.machine_id,
+    state: r.state as NetState,
+    policy: JSON.parse(r.policy) as NetworkPolicy,
+    fingerprint: r.fingerprint,
+    slot: r.slot,
+    netns: r.netns,
+    hostIf: r.host_if,
+    table: r.nft_table,
+    netnsInode: r.netns_inode,
+    hostIfindex: r.host_ifindex,
+    nftHandle: r.nft_handle,
+    resolved: r.resolved ? (JSON.parse(r.resolved) as Record<string, string[]>) : {},
+    evidence: r.evidence ? (JSON.parse(r.evidence) as ReadinessEvidence) : null,
+    createdAt: r.created_at,
+    updatedAt: r.updated_at,
+  };
+}
+
+/** Named statements on the agent's database (the caller holds its lock). */
+export class NetStore {
+  constructor(private readonly db: Database.Database) {}
+
+  get(machineId: string): NetRecord | null {
+    const r = this.db.prepare("SELECT * FROM machine_networks WHERE machine_id = ?").get(machineId) as Row | undefined;
+    return r ? fromRow(r) : null;
+  }
+
+  list(): NetRecord[] {
+    return (this.db.prepare("SELECT * FROM machine_networks ORDER BY machine_id").all() as Row[]).map(fromRow);
+  }
+
+  put(n: NetRecord): void {
+    this.db
+      .prepare(
+        `INSERT INTO machine_networks (machine_id, state, policy, fingerprint, slot, netns, host_if, nft_table, netns_inode, host_ifindex, nft_handle, resolved, evidence, created_at, updated_at)
+         VALUES (@machineId, @state, @policy, @fingerprint, @slot, @netns, @hostIf, @table, @netnsInode, @hostIfindex, @nftHandle, @resolved, @evidence, @createdAt, @updatedAt)
+         ON CONFLICT(machine_id) DO UPDATE SET state = excluded.state, policy = excluded.policy, fingerprint = excluded.fingerprint,
+           slot = excluded.slot, netns = excluded.netns, host_if = excluded.host_if, nft_table = excluded.nft_table,
+           netns_inode = excluded.netns_inode, host_ifindex = excluded.host_ifindex, nft_handle = excluded.nft_handle,
+           resolved = excluded.resolved, evidence = excluded.evidence, updated_at = excluded.updated_at`,
+      )
+      .run({
+        ...n,
+        policy: JSON.stringify(n.policy),
+        resolved: JSON.stringify(n.resolved),
+        evidence: n.evidence === null ? null : JSON.stringify(n.evidence),
+      });
+  }
+
+  delete(machineId: string): void {
+    this.db.prepare("DELETE FROM machine_networks WHERE machine_id = ?").run(machineId);
+  }
+}

@@ -1,0 +1,162 @@
+/**
+ * Network policy end to end: real `berth serve` and `berth agent` processes
+ * (process runtime), machines in their own network namespaces, a target
+ * server in a test namespace (nothing leaves this machine). A borrower's SSH
+ * command reaches the allowed target and is refused elsewhere; readiness
+ * evidence is on the machine (API and `berth pool show`), bound to the
+ * generation; a policy change gives the next borrow new evidence; a probe
+ * that fails after a return quarantines the machine.
+ */
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { spawn, type ChildProcess } from "node:child_process";
+import { join } from "node:path";
+import { Cluster, berthSync, startProcess } from "../helpers/cluster.js";
+import { connect, execStreaming } from "../../src/cli/ssh-client.js";
+import { networkAvailability } from "../../src/agent/network/host.js";
+import { makePolicy, policyFingerprint } from "../../src/core/network-policy.js";
+import { sink } from "../helpers/sink.js";
+import { startNetnsTarget, type NetnsTarget } from "../helpers/netns-target.js";
+
+interface Borrow {
+  borrowId: string;
+  borrowToken: string;
+  machine: { id: string; generation: number; ssh: { host: string; port: number; user: string; hostKey: string } };
+}
+interface PoolShow {
+  network: { mode: string; fingerprint: string };
+  counts: { ready: number };
+  networks: Array<{ id: string; state: string; generation: number; policyFingerprint: string; evidence: { result: string; policyFingerprint: string; generation: number; checks: Array<{ kind: string; target: string; got: string; ok: boolean }> } | null }>;
+}
+
+const avail = networkAvailability();
+let target: NetnsTarget;
+
+/** A cluster whose agent knows the test target: names resolve through its DNS responder, its closed port must be refused. */
+class NetCluster extends Cluster {
+  override async startAgent(): Promise<void> {
+    this.agent = await startProcess(
+      [
+        "agent", "--state-dir", this.agentDir, "--coordinator", this.coordinator!.url, "--enroll-token-file", join(this.dir.path, "agent.token"),
+        "--runtime", "process", "--slots", "4", "--name", "e2e", "--log-level", "warn",
+        "--network-resolver", target.ip, "--network-probe-deny", `${target.ip}:${target.deniedPort}`, "--network-probe-refused-resolver", target.ip,
+      ],
+      {},
+      /berth agent ready/,
+    );
+  }
+}
+
+async function sshRun(c: Cluster, b: Borrow, command: string): Promise<{ code: number | null; out: string }> {
+  const client = await connect({ ...b.machine.ssh, privateKey: c.keeper.privateKey });
+  try {
+    const out = sink();
+    const err = sink();
+    const r = await execStreaming(client, command, { stdout: out.stream, stderr: err.stream });
+    return { code: r.code, out: out.text() + err.text() };
+  } finally {
+    client.end();
+  }
+}
+
+async function ensure(c: Cluster, name: string, allow: string[], dns: string[] = []): Promise<void> {
+  await c.api.call("POST", `/v1/pools/${name}/ensure`, {
+    minReady: 1, maxReady: 2, compatibilityKey: "e2e", access: "keeper", provider: "hosts", keeperKey: c.keeper.publicKey,
+    network: { mode: "egress", allow, dns },
+  });
+}
+
+describe("network policy end to end", { skip: avail.ok ? false : `network policies unavailable here: ${avail.why}` }, () => {
+  const c = new NetCluster({ runtime: "process" });
+  let extra: ChildProcess | null = null;
+  before(async () => {
+    target = await startNetnsTarget();
+    await c.start();
+  });
+  after(async () => {
+    extra?.kill("SIGKILL");
+    await c.close();
+    await target.close();
+  });
+
+  test("borrower reaches the allowed target only; evidence per generation; a policy change rotates machines; pool show and metrics", async () => {
+    const allow = [`${target.ip}:${target.allowedPort}`, `target.test:${target.allowedPort}`];
+    await ensure(c, "net", allow);
+    const f1 = policyFingerprint(makePolicy("egress", allow));
+    await c.waitFor("a ready machine", async () => (await c.readyCount("net")) >= 1);
+    const p1 = await c.api.call<PoolShow>("GET", "/v1/pools/net");
+    assert.equal(p1.network.fingerprint, f1);
+    const ready = p1.networks.find((m) => m.state === "ready")!;
+    assert.equal(ready.evidence?.result, "pass");
+    assert.equal(ready.evidence?.policyFingerprint, f1);
+    assert.equal(ready.evidence?.generation, 0);
+
+    const b = await c.api.call<Borrow>("POST", "/v1/pools/net/borrow", {});
+    const ok = await sshRun(c, b, `bash -c 'exec 3<>/dev/tcp/target.test/${target.allowedPort} && cat <&3'`);
+    assert.equal(ok.out.trim(), "hello", "the borrower reaches the allowed target by its pinned name");
+    const denied = await sshRun(c, b, `bash -c 'exec 3<>/dev/tcp/${target.ip}/${target.deniedPort}'`);
+    assert.notEqual(denied.code, 0);
+    assert.match(denied.out, /Connection refused/, "a server outside the policy is refused, not reached");
+    const meta = await sshRun(c, b, "timeout 5 bash -c 'exec 3<>/dev/tcp/169.254.169.254/80'");
+    assert.match(meta.out, /Connection refused|No route/, "the metadata address is refused at once (not a time-out)");
+    await c.api.call("POST", `/v1/borrows/${b.borrowId}/return`, { token: b.borrowToken });
+    const back = await c.waitFor("the machine ready again with evidence of its borrow's generation", async () => {
+      const p = await c.api.call<PoolShow>("GET", "/v1/pools/net");
+      const m = p.networks.find((x) => x.id === b.machine.id && x.state === "ready");
+      return m && m.evidence?.generation === b.machine.generation ? m : null;
+    });
+    assert.equal(back.evidence?.result, "pass");
+
+    // Policy change: the ready machine of the old policy is rotated out; the next borrow has new evidence.
+    const allow2 = [`${target.ip}:${target.allowedPort}`];
+    await ensure(c, "net", allow2, [target.ip]);
+    const f2 = policyFingerprint(makePolicy("egress", allow2, [target.ip]));
+    assert.notEqual(f1, f2);
+    let last: PoolShow | null = null;
+    const fresh = await c
+      .waitFor("a ready machine of the new policy", async () => {
+        last = await c.api.call<PoolShow>("GET", "/v1/pools/net");
+        return last.networks.find((m) => m.state === "ready" && m.policyFingerprint === f2) ?? null;
+      }, 60_000)
+      .catch((e: Error) => {
+        throw new Error(`${e.message}; pool: ${JSON.stringify(last)}; agent output: ${c.agent?.output().slice(-2000)}`);
+      });
+    const b2 = await c.api.call<Borrow>("POST", "/v1/pools/net/borrow", {});
+    assert.equal(b2.machine.id, fresh.id, "the next borrow gets a machine of the new policy");
+    const p2 = await c.api.call<PoolShow>("GET", "/v1/pools/net");
+    const e2 = p2.networks.find((m) => m.id === b2.machine.id)!.evidence!;
+    assert.equal(e2.policyFingerprint, f2);
+    assert.equal(e2.result, "pass");
+    assert.ok(e2.checks.some((x) => x.kind === "dns-answer" && x.got === "answered"), "the new policy's resolver answers from inside");
+    assert.ok(!p2.networks.some((m) => m.id === ready.id && m.state === "ready"), "the old policy's machine is not ready any more");
+    await c.api.call("POST", `/v1/borrows/${b2.borrowId}/return`, { token: b2.borrowToken });
+
+    // What a person sees.
+    const show = berthSync(["pool", "show", "net", "--config", c.clientConfig]);
+    assert.equal(show.status, 0, show.stderr);
+    assert.match(show.stdout, new RegExp(`network +egress to ${target.ip.replaceAll(".", "\\.")}:8080; dns ${target.ip.replaceAll(".", "\\.")} \\(${f2}\\)`));
+    assert.match(show.stdout, /readiness evidence/);
+    const metrics = await fetch(`${c.coordinator!.url}/metrics`, { headers: { authorization: `Bearer ${(await import("node:fs")).readFileSync(c.adminTokenFile, "utf8").trim()}` } }).then((r) => r.text());
+    assert.match(metrics, /berth_network_probes_total\{pool="net",outcome="pass"\} \d+/);
+  });
+
+  test("a machine whose probe fails after a return is quarantined, never ready", async () => {
+    // A permit target this test controls: up while the machine is provisioned, gone when it comes back.
+    extra = spawn("ip", ["netns", "exec", target.netns, process.execPath, "-e", "require('net').createServer((s)=>{s.on('error',()=>{});s.end('x')}).listen(8181,'0.0.0.0',()=>console.log('up'))"], { stdio: ["ignore", "pipe", "inherit"] });
+    await new Promise((r) => extra!.stdout!.once("data", r));
+    await ensure(c, "flaky", [`${target.ip}:8181`]);
+    await c.waitFor("a ready machine", async () => (await c.readyCount("flaky")) >= 1);
+    const b = await c.api.call<Borrow>("POST", "/v1/pools/flaky/borrow", {});
+    extra.kill("SIGKILL");
+    await new Promise((r) => extra!.once("exit", r));
+    await c.api.call("POST", `/v1/borrows/${b.borrowId}/return`, { token: b.borrowToken });
+    const gone = await c.waitFor("the machine quarantined", async () => {
+      const m = (await c.machines()).find((x) => x.id === b.machine.id)!;
+      return ["quarantined", "destroying", "destroyed"].includes(m.state) ? m : null;
+    });
+    assert.ok(gone);
+    const p = await c.api.call<PoolShow>("GET", "/v1/pools/flaky");
+    const rec = p.networks.find((m) => m.id === b.machine.id);
+    if (rec) assert.equal(rec.evidence?.result, "fail");
+  });
+});
