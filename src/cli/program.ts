@@ -20,6 +20,7 @@ const MODULES = {
   run: () => import("./commands/run.js"),
   ssh: () => import("./commands/ssh.js"),
   alloc: () => import("./commands/alloc.js"),
+  host: () => import("./commands/host.js"),
 } satisfies Record<string, () => Promise<CommandModule>>;
 
 /** Which module defines each top-level command name. */
@@ -37,6 +38,7 @@ const COMMANDS: Record<string, keyof typeof MODULES> = {
   ssh: "ssh",
   alloc: "alloc",
   owner: "alloc",
+  host: "host",
 };
 
 export async function main(argv: string[]): Promise<void> {

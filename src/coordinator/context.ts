@@ -25,6 +25,8 @@ export interface CoordinatorConfig {
   allocationSizes: readonly Size[];
   /** Maximum (and default) allocation lifetime, fixed at create. */
   maxAllocationMs: number;
+  /** Lifetime of a host credential issued against a signed challenge (the agent renews it before). */
+  hostCredentialTtlMs: number;
 }
 
 export const DEFAULT_CONFIG: CoordinatorConfig = {
@@ -35,6 +37,7 @@ export const DEFAULT_CONFIG: CoordinatorConfig = {
   maxBorrowMs: 30 * 60_000,
   allocationSizes: DEFAULT_SIZES,
   maxAllocationMs: 24 * 3_600_000,
+  hostCredentialTtlMs: 15 * 60_000,
 };
 
 export interface Ctx {

@@ -52,3 +52,7 @@ export async function endBorrow(tx: Tx, id: string, state: Exclude<BorrowRow["st
 export async function deleteEndedBorrow(tx: Tx, id: string, endedBefore: number): Promise<number> {
   return tx.run("DELETE FROM borrows WHERE id = ? AND state <> 'active' AND ended_at <= ?", [id, endedBefore]);
 }
+
+export async function lockActiveBorrowsOfMachine(tx: Tx, machineId: string): Promise<BorrowRow[]> {
+  return tx.all<BorrowRow>(`SELECT * FROM borrows WHERE machine_id = ? AND state = 'active'${tx.forUpdate}`, [machineId]);
+}

@@ -112,3 +112,7 @@ export async function closeGrantsOfMachineRows(tx: Tx, machineId: string, now: n
 export async function deleteClosedGrant(tx: Tx, id: string, endedBefore: number): Promise<number> {
   return tx.run("DELETE FROM grants WHERE id = ? AND state = 'closed' AND ended_at <= ?", [id, endedBefore]);
 }
+
+export async function lockLiveGrantsOfMachine(tx: Tx, machineId: string): Promise<GrantRow[]> {
+  return tx.all<GrantRow>(`SELECT * FROM grants WHERE machine_id = ? AND state IN ('pending','installing','active')${tx.forUpdate}`, [machineId]);
+}

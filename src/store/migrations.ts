@@ -8,6 +8,7 @@
  */
 import type { Migration } from "./migrate.js";
 import { ALLOCATIONS_MIGRATION } from "./allocation-schema.js";
+import { HOST_IDENTITY_MIGRATION } from "./host-identity.js";
 
 export const MIGRATIONS: readonly Migration[] = [
   {
@@ -175,4 +176,5 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
 `,
   },
   ALLOCATIONS_MIGRATION,
+  HOST_IDENTITY_MIGRATION,
 ];
