@@ -27,6 +27,7 @@ import { hashToken } from "../core/tokens.js";
 import { checkFloor } from "./identity/floor.js";
 import { createHostSwitch, META_HOST_ID, META_TOKEN_HASH, type HostSwitch } from "./identity/host-switch.js";
 import { envHooks, type TestHooks } from "./identity/record.js";
+import { CoordinatorRefusal } from "./identity/coordinator.js";
 import type { SessionRegistry } from "./contracts.js";
 import { enroll, EnrollRefusedError, readEnrollToken, type EnrollRequest } from "./enroll.js";
 import { startGateway, type Gateway } from "./ssh/gateway.js";
@@ -223,7 +224,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     /** One enrollment with the enroll token: with an identity proof, unless told to enroll the old way. */
     const enrollOnce = async (raw: string, coordinator: string): Promise<void> => {
       if (identity !== null && !identity.authority.mayUseToken()) return;
-      const proof = identity !== null && !legacyEnroll ? await identity.client.enrollProof(name) : undefined;
+      const proof = identity !== null && !legacyEnroll ? await proofIfKnown(identity, name, log) : undefined;
       const got = await enroll(coordinator, raw, body(), proof);
       if (hostId !== null && got.hostId !== hostId) {
         throw new EnrollRefusedError(
@@ -337,6 +338,17 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
   } catch (e) {
     await teardown();
     throw e;
+  }
+}
+
+/** The enrollment's identity proof; none from a coordinator built before host identity (no challenge route): the host then stays on the token. */
+async function proofIfKnown(identity: HostSwitch, name: string, log: AgentLog): Promise<Awaited<ReturnType<HostSwitch["client"]["enrollProof"]>> | undefined> {
+  try {
+    return await identity.client.enrollProof(name);
+  } catch (e) {
+    if (!(e instanceof CoordinatorRefusal) || (e.status !== 404 && e.status !== 405)) throw e;
+    log.warn({}, "identity: the coordinator does not offer host identity; enrolling with the shared token (the host can be switched once it does)");
+    return undefined;
   }
 }
 
