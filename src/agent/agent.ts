@@ -293,7 +293,8 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         }
       }
       // The switch's tick: owed reports, the next step, the credential's renewal.
-      const tickMs = opts.identityTickMs ?? 5_000;
+      const testTick = process.env.BERTH_TEST_HOOKS === "1" ? Number(process.env.BERTH_TEST_IDENTITY_TICK_MS) : NaN;
+      const tickMs = opts.identityTickMs ?? (Number.isFinite(testTick) && testTick > 0 ? testTick : 5_000);
       let ticking: Promise<void> | null = null;
       const timer = setInterval(() => {
         ticking ??= identity.tick().finally(() => (ticking = null));
