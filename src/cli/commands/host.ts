@@ -54,7 +54,7 @@ async function waitActive(api: Api, names: string[], timeoutMs: number, say: (s:
 export function register(program: Command): void {
   const host = program.command("host").description("Enrolled hosts: credential state, and the switch to per-host identity keys");
 
-  clientOpts(host.command("ls").description("List hosts: capacity, credential state, switch step, owed reports, agent version")).action(
+  clientOpts(host.command("ls").description("List hosts: credential state, switch step, owed reports, agent version")).action(
     (o: { json: boolean; url?: string; tokenFile?: string; config?: string }) =>
       runCommand(async () => {
         const { api } = clientFrom(o);
@@ -76,14 +76,12 @@ export function register(program: Command): void {
   clientOpts(
     host
       .command("activate")
+      .summary("Switch a host (or every host) from the shared enroll token to its own identity key")
       .description(
-        [
-          "Switch a host (or every host) from the shared enroll token to its own identity key. One way:",
-          "the agent retires every sandbox (new ones replace them once it is active), removes its token",
-          "file, and the enroll token is refused for the host's name from then on (host_activated).",
-          "A host that lends a machine is refused (host_busy) unless --force, which ends those borrows",
-          "(their sessions are cut) with the reason host_activated.",
-        ].join("\n"),
+        "Switch a host (or every host) from the shared enroll token to its own identity key. One way: the agent " +
+          "retires every sandbox (new ones replace them once it is active) and removes its token file, and the enroll " +
+          "token is refused for the host's name from then on (host_activated). A host that lends a machine is refused " +
+          "(host_busy) unless --force, which ends those borrows (their sessions are cut) with the reason host_activated.",
       )
       .argument("[host]", "host name (see `berth host ls`)")
       .option("--all", "every host still on the enroll token", false)
