@@ -226,7 +226,7 @@ export class SwitchAuthority {
   async #advanceOnce(): Promise<void> {
     const d = this.#d;
     if (d.record.record === null) return;
-    await this.#reportOwed();
+    // A record found at boot (or renamed without its directory sync) is proven durable before anything runs on it.
     try {
       d.record.ensureDurable();
     } catch (e) {
@@ -234,6 +234,7 @@ export class SwitchAuthority {
       this.#note(`identity: the switch record is not known to be on disk yet (${errorMessage(e)}); the host runs nothing and waits`);
       return;
     }
+    await this.#reportOwed();
     if (d.record.record.step === "local") {
       d.leaveToken();
       const plan = this.#plan ?? d.planRetirement(true);
