@@ -26,7 +26,7 @@ import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
 import { requireRole } from "../auth.js";
 import { poolRef, setDue } from "../../store/due.js";
-import { setIdentityState } from "../../store/host-identity.js";
+import { deleteHostCredentials, setIdentityState } from "../../store/host-identity.js";
 import { insertHost, listHosts as listHostRows, lockHostByName, updateHost, type HostRow } from "../../store/hosts.js";
 import { setHostAddressOfMachines } from "../../store/machines.js";
 import { poolNamesOfProvider } from "../../store/pools.js";
@@ -70,7 +70,11 @@ export async function enrollHost(ctx: Ctx, p: Principal, input: EnrollInput, sec
     }
     if (existing) {
       await describe(tx, ctx, existing, description, now);
-      if (existing.identity_state !== "legacy") await setIdentityState(tx, existing.id, { state: "legacy", pendingKey: null }, now);
+      if (existing.identity_state !== "legacy") {
+        // Back on the token: the pending key's credentials go too (a new prepare records the key again).
+        await setIdentityState(tx, existing.id, { state: "legacy", pendingKey: null }, now);
+        await deleteHostCredentials(tx, existing.id);
+      }
       return { hostId: existing.id, hostCallToken: hostCallToken(secret, existing.id) };
     }
     if (identity !== undefined) {
