@@ -24,8 +24,12 @@ import { hostname } from "node:os";
 import { join } from "node:path";
 import { parseId } from "../core/ids.js";
 import { hashToken } from "../core/tokens.js";
+import { checkFloor } from "./identity/floor.js";
+import { createHostSwitch, META_HOST_ID, META_TOKEN_HASH, type HostSwitch } from "./identity/host-switch.js";
+import { envHooks, type TestHooks } from "./identity/record.js";
+import { CoordinatorRefusal } from "./identity/coordinator.js";
 import type { SessionRegistry } from "./contracts.js";
-import { enroll, EnrollRefusedError, type EnrollRequest } from "./enroll.js";
+import { enroll, EnrollRefusedError, readEnrollToken, type EnrollRequest } from "./enroll.js";
 import { startGateway, type Gateway } from "./ssh/gateway.js";
 import { startHttp, type AgentHttp } from "./http.js";
 import { AgentKeys } from "./keys.js";
@@ -50,8 +54,24 @@ export interface AgentOptions {
   stateDir: string;
   /** Where to enroll; omitted for an agent driven in-process (berth up, tests). */
   coordinatorUrl?: string;
-  /** The raw enroll token (from a file or BERTH_ENROLL_TOKEN; never argv). */
+  /** The raw enroll token (from BERTH_ENROLL_TOKEN, or given in-process; never argv). */
   enrollToken?: string;
+  /**
+   * The file holding the enroll token, read only when the agent needs it
+   * (never once the host switched to its identity key, which removes it).
+   */
+  enrollTokenFile?: string;
+  /**
+   * Enroll the way agents did before host identity (no identity proof): a
+   * fresh host then stays on the shared token until it is switched. For
+   * tests of the switch; BERTH_TEST_HOOKS=1 with BERTH_TEST_LEGACY_ENROLL=1
+   * sets it for a child agent.
+   */
+  legacyEnroll?: boolean;
+  /** Fault and crash points of the switch record (tests); default from the environment (record.ts envHooks). */
+  identityHooks?: TestHooks;
+  /** How often the switch, owed reports and the credential are looked at (default 5 s). */
+  identityTickMs?: number;
   /** host:port of the HTTP API; default 127.0.0.1:0. */
   listen?: string;
   /** host:port of the SSH gateway; default 127.0.0.1:0. */
@@ -98,13 +118,13 @@ export interface RunningAgent {
   network: MachineNetworks | { unavailable: string };
   /** Settles once enrolled (or at once without a coordinator); never rejects. */
   enrolled: Promise<void>;
+  /** Host identity (null without a coordinator). */
+  identity: HostSwitch | null;
   stop(): Promise<void>;
 }
 
 export const AGENT_VERSION = readVersion();
 
-const META_HOST_ID = "hostId";
-const META_TOKEN_HASH = "hostCallTokenHash";
 
 export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
   const log = opts.log ?? silentLog;
@@ -131,6 +151,8 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
   };
 
   try {
+    // An agent built before the floor this state directory claimed would use the enroll token again.
+    checkFloor(opts.stateDir, AGENT_VERSION);
     if (opts.hostCallToken !== undefined) store.setMeta(META_TOKEN_HASH, hashToken("host-call", opts.hostCallToken));
     const runtime = createRuntime(opts.runtime ?? "auto", opts.stateDir);
     if (runtime.kind === "process") {
@@ -172,9 +194,47 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       }),
     );
     let hostId = store.getMeta(META_HOST_ID);
+    const advertised = opts.advertiseHost ?? (isWildcard(listen.host) ? hostname() : listen.host);
+    const sshHost = opts.advertiseHost ?? (isWildcard(sshListen.host) ? hostname() : sshListen.host);
+    const ssh = { host: sshHost, port: gateway.port, hostKey: gateway.hostKey, fingerprint: gateway.fingerprint };
+    let url = "";
+    const description = () => ({ url, runtime: runtime.kind, capacity: { vcpu, memoryMb, slots }, ssh });
+
+    // ---- host identity ------------------------------------------------------
+    // The enroll token: given, or read from its file only when needed.
+    let token: string | null = opts.enrollToken ?? null;
+    let tokenDropped = false;
+    const enrollToken = (): string | null => {
+      if (tokenDropped) return null;
+      if (token === null && opts.enrollTokenFile !== undefined) token = readEnrollToken(opts.enrollTokenFile, {});
+      return token;
+    };
+    const identity: HostSwitch | null =
+      opts.coordinatorUrl === undefined
+        ? null
+        : createHostSwitch({
+            stateDir: opts.stateDir,
+            coordinatorUrl: opts.coordinatorUrl,
+            store,
+            keys,
+            sessions,
+            ops,
+            tokenFile: opts.enrollTokenFile ?? null,
+            dropToken: () => {
+              tokenDropped = true;
+              token = null;
+            },
+            hostId: () => hostId,
+            description,
+            version: AGENT_VERSION,
+            hooks: opts.identityHooks ?? envHooks(process.env),
+            log,
+            now,
+          });
     const http: AgentHttp = await startHttp(
       {
-        ops,
+        ops: identity?.gatedOps ?? ops,
+        identitySwitch: identity,
         store,
         keys,
         sessions,
@@ -189,10 +249,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     cleanups.push(() => http.close());
     ports.push({ port: http.port, why: "agent API" });
 
-    const advertised = opts.advertiseHost ?? (isWildcard(listen.host) ? hostname() : listen.host);
-    const sshHost = opts.advertiseHost ?? (isWildcard(sshListen.host) ? hostname() : sshListen.host);
-    const url = `http://${bracket(advertised)}:${http.port}`;
-    const ssh = { host: sshHost, port: gateway.port, hostKey: gateway.hostKey, fingerprint: gateway.fingerprint };
+    url = `http://${bracket(advertised)}:${http.port}`;
 
     // ---- enrollment --------------------------------------------------------
     let stopped = false;
@@ -201,15 +258,13 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       stopped = true;
       wake?.();
     });
-    const body = (): EnrollRequest => ({
-      name,
-      url,
-      runtime: runtime.kind,
-      capacity: { vcpu, memoryMb, slots },
-      ssh,
-    });
-    const enrollOnce = async (token: string, coordinator: string): Promise<void> => {
-      const got = await enroll(coordinator, token, body());
+    const body = (): EnrollRequest => ({ name, ...description() });
+    const legacyEnroll = opts.legacyEnroll ?? (process.env.BERTH_TEST_HOOKS === "1" && process.env.BERTH_TEST_LEGACY_ENROLL === "1");
+    /** One enrollment with the enroll token: with an identity proof, unless told to enroll the old way. */
+    const enrollOnce = async (raw: string, coordinator: string): Promise<void> => {
+      if (identity !== null && !identity.authority.mayUseToken()) return;
+      const proof = identity !== null && !legacyEnroll ? await proofIfKnown(identity, name, log) : undefined;
+      const got = await enroll(coordinator, raw, body(), proof);
       if (hostId !== null && got.hostId !== hostId) {
         throw new EnrollRefusedError(
           409,
@@ -223,49 +278,71 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         store.setMeta(META_TOKEN_HASH, hashToken("host-call", got.hostCallToken));
       });
       hostId = got.hostId;
-      log.info({ hostId, coordinator: new URL(coordinator).origin }, "enrolled with the coordinator");
+      log.info({ hostId, coordinator: new URL(coordinator).origin, identity: got.identity ?? "legacy" }, "enrolled with the coordinator");
+      // The coordinator recorded this host's identity key: it is active from the start.
+      if (got.identity === "active" && identity !== null) await identity.authority.enrolledActive();
     };
 
     let enrolled: Promise<void> = Promise.resolve();
-    if (opts.coordinatorUrl !== undefined) {
+    if (opts.coordinatorUrl !== undefined && identity !== null) {
       const coordinator = opts.coordinatorUrl;
-      const token = opts.enrollToken;
-      if (token === undefined) {
-        if (store.getMeta(META_TOKEN_HASH) === null) {
-          throw new Error(
-            "no enroll token: give --enroll-token-file FILE or set BERTH_ENROLL_TOKEN (the agent never enrolled from this state directory)",
-          );
-        }
-        log.info({ hostId }, "no enroll token given: keeping the enrollment this state directory already has");
+      if (!identity.authority.mayUseToken()) {
+        // Past the local commit (or enrolled with the key): the enroll token is never used again.
+        log.info({ hostId, step: identity.authority.step() }, "identity: this host uses its identity key; the enroll token is not used");
+        enrolled = identity.authority.advance();
       } else {
-        try {
-          await enrollOnce(token, coordinator);
-        } catch (e) {
-          if (e instanceof EnrollRefusedError) throw e;
-          log.warn({ error: errorMessage(e) }, "enrollment failed; retrying in the background");
-          enrolled = (async () => {
-            let delay = 1000;
-            while (!stopped) {
-              await new Promise<void>((resolve) => {
-                const t = setTimeout(resolve, delay);
-                wake = () => {
-                  clearTimeout(t);
-                  resolve();
-                };
-              });
-              if (stopped) return;
-              try {
-                await enrollOnce(token, coordinator);
-                return;
-              } catch (e2) {
-                log.warn({ error: errorMessage(e2) }, "enrollment failed; retrying");
-                if (e2 instanceof EnrollRefusedError) return;
-                delay = Math.min(delay * 2, 30_000);
+        const raw = enrollToken();
+        if (raw === null) {
+          if (store.getMeta(META_TOKEN_HASH) === null) {
+            throw new Error(
+              "no enroll token: give --enroll-token-file FILE or set BERTH_ENROLL_TOKEN (the agent never enrolled from this state directory)",
+            );
+          }
+          log.info({ hostId }, "no enroll token given: keeping the enrollment this state directory already has");
+        } else {
+          try {
+            await enrollOnce(raw, coordinator);
+          } catch (e) {
+            if (e instanceof EnrollRefusedError) throw e;
+            log.warn({ error: errorMessage(e) }, "enrollment failed; retrying in the background");
+            enrolled = (async () => {
+              let delay = 1000;
+              while (!stopped) {
+                await new Promise<void>((resolve) => {
+                  const t = setTimeout(resolve, delay);
+                  wake = () => {
+                    clearTimeout(t);
+                    resolve();
+                  };
+                });
+                if (stopped || !identity.authority.mayUseToken()) return;
+                const again = enrollToken();
+                if (again === null) return;
+                try {
+                  await enrollOnce(again, coordinator);
+                  return;
+                } catch (e2) {
+                  log.warn({ error: errorMessage(e2) }, "enrollment failed; retrying");
+                  if (e2 instanceof EnrollRefusedError) return;
+                  delay = Math.min(delay * 2, 30_000);
+                }
               }
-            }
-          })();
+            })();
+          }
         }
       }
+      // The switch's tick: owed reports, the next step, the credential's renewal.
+      const testTick = process.env.BERTH_TEST_HOOKS === "1" ? Number(process.env.BERTH_TEST_IDENTITY_TICK_MS) : NaN;
+      const tickMs = opts.identityTickMs ?? (Number.isFinite(testTick) && testTick > 0 ? testTick : 5_000);
+      let ticking: Promise<void> | null = null;
+      const timer = setInterval(() => {
+        ticking ??= identity.tick().finally(() => (ticking = null));
+      }, tickMs);
+      timer.unref();
+      cleanups.push(async () => {
+        clearInterval(timer);
+        await ticking;
+      });
     }
 
     log.info(
@@ -298,11 +375,23 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       sessions,
       network,
       enrolled,
+      identity,
       stop: () => (stopping ??= teardown()),
     };
   } catch (e) {
     await teardown();
     throw e;
+  }
+}
+
+/** The enrollment's identity proof; none from a coordinator built before host identity (no challenge route): the host then stays on the token. */
+async function proofIfKnown(identity: HostSwitch, name: string, log: AgentLog): Promise<Awaited<ReturnType<HostSwitch["client"]["enrollProof"]>> | undefined> {
+  try {
+    return await identity.client.enrollProof(name);
+  } catch (e) {
+    if (!(e instanceof CoordinatorRefusal) || (e.status !== 404 && e.status !== 405)) throw e;
+    log.warn({}, "identity: the coordinator does not offer host identity; enrolling with the shared token (the host can be switched once it does)");
+    return undefined;
   }
 }
 

@@ -3,8 +3,14 @@
  *
  *   POST {coordinator}/v1/hosts/enroll
  *   Authorization: Bearer <enroll token>
- *   {name, url, runtime, capacity: {vcpu, memoryMb, slots}, ssh: {host, port, hostKey, fingerprint}}
- *   -> {hostId, hostCallToken}
+ *   {name, url, runtime, capacity: {vcpu, memoryMb, slots}, ssh: {host, port, hostKey, fingerprint},
+ *    identity?: {publicKey, challenge, signature}}
+ *   -> {hostId, hostCallToken, identity?: "active"}
+ *
+ * With `identity` (every agent since host identity, docs/host-identity.md)
+ * the agent proves its identity key; a new host is then recorded with it and
+ * answered `identity: "active"`: the enroll token is never used for it again.
+ * Without it (an agent built before), the host stays on the shared token.
  *
  * The enroll token comes from a file or BERTH_ENROLL_TOKEN, never argv, and
  * is never logged. The agent keeps `hostId` and only the hash of the
@@ -30,6 +36,14 @@ export interface EnrollRequest {
 export interface Enrollment {
   hostId: Id;
   hostCallToken: string;
+  /** "active": the coordinator recorded this host's identity key. */
+  identity?: "active";
+}
+
+export interface IdentityProof {
+  publicKey: string;
+  challenge: string;
+  signature: string;
 }
 
 /** A refusal by the coordinator (4xx): retrying with the same token will not help. */
@@ -47,16 +61,17 @@ export class EnrollRefusedError extends Error {
 const responseSchema = z.object({
   hostId: z.string(),
   hostCallToken: z.string().min(16).max(512),
+  identity: z.literal("active").optional(),
 });
 
-export async function enroll(coordinatorUrl: string, enrollToken: string, body: EnrollRequest, timeoutMs = 15_000): Promise<Enrollment> {
+export async function enroll(coordinatorUrl: string, enrollToken: string, body: EnrollRequest, identity?: IdentityProof, timeoutMs = 15_000): Promise<Enrollment> {
   const url = new URL("/v1/hosts/enroll", coordinatorUrl);
   let res: Response;
   try {
     res = await fetch(url, {
       method: "POST",
       headers: { authorization: `Bearer ${enrollToken}`, "content-type": "application/json" },
-      body: JSON.stringify(body),
+      body: JSON.stringify(identity === undefined ? body : { ...body, identity }),
       signal: AbortSignal.timeout(timeoutMs),
     });
   } catch (e) {
@@ -84,7 +99,7 @@ export async function enroll(coordinatorUrl: string, enrollToken: string, body: 
   } catch {
     throw new Error("the coordinator's enrollment answer is not {hostId, hostCallToken}");
   }
-  return { hostId: parseId(parsed.hostId, "hostId"), hostCallToken: parsed.hostCallToken };
+  return { hostId: parseId(parsed.hostId, "hostId"), hostCallToken: parsed.hostCallToken, ...(parsed.identity ? { identity: parsed.identity } : {}) };
 }
 
 /**

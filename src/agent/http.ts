@@ -9,6 +9,9 @@
  *   POST /v1/agent/ops              {opId, kind, machineId, generation, args}
  *                                   -> {opId, kind, machineId, generation, status: "done", result}
  *   GET  /v1/agent/ops/{opId}       -> {opId, kind, machineId, generation, status, result|null, error|null}
+ *   POST /v1/agent/identity/prepare {challenge, force, generations}
+ *                                   -> {publicKey, signature, step}   (docs/host-identity.md)
+ *   GET  /v1/agent/metrics          -> Prometheus text (the identity switch's steps and refusals)
  *
  * Every route needs `Authorization: Bearer <host-call token>`, checked before
  * the body is read. The agent holds only `hashToken("host-call", token)` and
@@ -26,6 +29,9 @@ import type { AgentLog } from "./log.js";
 import type { AgentOps } from "./ops.js";
 import { operationRequestSchema as opEnvelope } from "../protocol/operations.js";
 import type { AgentStore, MachineRecord } from "./store.js";
+import type { HostSwitch } from "./identity/host-switch.js";
+import { z } from "zod";
+import { Reply } from "../http/server.js";
 
 export { DEFAULT_BODY_LIMIT };
 
@@ -38,8 +44,10 @@ export interface AgentIdentity {
 }
 
 export interface AgentHttpDeps {
-  /** Runs the coordinator's operations. */
+  /** Runs the coordinator's operations (gated while the host switches its identity). */
   ops: Pick<AgentOps, "run">;
+  /** The host identity switch; null for an agent without a coordinator. */
+  identitySwitch?: HostSwitch | null;
   /** Machine records, operation records. */
   store: AgentStore;
   /** Installed keys per machine (fingerprints only leave the agent). */
@@ -101,8 +109,17 @@ export async function startHttp(deps: AgentHttpDeps, listen_: { host: string; po
       version: ident.version,
       mismatched: machines.filter((m) => m.state === "mismatch").length,
       unrecorded: deps.unrecorded().length,
+      identity: deps.identitySwitch?.status() ?? null,
     };
   });
+  app.post("/v1/agent/identity/prepare", auth, async (req) => {
+    const sw = deps.identitySwitch;
+    if (!sw) throw new BerthError("conflict", "conflict: this agent runs without a coordinator; it has no identity switch");
+    const parsed = prepareSchema.safeParse(req.body ?? {});
+    if (!parsed.success) throw zodRefusal(parsed.error, { hint: "send {challenge, force, generations}" });
+    return sw.authority.prepare(parsed.data);
+  });
+  app.get("/v1/agent/metrics", auth, async () => new Reply(200, (await deps.identitySwitch?.metrics.metrics()) ?? "", "text/plain; version=0.0.4"));
   app.get("/v1/agent/machines", auth, async () => ({ machines: deps.store.listMachines().map((m) => view(deps, m)), unrecorded: deps.unrecorded() }));
   app.get("/v1/agent/machines/:machineId", auth, async (req) => {
     const m = deps.store.getMachine(req.params.machineId!);
@@ -129,6 +146,12 @@ export async function startHttp(deps: AgentHttpDeps, listen_: { host: string; po
   const { url, port } = await app.listen(listen_.host, listen_.port);
   return { url, port, close: () => app.close() };
 }
+
+const prepareSchema = z.strictObject({
+  challenge: z.string().min(1).max(256),
+  force: z.boolean(),
+  generations: z.record(z.string().max(128), z.number().int().min(0)),
+});
 
 function view(deps: AgentHttpDeps, m: MachineRecord): MachineView {
   return {

@@ -277,15 +277,21 @@ export class AgentStore {
   #adoptLegacySchema(): void {
     const legacy = this.db.prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'").get();
     if (!legacy) return;
+    // The host identity floor (src/agent/identity/floor.ts) lives in this
+    // table on purpose: builds from before it refuse the store. It stays.
+    const floor = this.db.prepare("SELECT 1 FROM schema_migrations WHERE name = 'identity_floor'").get() !== undefined;
+    const others = this.db.prepare("SELECT COUNT(*) AS n FROM schema_migrations WHERE name <> 'identity_floor'").get() as { n: number };
+    if (floor && others.n === 0) return;
     this.transaction(() => {
       this.db.exec(SCHEMA_VERSION_TABLE);
-      const rows = this.db.prepare("SELECT name, applied_at FROM schema_migrations").all() as Array<{ name: string; applied_at: number }>;
+      const rows = this.db.prepare("SELECT name, applied_at FROM schema_migrations WHERE name <> 'identity_floor'").all() as Array<{ name: string; applied_at: number }>;
       for (const r of rows) {
         const version = LEGACY_NAMES[r.name];
         if (version === undefined) throw new Error(`agent store: unknown migration ${r.name} recorded; it was written by another berth build`);
         this.db.prepare("INSERT OR IGNORE INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)").run(version, r.name, r.applied_at);
       }
-      this.db.exec("DROP TABLE schema_migrations");
+      if (floor) this.db.exec("DELETE FROM schema_migrations WHERE name <> 'identity_floor'");
+      else this.db.exec("DROP TABLE schema_migrations");
     });
   }
 

@@ -21,6 +21,7 @@ const MODULES = {
   ssh: () => import("./commands/ssh.js"),
   alloc: () => import("./commands/alloc.js"),
   volume: () => import("./commands/volume.js"),
+  host: () => import("./commands/host.js"),
 } satisfies Record<string, () => Promise<CommandModule>>;
 
 /** Which module defines each top-level command name. */
@@ -39,6 +40,7 @@ const COMMANDS: Record<string, keyof typeof MODULES> = {
   alloc: "alloc",
   owner: "alloc",
   volume: "volume",
+  host: "host",
 };
 
 export async function main(argv: string[]): Promise<void> {

@@ -27,6 +27,8 @@ export interface CoordinatorConfig {
   maxAllocationMs: number;
   /** An allocation launch actor's lease: renewed before each agent call; past it a replacement may take over. */
   allocationActorLeaseMs: number;
+  /** Lifetime of a host credential issued against a signed challenge (the agent renews it before). */
+  hostCredentialTtlMs: number;
 }
 
 export const DEFAULT_CONFIG: CoordinatorConfig = {
@@ -38,6 +40,7 @@ export const DEFAULT_CONFIG: CoordinatorConfig = {
   allocationSizes: DEFAULT_SIZES,
   maxAllocationMs: 24 * 3_600_000,
   allocationActorLeaseMs: 15_000,
+  hostCredentialTtlMs: 15 * 60_000,
 };
 
 export interface Ctx {

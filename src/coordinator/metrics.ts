@@ -59,6 +59,9 @@ export class Metrics {
   readonly networkProbes = new client.Counter({ name: "berth_network_probes_total", help: "Network readiness probes reported by agents, by outcome: pass, fail, missing", labelNames: ["pool", "outcome"], registers: [this.registry] });
   readonly machines = new client.Gauge({ name: "berth_machines", help: "Machines by pool and state", labelNames: ["pool", "state"], registers: [this.registry] });
 
+  readonly hostIdentitySteps = new client.Counter({ name: "berth_host_identity_steps_total", help: "Host identity switch steps recorded: preparing, prepared, committed, active, enrolled_active", labelNames: ["step"], registers: [this.registry] });
+  readonly hostIdentityRefusals = new client.Counter({ name: "berth_host_identity_refusals_total", help: "Host identity refusals by code: host_activated, host_busy, proof_invalid, agent_unavailable", labelNames: ["code"], registers: [this.registry] });
+  readonly stoppedReports = new client.Counter({ name: "berth_host_stopped_reports_total", help: "Stopped reports from switching hosts by outcome: taken, moot, ignored", labelNames: ["outcome"], registers: [this.registry] });
   readonly allocationRefusals = new client.Counter({ name: "berth_allocation_refusals_total", help: "Allocation creates refused, by reason: budget_exhausted, no_capacity, not_admitted", labelNames: ["reason"], registers: [this.registry] });
   readonly allocations = new client.Gauge({ name: "berth_allocations", help: "Allocations by state", labelNames: ["state"], registers: [this.registry] });
   readonly ownerUse = new client.Gauge({ name: "berth_allocation_budget_used_ratio", help: "Share of each owner's budget in use, by dimension (owner is an API token id, never a secret)", labelNames: ["owner", "dimension"], registers: [this.registry] });

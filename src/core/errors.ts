@@ -31,6 +31,9 @@ export type ErrorCode =
   | "not_admitted"
   | "budget_exhausted"
   | "no_capacity"
+  | "host_activated"
+  | "host_busy"
+  | "host_switching"
   | "internal";
 
 const STATUS: Record<ErrorCode, number> = {
@@ -61,6 +64,9 @@ const STATUS: Record<ErrorCode, number> = {
   not_admitted: 403,
   budget_exhausted: 409,
   no_capacity: 503,
+  host_activated: 403,
+  host_busy: 409,
+  host_switching: 409,
   internal: 500,
 };
 

@@ -6,7 +6,7 @@
  */
 import { createHash, createHmac, timingSafeEqual } from "node:crypto";
 
-export type TokenDomain = "api" | "borrow" | "grant" | "claim" | "agent" | "enroll" | "host-call" | "session" | "csrf";
+export type TokenDomain = "api" | "borrow" | "grant" | "claim" | "agent" | "enroll" | "host-call" | "host-credential" | "session" | "csrf";
 
 const PREFIX: Record<TokenDomain, string> = {
   api: "bat",
@@ -19,6 +19,7 @@ const PREFIX: Record<TokenDomain, string> = {
   // The dashboard's session cookie, and the CSRF token derived from it (never issued raw).
   session: "bss",
   csrf: "bcs",
+  "host-credential": "bhk",
 };
 
 /** A raw token: recognisable prefix + 32 random bytes, base64url. */
@@ -39,8 +40,12 @@ export function sameHash(a: string, b: string): boolean {
 /**
  * The token the coordinator presents to one enrolled host: an HMAC of the host
  * id under the coordinator's secret, so the database holds no credential (the
- * agent stores only its hash).
+ * agent stores only its hash). Once the host's identity is recorded
+ * (docs/host-identity.md) the token is bound to its identity key's
+ * fingerprint too: the legacy token stops working, and only an agent that
+ * proved the key was ever given the new one.
  */
-export function hostCallToken(secret: Uint8Array, hostId: string): string {
-  return `${PREFIX["host-call"]}_` + createHmac("sha256", secret).update(`host-call:${hostId}`).digest("base64url");
+export function hostCallToken(secret: Uint8Array, hostId: string, identityFingerprint: string | null = null): string {
+  const subject = identityFingerprint === null ? `host-call:${hostId}` : `host-call:${hostId}:${identityFingerprint}`;
+  return `${PREFIX["host-call"]}_` + createHmac("sha256", secret).update(subject).digest("base64url");
 }

@@ -57,3 +57,7 @@ export async function deleteEndedBorrow(tx: Tx, id: string, endedBefore: number)
 export async function listActiveBorrows(tx: Tx, org: string): Promise<BorrowRow[]> {
   return tx.all<BorrowRow>("SELECT * FROM borrows WHERE org = ? AND state = 'active' ORDER BY expires_at, id", [org]);
 }
+
+export async function lockActiveBorrowsOfMachine(tx: Tx, machineId: string): Promise<BorrowRow[]> {
+  return tx.all<BorrowRow>(`SELECT * FROM borrows WHERE machine_id = ? AND state = 'active'${tx.forUpdate}`, [machineId]);
+}

@@ -117,3 +117,7 @@ export async function deleteClosedGrant(tx: Tx, id: string, endedBefore: number)
 export async function listOpenGrants(tx: Tx, org: string): Promise<GrantRow[]> {
   return tx.all<GrantRow>("SELECT * FROM grants WHERE org = ? AND state <> 'closed' ORDER BY expires_at, id", [org]);
 }
+
+export async function lockLiveGrantsOfMachine(tx: Tx, machineId: string): Promise<GrantRow[]> {
+  return tx.all<GrantRow>(`SELECT * FROM grants WHERE machine_id = ? AND state IN ('pending','installing','active')${tx.forUpdate}`, [machineId]);
+}

@@ -1,7 +1,8 @@
 /** The `hosts` table: enrolled agents, their gateway address and slots. */
 import type { Tx } from "./store.js";
+import type { HostIdentityColumns } from "./host-identity.js";
 
-export interface HostRow {
+export interface HostRow extends HostIdentityColumns {
   id: string;
   org: string;
   name: string;
@@ -37,10 +38,11 @@ export async function listHosts(tx: Tx, org: string): Promise<HostRow[]> {
   return tx.all<HostRow>("SELECT * FROM hosts WHERE org = ? ORDER BY name", [org]);
 }
 
-export async function insertHost(tx: Tx, id: string, org: string, name: string, d: HostDescription, now: number): Promise<void> {
+/** A new host; `identityKey` given: recorded straight into identity mode (`active`), else on the shared token (`legacy`). */
+export async function insertHost(tx: Tx, id: string, org: string, name: string, d: HostDescription, now: number, identityKey: string | null = null): Promise<void> {
   await tx.run(
-    "INSERT INTO hosts (id, org, name, url, runtime, vcpu, memory_mb, slots, used_slots, ssh_host, ssh_port, host_key, fingerprint, enrolled_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?)",
-    [id, org, name, d.url, d.runtime, d.capacity.vcpu, d.capacity.memoryMb, d.capacity.slots, d.ssh.host, d.ssh.port, d.ssh.hostKey, d.ssh.fingerprint, now],
+    "INSERT INTO hosts (id, org, name, url, runtime, vcpu, memory_mb, slots, used_slots, ssh_host, ssh_port, host_key, fingerprint, enrolled_at, identity_state, identity_key, identity_since) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
+    [id, org, name, d.url, d.runtime, d.capacity.vcpu, d.capacity.memoryMb, d.capacity.slots, d.ssh.host, d.ssh.port, d.ssh.hostKey, d.ssh.fingerprint, now, identityKey === null ? "legacy" : "active", identityKey, identityKey === null ? null : now],
   );
 }
 
@@ -50,9 +52,15 @@ export async function updateHost(tx: Tx, id: string, d: HostDescription, now: nu
   ]);
 }
 
-/** Takes a slot on the org's least-used host with one free; resolves to its id, or null when every host is full. */
+/**
+ * Takes a slot on the org's least-used host with one free; resolves to its id, or null when every host is full.
+ * A host switching to its identity key takes none (only `legacy` and `active` hosts do).
+ */
 export async function takeHostSlot(tx: Tx, org: string): Promise<string | null> {
-  const host = await tx.get<{ id: string }>(`SELECT id FROM hosts WHERE org = ? AND used_slots < slots ORDER BY used_slots, id LIMIT 1${tx.forUpdate}`, [org]);
+  const host = await tx.get<{ id: string }>(
+    `SELECT id FROM hosts WHERE org = ? AND used_slots < slots AND identity_state IN ('legacy', 'active') ORDER BY used_slots, id LIMIT 1${tx.forUpdate}`,
+    [org],
+  );
   if (!host) return null;
   await tx.run("UPDATE hosts SET used_slots = used_slots + 1 WHERE id = ?", [host.id]);
   return host.id;

@@ -10,6 +10,7 @@ import type { Migration } from "./migrate.js";
 import { ALLOCATIONS_MIGRATION } from "./allocation-schema.js";
 import { UI_SESSIONS_MIGRATION } from "./ui-sessions.js";
 import { NETWORK_MIGRATION } from "./machine-network.js";
+import { HOST_IDENTITY_MIGRATION } from "./host-identity.js";
 
 export const MIGRATIONS: readonly Migration[] = [
   {
@@ -177,6 +178,7 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
 `,
   },
   ALLOCATIONS_MIGRATION,
+  HOST_IDENTITY_MIGRATION,
   NETWORK_MIGRATION,
   UI_SESSIONS_MIGRATION,
 ];

@@ -70,7 +70,7 @@ describe("agent HTTP API", () => {
     assert.equal(r.status, 200);
     assert.deepEqual(
       { ...r.json, version: typeof r.json.version },
-      { hostId: null, name: "http-test", runtime: "process", machines: 0, slots: 3, version: "string", mismatched: 0, unrecorded: 0 },
+      { hostId: null, name: "http-test", runtime: "process", machines: 0, slots: 3, version: "string", mismatched: 0, unrecorded: 0, identity: null },
     );
   });
 

@@ -7,7 +7,11 @@
  *   const a = await h.agent();                          // startAgent in this process (process runtime)
  *   const p = h.spawnAgent({ stateDir: h.dir() });      // `bin/berth agent` as a child (SIGKILL-able)
  *   const g = await h.gateway("gvisor", "m_x");         // runtime + one machine + SSH gateway + a borrow key
- *   const c = await h.enroller();                       // the coordinator's enroll route, played by a small HTTP server
+ *   const c = await h.enroller();                       // the enroll route of a coordinator from before host identity
+ *
+ * Against a real coordinator (test/helpers/cluster.ts, serve.ts) a fresh
+ * agent enrolls straight into host identity mode; the small enroller plays a
+ * coordinator that does not offer it, so agents enroll on the shared token.
  *
  * close() stops in-process agents and gateways, destroys the machines the
  * harness created, kills child agents still running and removes every temp
@@ -235,7 +239,13 @@ export class AgentHarness {
           /* recorded as null */
         }
         e.requests.push({ auth: req.headers.authorization, body });
-        if (req.method !== "POST" || req.url !== "/v1/hosts/enroll" || req.headers.authorization !== `Bearer ${e.token}`) {
+        // A coordinator from before host identity: no challenge route, so agents enroll on the shared token.
+        if (req.url !== "/v1/hosts/enroll") {
+          res.writeHead(404, { "content-type": "application/json" });
+          res.end(JSON.stringify({ error: { code: "not_found", message: "not_found: no such route" } }));
+          return;
+        }
+        if (req.method !== "POST" || req.headers.authorization !== `Bearer ${e.token}`) {
           res.writeHead(401, { "content-type": "application/json" });
           res.end(JSON.stringify({ error: { code: "unauthorized", message: "unauthorized: bad enroll token" } }));
           return;

@@ -2,7 +2,8 @@
  * `berth agent`: the long-running host daemon (see src/agent/agent.ts).
  *
  * Exit codes: 0 stopped by SIGTERM/SIGINT; 1 could not start (the message
- * says why); 2 usage; 3 another agent holds the state directory.
+ * says why); 2 usage; 3 another agent holds the state directory; 4 the state
+ * directory's identity floor needs a newer agent.
  * Secrets never come from argv: the enroll token is read from
  * --enroll-token-file or BERTH_ENROLL_TOKEN.
  */
@@ -42,6 +43,9 @@ export function register(program: Command): void {
         "",
         "One agent per state directory: a second one on the same directory refuses to start.",
         "The enroll token is read from --enroll-token-file or BERTH_ENROLL_TOKEN, never from the command line.",
+        "It is used once: a new host enrolls with its own Ed25519 identity key (identity_ed25519 in the",
+        "state directory), after which the token file is removed and the key alone proves the host",
+        "(docs/host-identity.md).",
       ].join("\n"),
     )
     .option("--state-dir <dir>", "the agent's state directory (store, machines, SSH host key)", defaultStateDir())
@@ -63,7 +67,8 @@ export function register(program: Command): void {
     .addOption(new Option("--log-level <level>", "log level (logs go to stderr)").choices(["debug", "info", "warn", "error"]).default("info"))
     .addHelpText(
       "after",
-      "\nExit codes: 0 stopped by SIGTERM/SIGINT, 1 could not start, 2 usage, 3 another agent holds the state directory.\n" +
+      "\nExit codes: 0 stopped by SIGTERM/SIGINT, 1 could not start, 2 usage, 3 another agent holds the state directory,\n" +
+        "4 the state directory switched to host identity and needs a newer agent.\n" +
         "Once ready it prints one line to stdout: `berth agent ready api=URL ssh=HOST:PORT host=ID runtime=KIND`.",
     )
     .action(async (o: {
@@ -95,18 +100,21 @@ export function register(program: Command): void {
       process.once("SIGTERM", () => onSignal("SIGTERM"));
       process.once("SIGINT", () => onSignal("SIGINT"));
       // Loaded only here: every other command starts without the agent.
-      const [{ startAgent }, { readEnrollToken }, { AgentLockedError }] = await Promise.all([
+      const [{ startAgent }, { readEnrollToken }, { AgentLockedError }, { FloorRefusedError }] = await Promise.all([
         import("../../agent/agent.js"),
         import("../../agent/enroll.js"),
         import("../../agent/store.js"),
+        import("../../agent/identity/floor.js"),
       ]);
       let agent: Awaited<ReturnType<typeof startAgent>>;
       try {
-        const enrollToken = o.coordinator !== undefined ? readEnrollToken(o.enrollTokenFile, process.env) : null;
+        // The file is read by the agent only if it needs the token: a host on its identity key removed it.
+        const enrollToken = o.coordinator !== undefined && o.enrollTokenFile === undefined ? readEnrollToken(undefined, process.env) : null;
         agent = await startAgent({
           stateDir: o.stateDir,
           coordinatorUrl: o.coordinator,
           enrollToken: enrollToken ?? undefined,
+          enrollTokenFile: o.coordinator !== undefined ? o.enrollTokenFile : undefined,
           listen: o.listen,
           sshListen: o.sshListen,
           advertiseHost: o.advertiseHost,
@@ -121,7 +129,7 @@ export function register(program: Command): void {
       } catch (e) {
         const msg = e instanceof Error ? e.message : String(e);
         process.stderr.write(`berth agent: ${msg}\n`);
-        process.exit(e instanceof AgentLockedError ? 3 : 1);
+        process.exit(e instanceof AgentLockedError ? 3 : e instanceof FloorRefusedError ? 4 : 1);
       }
       await new Promise<void>((resolve) => {
         onSignal = (signal) => {

@@ -1,4 +1,5 @@
 /** API shapes of stored records: camelCase, no hashes, no internal columns. */
+import { identityFingerprint } from "../../core/host-identity.js";
 import type { PoolRecord } from "../../core/pool.js";
 import { policyFingerprint } from "../../core/network-policy.js";
 import { evidenceSummary, type ReadinessEvidence } from "../../core/network-evidence.js";
@@ -61,5 +62,13 @@ export function presentHost(h: HostRow) {
     usedSlots: h.used_slots,
     ssh: { host: h.ssh_host, port: h.ssh_port, fingerprint: h.fingerprint },
     enrolledAt: h.enrolled_at,
+    identity: {
+      state: h.identity_state,
+      keyFingerprint: h.identity_key ? identityFingerprint(h.identity_key) : h.pending_identity_key ? identityFingerprint(h.pending_identity_key) : null,
+      since: h.identity_since,
+      agentStep: h.agent_step,
+      owedReports: h.owed_reports,
+      agentVersion: h.agent_version,
+    },
   };
 }

@@ -22,6 +22,7 @@ import { BerthError } from "../../core/errors.js";
 import type { PortableApi } from "../actions/portable-api.js";
 import { registerAllocationRoutes } from "./allocation-routes.js";
 import type { AllocationAgent } from "../allocation-agent.js";
+import { registerHostRoutes } from "./host-routes.js";
 
 export interface RouteDeps {
   ctx: Ctx;
@@ -104,5 +105,6 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
   });
   app.get("/v1/hosts", auth(), async (req) => ({ hosts: (await listHosts(ctx, req.auth)).map(presentHost) }));
   app.post("/v1/hosts/enroll", { ...auth(), body: enrollSchema }, async (req) => enrollHost(ctx, req.auth, req.body, d.secret));
+  registerHostRoutes(app, { ctx, secret: d.secret, auth });
   registerAllocationRoutes(app, { ctx: { ...ctx, onRefusal: (reason) => ctx.metrics.allocationRefusals.inc({ reason }) }, auth, ...(d.allocationAgent ? { agent: d.allocationAgent } : {}) });
 }

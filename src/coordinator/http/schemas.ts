@@ -56,13 +56,34 @@ export const reportSchema = z.strictObject({
   scrubMs: z.number().min(0).max(3_600_000).optional(),
 });
 
-export const enrollSchema = z.strictObject({
-  name: id,
+const hostDescription = {
   url: z.string().url().max(500),
   runtime: z.enum(["process", "gvisor"]),
   capacity: z.strictObject({ vcpu: int(1, 4096), memoryMb: int(64, 64 * 1024 * 1024), slots: int(0, 10_000) }),
   ssh: z.strictObject({ host: text(255), port: int(1, 65535), hostKey: text(2000), fingerprint: text(200) }),
+};
+
+/** An identity proof (docs/host-identity.md): base64 SPKI public key, the coordinator's challenge, base64 signature. */
+const identityProof = z.strictObject({ publicKey: text(200), challenge: text(256), signature: text(200) });
+
+export const enrollSchema = z.strictObject({
+  name: id,
+  ...hostDescription,
+  identity: identityProof.optional(),
 });
+
+export const hostSessionSchema = z.strictObject({ hostId: id, challenge: text(256), signature: text(200) });
+export const hostDescribeSchema = z.strictObject({
+  description: z.strictObject(hostDescription),
+  step: z.enum(["legacy", "local", "cloud", "active"]),
+  owed: int(0, 1_000_000),
+  version: text(64),
+});
+export const hostActiveSchema = z.strictObject({ version: text(64) });
+export const stoppedReportsSchema = z.strictObject({
+  reports: z.array(z.strictObject({ machineId: id, generation: int(0, Number.MAX_SAFE_INTEGER) })).max(10_000),
+});
+export const activateSchema = z.strictObject({ force: z.boolean().default(false) });
 
 export { id as idSchema };
 

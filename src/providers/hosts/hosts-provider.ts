@@ -9,10 +9,9 @@
  * executor retries with the same id to learn the outcome. A reply whose
  * result does not match the contract proves nothing: ambiguous too.
  */
-import { request } from "undici";
 import type { OperationOutcome, OperationRequest, Provider, ProviderCapabilities } from "../provider.js";
 import type { HostRow } from "../../store/hosts.js";
-import { hostCallToken } from "../../core/tokens.js";
+import { callAgent, type AgentReply } from "./agent-call.js";
 import { parseOperationResult, type InstallKeyArgs, type OperationKind, type OperationRequestBody, type OperationResults } from "../../protocol/operations.js";
 
 export interface HostsProviderDeps {
@@ -26,7 +25,6 @@ export interface HostsProviderDeps {
 
 const CAPABILITIES: ProviderCapabilities = { provision: true, installKey: true, revokeKey: true, fence: true, scrub: true, destroy: true, observeIdentity: true };
 
-type AgentReply = { status: number; body: { result?: unknown; error?: { code: string; message: string } } };
 
 /** One agent call's outcome, its result typed by the contract. */
 type Answer<K extends OperationKind> = { kind: "done"; result: OperationResults[K] } | Exclude<OperationOutcome, { kind: "done" }>;
@@ -37,21 +35,8 @@ export class HostsProvider implements Provider {
   constructor(private readonly deps: HostsProviderDeps) {}
 
   async #call<K extends OperationKind>(host: HostRow, body: OperationRequestBody & { kind: K }): Promise<Answer<K>> {
-    const r = await request(`${host.url}/v1/agent/ops`, {
-      method: "POST",
-      headers: { "content-type": "application/json", authorization: `Bearer ${hostCallToken(this.deps.secret, host.id)}` },
-      body: JSON.stringify(body),
-      headersTimeout: this.deps.timeoutMs ?? 60_000,
-      bodyTimeout: this.deps.timeoutMs ?? 60_000,
-    });
-    const text = await r.body.text();
-    let parsed: AgentReply["body"] = {};
-    try {
-      parsed = JSON.parse(text) as AgentReply["body"];
-    } catch {
-      parsed = { error: { code: "bad_reply", message: `agent answered ${r.statusCode} with a body that is not JSON` } };
-    }
-    return answerOf(body.kind, { status: r.statusCode, body: parsed });
+    const r = await callAgent(this.deps.secret, host, "POST", "/v1/agent/ops", body, this.deps.timeoutMs ?? 60_000);
+    return answerOf(body.kind, r);
   }
 
   /**
@@ -62,19 +47,8 @@ export class HostsProvider implements Provider {
   async agentCall(hostId: string, method: "GET" | "POST", path: string, body?: unknown): Promise<{ status: number; body: unknown }> {
     const host = await this.deps.host(hostId);
     if (!host) return { status: 404, body: { error: { code: "not_found", message: `host ${hostId} is not enrolled` } } };
-    const r = await request(`${host.url}${path}`, {
-      method,
-      headers: { "content-type": "application/json", authorization: `Bearer ${hostCallToken(this.deps.secret, host.id)}` },
-      ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
-      headersTimeout: this.deps.timeoutMs ?? 60_000,
-      bodyTimeout: this.deps.timeoutMs ?? 60_000,
-    });
-    const text = await r.body.text();
-    try {
-      return { status: r.statusCode, body: JSON.parse(text) as unknown };
-    } catch {
-      return { status: r.statusCode, body: { error: { code: "bad_reply", message: `agent answered ${r.statusCode} with a body that is not JSON` } } };
-    }
+    const r = await callAgent(this.deps.secret, host, method, path, body, this.deps.timeoutMs ?? 60_000);
+    return { status: r.status, body: r.body };
   }
 
   async run(op: OperationRequest): Promise<OperationOutcome> {

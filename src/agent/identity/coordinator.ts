@@ -1,0 +1,152 @@
+/**
+ * The agent's calls to the coordinator once it has an identity
+ * (docs/host-identity.md, docs/api.md):
+ *
+ *   POST /v1/hosts/challenge            {}                        -> {challenge, expiresAt}
+ *   POST /v1/hosts/session              {hostId, challenge, signature}
+ *                                                                 -> {credential, expiresAt}
+ *   POST /v1/hosts/self/commit          (credential)              -> {hostCallToken}
+ *   POST /v1/hosts/self/describe        (credential) {description, step, owed, version}
+ *                                                                 -> {hostId, hostCallToken}
+ *   POST /v1/hosts/self/active          (credential) {version}    -> {state}
+ *   POST /v1/hosts/self/stopped         (credential) {reports}    -> {moot: [{machineId, generation}]}
+ *
+ * Every call after the session carries the short-lived host credential the
+ * coordinator issued against a fresh signed challenge; it is renewed before
+ * it expires (a third of its life left) and held only in memory. Nothing
+ * here logs or returns the credential.
+ */
+import type { StoppedReport } from "../../core/host-identity.js";
+import type { EnrollRequest } from "../enroll.js";
+import type { IdentityKey } from "./key.js";
+
+/** A refusal (4xx) with the coordinator's stable code. */
+export class CoordinatorRefusal extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+  ) {
+    super(message);
+    this.name = "CoordinatorRefusal";
+  }
+}
+
+export interface IdentityClientDeps {
+  coordinatorUrl: string;
+  key: IdentityKey;
+  /** The host id the coordinator knows this agent by (null before the first enrollment). */
+  hostId: () => string | null;
+  now: () => number;
+  timeoutMs?: number;
+}
+
+export class IdentityClient {
+  readonly #d: IdentityClientDeps;
+  #credential: { value: string; issuedAt: number; expiresAt: number } | null = null;
+
+  constructor(deps: IdentityClientDeps) {
+    this.#d = deps;
+  }
+
+  /** A credential valid for a while yet: the held one, or a new one against a fresh proof. */
+  async credential(): Promise<string> {
+    const now = this.#d.now();
+    const c = this.#credential;
+    if (c !== null && now < c.expiresAt - (c.expiresAt - c.issuedAt) / 3) return c.value;
+    return this.renew();
+  }
+
+  /** Proves the key again and takes a new credential. */
+  async renew(): Promise<string> {
+    const hostId = this.#d.hostId();
+    if (hostId === null) throw new Error("this agent has no host id yet: it has never enrolled");
+    const { challenge } = await this.challenge();
+    const got = await this.#post<{ credential: string; expiresAt: number }>("/v1/hosts/session", null, {
+      hostId,
+      challenge,
+      signature: this.#d.key.prove("session", hostId, challenge),
+    });
+    if (typeof got.credential !== "string" || typeof got.expiresAt !== "number") throw new Error("the coordinator's session answer is not {credential, expiresAt}");
+    this.#credential = { value: got.credential, issuedAt: this.#d.now(), expiresAt: got.expiresAt };
+    return got.credential;
+  }
+
+  /** Forgets the held credential (a call refused it). */
+  forget(): void {
+    this.#credential = null;
+  }
+
+  get credentialExpiresAt(): number | null {
+    return this.#credential?.expiresAt ?? null;
+  }
+
+  async challenge(): Promise<{ challenge: string; expiresAt: number }> {
+    return this.#post("/v1/hosts/challenge", null, {});
+  }
+
+  /** The identity proof an enrollment carries. */
+  async enrollProof(name: string): Promise<{ publicKey: string; challenge: string; signature: string }> {
+    const { challenge } = await this.challenge();
+    return { publicKey: this.#d.key.publicKey, challenge, signature: this.#d.key.prove("enroll", name, challenge) };
+  }
+
+  async commit(): Promise<{ hostCallToken: string }> {
+    return this.#self("/v1/hosts/self/commit", {});
+  }
+
+  async describe(body: { description: Omit<EnrollRequest, "name">; step: string; owed: number; version: string }): Promise<{ hostId: string; hostCallToken: string }> {
+    return this.#self("/v1/hosts/self/describe", body);
+  }
+
+  async active(version: string): Promise<{ state: string }> {
+    return this.#self("/v1/hosts/self/active", { version });
+  }
+
+  async stopped(reports: StoppedReport[]): Promise<{ moot: StoppedReport[] }> {
+    return this.#self("/v1/hosts/self/stopped", { reports });
+  }
+
+  /** A call with the credential; a 401 drops it and proves the key once more. */
+  async #self<T>(path: string, body: unknown): Promise<T> {
+    try {
+      return await this.#post<T>(path, await this.credential(), body);
+    } catch (e) {
+      if (!(e instanceof CoordinatorRefusal) || e.status !== 401) throw e;
+      this.forget();
+      return this.#post<T>(path, await this.credential(), body);
+    }
+  }
+
+  async #post<T>(path: string, bearer: string | null, body: unknown): Promise<T> {
+    const url = new URL(path, this.#d.coordinatorUrl);
+    const headers: Record<string, string> = { "content-type": "application/json" };
+    if (bearer !== null) headers.authorization = `Bearer ${bearer}`;
+    let res: Response;
+    try {
+      res = await fetch(url, { method: "POST", headers, body: JSON.stringify(body), signal: AbortSignal.timeout(this.#d.timeoutMs ?? 15_000) });
+    } catch (e) {
+      throw new Error(`the coordinator at ${url.origin} did not answer ${path} (${(e as Error).cause ? String((e as { cause: unknown }).cause) : (e as Error).message})`);
+    }
+    const text = await res.text();
+    if (!res.ok) {
+      let code = `http_${res.status}`;
+      let message = text.slice(0, 300);
+      try {
+        const j = JSON.parse(text) as { error?: { code?: unknown; message?: unknown } };
+        if (typeof j.error?.code === "string") code = j.error.code;
+        if (typeof j.error?.message === "string") message = j.error.message;
+      } catch {
+        /* not JSON */
+      }
+      const what = `the coordinator refused ${path} (${res.status} ${code}): ${message}`;
+      if (res.status >= 400 && res.status < 500) throw new CoordinatorRefusal(res.status, code, what);
+      throw new Error(what);
+    }
+    try {
+      return JSON.parse(text) as T;
+    } catch {
+      throw new Error(`the coordinator's answer to ${path} is not JSON`);
+    }
+  }
+}

@@ -1,0 +1,122 @@
+/**
+ * `berth host ls | activate` (docs/host-identity.md): the enrolled hosts with
+ * their credential state, and the one-way switch of a host (or all) from the
+ * shared enroll token to its own identity key.
+ *
+ * Exit codes: 0 ok; 1 refused (host_busy: lent machines, use --force);
+ * 2 usage; 69 the agent could not be reached.
+ */
+import type { Command } from "commander";
+import { BerthError } from "../../core/errors.js";
+import { clientFrom, durationArg, iso, printJson, printTable, runCommand } from "../common.js";
+import type { Api } from "../api.js";
+
+interface HostView {
+  id: string;
+  name: string;
+  url: string;
+  runtime: string;
+  capacity: { vcpu: number; memoryMb: number; slots: number };
+  usedSlots: number;
+  identity: { state: string; keyFingerprint: string | null; since: number | null; agentStep: string | null; owedReports: number; agentVersion: string | null };
+}
+
+interface Activated {
+  host: string;
+  hostId: string;
+  state: string;
+  machines: number;
+  endedBorrows: number;
+}
+
+function clientOpts(c: Command): Command {
+  return c.option("--url <url>", "coordinator URL (or BERTH_URL)").option("--token-file <file>", "API token file (or BERTH_TOKEN_FILE)").option("--config <file>", "client config file").option("--json", "print JSON", false);
+}
+
+async function listHosts(api: Api): Promise<HostView[]> {
+  return (await api.call<{ hosts: HostView[] }>("GET", "/v1/hosts")).hosts;
+}
+
+async function waitActive(api: Api, names: string[], timeoutMs: number, say: (s: string) => void): Promise<HostView[]> {
+  const deadline = Date.now() + timeoutMs;
+  let last = "";
+  for (;;) {
+    const hosts = (await listHosts(api)).filter((h) => names.includes(h.name));
+    const line = hosts.map((h) => `${h.name}: ${h.identity.state}${h.identity.owedReports ? ` (${h.identity.owedReports} report(s) owed)` : ""}`).join(", ");
+    if (line !== last) say(line);
+    last = line;
+    if (hosts.every((h) => h.identity.state === "active")) return hosts;
+    if (Date.now() >= deadline) throw new BerthError("operation_failed", `operation_failed: not every host was active before the wait ran out (${line}); see \`berth host ls\` and the agents' logs`);
+    await new Promise((r) => setTimeout(r, 250));
+  }
+}
+
+export function register(program: Command): void {
+  const host = program.command("host").description("Enrolled hosts: credential state, and the switch to per-host identity keys");
+
+  clientOpts(host.command("ls").description("List hosts: credential state, switch step, owed reports, agent version")).action(
+    (o: { json: boolean; url?: string; tokenFile?: string; config?: string }) =>
+      runCommand(async () => {
+        const { api } = clientFrom(o);
+        try {
+          const hosts = await listHosts(api);
+          if (o.json) printJson(hosts);
+          else
+            printTable(
+              ["NAME", "ID", "CREDENTIAL", "STEP", "OWED", "AGENT", "SLOTS", "KEY", "SINCE"],
+              hosts.map((h) => [h.name, h.id, h.identity.state === "legacy" ? "enroll-token" : `key (${h.identity.state})`, h.identity.agentStep, h.identity.owedReports, h.identity.agentVersion, `${h.usedSlots}/${h.capacity.slots}`, h.identity.keyFingerprint, iso(h.identity.since)]),
+            );
+          return 0;
+        } finally {
+          await api.close();
+        }
+      }),
+  );
+
+  clientOpts(
+    host
+      .command("activate")
+      .summary("Switch a host (or every host) from the shared enroll token to its own identity key")
+      .description(
+        "Switch a host (or every host) from the shared enroll token to its own identity key. One way: the agent " +
+          "retires every sandbox (new ones replace them once it is active) and removes its token file, and the enroll " +
+          "token is refused for the host's name from then on (host_activated). A host that lends a machine is refused " +
+          "(host_busy) unless --force, which ends those borrows (their sessions are cut) with the reason host_activated.",
+      )
+      .argument("[host]", "host name (see `berth host ls`)")
+      .option("--all", "every host still on the enroll token", false)
+      .option("--force", "end the borrows of lent machines instead of refusing", false)
+      .option("--wait", "wait until the hosts are active", false)
+      .option("--timeout <duration>", "how long --wait waits", durationArg("--timeout"), 120_000),
+  ).action((name: string | undefined, o: { all: boolean; force: boolean; wait: boolean; timeout: number; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
+    runCommand(async () => {
+      if ((name === undefined) === !o.all) {
+        process.stderr.write("berth: give one host name or --all (see `berth host activate --help`)\n");
+        return 2;
+      }
+      const { api } = clientFrom(o);
+      try {
+        const names = o.all ? (await listHosts(api)).filter((h) => h.identity.state !== "active").map((h) => h.name) : [name!];
+        const results: Activated[] = [];
+        let failed: unknown = null;
+        for (const n of names) {
+          try {
+            const r = await api.call<Activated>("POST", `/v1/hosts/${encodeURIComponent(n)}/activate`, { force: o.force });
+            results.push(r);
+            if (!o.json) process.stdout.write(`host ${r.host}: ${r.state}; ${r.machines} machine(s) to retire${r.endedBorrows ? `, ${r.endedBorrows} borrow(s) ended` : ""}\n`);
+          } catch (e) {
+            failed ??= e;
+            if (o.all) process.stderr.write(`berth: host ${n}: ${(e as Error).message}\n`);
+          }
+        }
+        let hosts: HostView[] | null = null;
+        if (o.wait && results.length > 0) hosts = await waitActive(api, results.map((r) => r.host), o.timeout, (s) => process.stderr.write(s + "\n"));
+        if (o.json) printJson({ activated: results, hosts });
+        if (failed !== null) throw failed;
+        return 0;
+      } finally {
+        await api.close();
+      }
+    }),
+  );
+}

@@ -1,0 +1,35 @@
+/**
+ * Host identity routes (docs/host-identity.md, docs/api.md):
+ *
+ *   POST /v1/hosts/challenge          (no auth) -> {challenge, expiresAt}
+ *   POST /v1/hosts/session            (no auth; a signed challenge) -> {credential, expiresAt}
+ *   POST /v1/hosts/self/commit        (host credential) -> {hostCallToken}
+ *   POST /v1/hosts/self/active        (host credential) -> {state}
+ *   POST /v1/hosts/self/describe      (host credential) -> {hostId, hostCallToken}
+ *   POST /v1/hosts/self/stopped       (host credential) -> {moot}
+ *   POST /v1/hosts/{host}/activate    (operator) {force} -> {host, hostId, state, machines, endedBorrows}
+ *
+ * The host credential is checked before the body is read, like API tokens.
+ */
+import type { IncomingMessage } from "node:http";
+import type { HttpServer } from "../../http/server.js";
+import type { Principal, Role } from "../auth.js";
+import type { Ctx } from "../context.js";
+import { activateHost, authenticateHost, commitHost, describeHost, hostActive, issueChallenge, openSession, takeStoppedReports } from "../actions/host-identity.js";
+import { activateSchema, hostActiveSchema, hostDescribeSchema, hostSessionSchema, stoppedReportsSchema } from "./schemas.js";
+import { z } from "zod";
+
+export function registerHostRoutes(
+  app: HttpServer,
+  d: { ctx: Ctx; secret: Uint8Array; auth: (role?: Role) => { auth: (req: IncomingMessage) => Promise<Principal> } },
+): void {
+  const { ctx, secret } = d;
+  const host = { auth: (req: IncomingMessage) => authenticateHost(ctx, req.headers.authorization) };
+  app.post("/v1/hosts/challenge", { body: z.strictObject({}) }, async () => issueChallenge(ctx, secret));
+  app.post("/v1/hosts/session", { body: hostSessionSchema }, async (req) => openSession(ctx, secret, req.body));
+  app.post("/v1/hosts/self/commit", { ...host, body: z.strictObject({}) }, async (req) => commitHost(ctx, req.auth, secret));
+  app.post("/v1/hosts/self/active", { ...host, body: hostActiveSchema }, async (req) => hostActive(ctx, req.auth, req.body.version));
+  app.post("/v1/hosts/self/describe", { ...host, body: hostDescribeSchema }, async (req) => describeHost(ctx, req.auth, secret, req.body));
+  app.post("/v1/hosts/self/stopped", { ...host, body: stoppedReportsSchema }, async (req) => takeStoppedReports(ctx, req.auth, req.body.reports));
+  app.post("/v1/hosts/:host/activate", { ...d.auth("operator"), body: activateSchema }, async (req) => activateHost(ctx, req.auth, req.params.host!, req.body.force, secret));
+}

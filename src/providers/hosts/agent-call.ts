@@ -1,0 +1,42 @@
+/**
+ * The coordinator's calls to an enrolled agent: the token it presents (the
+ * host-call token, bound to the host's identity key once the floor is
+ * recorded; docs/host-identity.md) and one JSON request.
+ */
+import { request } from "undici";
+import { floorRecorded, identityFingerprint, type HostIdentityState } from "../../core/host-identity.js";
+import { hostCallToken } from "../../core/tokens.js";
+
+export interface AgentAddress {
+  id: string;
+  url: string;
+  identity_state: HostIdentityState;
+  identity_key: string | null;
+}
+
+/** The token this coordinator presents to the host now. */
+export function callTokenFor(secret: Uint8Array, host: AgentAddress): string {
+  const bound = floorRecorded(host.identity_state) && host.identity_key !== null ? identityFingerprint(host.identity_key) : null;
+  return hostCallToken(secret, host.id, bound);
+}
+
+export interface AgentReply {
+  status: number;
+  body: { result?: unknown; error?: { code: string; message: string }; [k: string]: unknown };
+}
+
+export async function callAgent(secret: Uint8Array, host: AgentAddress, method: "GET" | "POST", path: string, body: unknown, timeoutMs: number): Promise<AgentReply> {
+  const r = await request(`${host.url}${path}`, {
+    method,
+    headers: { "content-type": "application/json", authorization: `Bearer ${callTokenFor(secret, host)}` },
+    ...(method === "POST" ? { body: JSON.stringify(body) } : {}),
+    headersTimeout: timeoutMs,
+    bodyTimeout: timeoutMs,
+  });
+  const text = await r.body.text();
+  try {
+    return { status: r.statusCode, body: JSON.parse(text) as AgentReply["body"] };
+  } catch {
+    return { status: r.statusCode, body: { error: { code: "bad_reply", message: `agent answered ${r.statusCode} with a body that is not JSON` } } };
+  }
+}
