@@ -1,10 +1,11 @@
 /**
  * Schema of allocations (migration 3): owner budgets, host capacity
  * accounts, allocations with their immutable placement plan, launch actor
- * records, launches (the public key to install, what the agent proved at
- * launch and at release), and the allocation ledger (every reservation, refund, budget and
+ * records, and the allocation ledger (every reservation, refund, budget and
  * host-account change, in commit order per owner and per host, so an audit
- * can replay the history and check no instant was over a limit).
+ * can replay the history and check no instant was over a limit). Migration 7:
+ * launches (the public key to install, what the agent proved at launch and at
+ * release).
  */
 import type { Migration } from "./migrate.js";
 
@@ -78,6 +79,14 @@ CREATE TABLE allocation_ledger (
   actor TEXT NOT NULL
 );
 CREATE INDEX allocation_ledger_alloc ON allocation_ledger (allocation_id, seq);
+`,
+};
+
+/** Launches of allocations on their agents (added after migration 3 shipped, so a migration of its own). */
+export const ALLOCATION_LAUNCHES_MIGRATION: Migration = {
+  version: 7,
+  name: "allocation launches",
+  sql: `
 CREATE TABLE allocation_launches (
   allocation_id TEXT PRIMARY KEY,
   public_key TEXT NOT NULL,

@@ -7,7 +7,7 @@
  * both registration paths refuse a resource that is live under the other.
  */
 import type { Migration } from "./migrate.js";
-import { ALLOCATIONS_MIGRATION } from "./allocation-schema.js";
+import { ALLOCATIONS_MIGRATION, ALLOCATION_LAUNCHES_MIGRATION } from "./allocation-schema.js";
 import { UI_SESSIONS_MIGRATION } from "./ui-sessions.js";
 import { NETWORK_MIGRATION } from "./machine-network.js";
 import { HOST_IDENTITY_MIGRATION } from "./host-identity.js";
@@ -181,4 +181,5 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
   HOST_IDENTITY_MIGRATION,
   NETWORK_MIGRATION,
   UI_SESSIONS_MIGRATION,
+  ALLOCATION_LAUNCHES_MIGRATION,
 ];
