@@ -34,8 +34,18 @@ export function hostAccountFromRow(r: HostAccountRow): HostAccount & { org: stri
   };
 }
 
+/**
+ * A host in the middle of its identity switch (docs/host-identity.md: from
+ * prepare until it is active) takes no new allocation: its account reads as
+ * `not_ready` while its recorded standing is `ready` (an operator's own
+ * standing is kept as it is).
+ */
+const SWITCHING = "EXISTS (SELECT 1 FROM hosts h WHERE h.id = a.host_id AND h.identity_state NOT IN ('legacy', 'active'))";
+const ACCOUNT_COLUMNS = `a.host_id, a.org, a.name, CASE WHEN a.standing = 'ready' AND ${SWITCHING} THEN 'not_ready' ELSE a.standing END AS standing,
+  a.vcpu, a.memory_mib, a.slots, a.used_vcpu, a.used_memory_mib, a.used_slots, a.standing_since`;
+
 export async function listHostAccounts(tx: Tx, org: string): Promise<HostAccount[]> {
-  return (await tx.all<HostAccountRow>("SELECT * FROM host_accounts WHERE org = ? ORDER BY host_id", [org])).map(hostAccountFromRow);
+  return (await tx.all<HostAccountRow>(`SELECT ${ACCOUNT_COLUMNS} FROM host_accounts a WHERE a.org = ? ORDER BY a.host_id`, [org])).map(hostAccountFromRow);
 }
 
 /**
@@ -46,7 +56,7 @@ export async function listHostAccounts(tx: Tx, org: string): Promise<HostAccount
 export async function candidateHostAccounts(tx: Tx, org: string, need: { vcpu: number; memoryMib: number }, strategy: Strategy, limit: number): Promise<HostAccount[]> {
   const order = strategy === "spread" ? "memory_mib - used_memory_mib DESC, vcpu - used_vcpu DESC, slots - used_slots DESC, host_id" : "memory_mib - used_memory_mib, vcpu - used_vcpu, host_id";
   const rows = await tx.all<HostAccountRow>(
-    `SELECT * FROM host_accounts WHERE org = ? AND standing = 'ready' AND vcpu - used_vcpu >= ? AND memory_mib - used_memory_mib >= ? AND slots - used_slots >= 1 ORDER BY ${order} LIMIT ?`,
+    `SELECT * FROM host_accounts a WHERE org = ? AND standing = 'ready' AND NOT ${SWITCHING} AND vcpu - used_vcpu >= ? AND memory_mib - used_memory_mib >= ? AND slots - used_slots >= 1 ORDER BY ${order} LIMIT ?`,
     [org, need.vcpu, need.memoryMib, limit],
   );
   return rows.map(hostAccountFromRow);

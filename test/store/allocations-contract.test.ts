@@ -12,6 +12,7 @@ import { createToken } from "../../src/coordinator/auth.js";
 import { createAllocation, type AllocCtx, type CreateInput } from "../../src/coordinator/actions/allocation-create.js";
 import { releaseAllocation, onAllocationExpiryDue } from "../../src/coordinator/actions/allocation-release.js";
 import { accountEnrolledHost, changeHostStanding, setOwnerBudget } from "../../src/coordinator/actions/alloc-owners.js";
+import { insertHost } from "../../src/store/hosts.js";
 import { planAllocation, showAllocation } from "../../src/coordinator/actions/allocation-read.js";
 import { readLedger, type LedgerEntry } from "../../src/store/allocation-ledger.js";
 import { DEFAULT_SIZES } from "../../src/core/allocation-sizes.js";
@@ -258,7 +259,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("placement never chooses a draining, withdrawn or not-ready host; the refusal names every host's reason", async () => {
+    test("placement never chooses a draining, withdrawn, not-ready or identity-switching host; the refusal names every host's reason", async () => {
       const w = await world(engine);
       try {
         const owner = await w.owner({ vcpu: 64, memoryMib: 65536, count: 20 });
@@ -276,6 +277,15 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         assert.deepEqual(plan.decision.verdicts.map((v) => (v.fits ? "fits" : v.reason)), ["host is withdrawn", "host is not ready", "vcpu: 1/1 free, small needs 2"]);
         assert.deepEqual(plan.budget, { admitted: true, fits: true, message: null });
         await changeHostStanding(w.ctx, ORG, b, "ready");
+        // A host in the middle of its identity switch reads as not ready and is never chosen.
+        await w.store.transaction((tx) =>
+          insertHost(tx, b, ORG, "b", { url: "http://127.0.0.1:9", runtime: "process", capacity: { vcpu: 8, memoryMb: 16384, slots: 4 }, ssh: { host: "127.0.0.1", port: 9, hostKey: "k", fingerprint: "f" } }, w.clock.now()),
+        );
+        await w.store.transaction((tx) => tx.run("UPDATE hosts SET identity_state = 'prepared' WHERE id = ?", [b]));
+        assert.equal((await refusal(createAllocation(w.ctx, ORG, owner, req("x")))).code, "no_capacity");
+        const switching = await planAllocation(w.ctx, { org: ORG, principal: owner, operator: false }, "small", "binpack");
+        assert.deepEqual(switching.decision.verdicts.map((v) => (v.fits ? "fits" : v.reason)), ["host is withdrawn", "host is not ready", "vcpu: 1/1 free, small needs 2"]);
+        await w.store.transaction((tx) => tx.run("UPDATE hosts SET identity_state = 'active' WHERE id = ?", [b]));
         const ok = await createAllocation(w.ctx, ORG, owner, req("x"));
         assert.equal(ok.allocation.hostId, b);
         assert.equal(c.length > 0, true);
