@@ -4,7 +4,8 @@
  * them (process runtime, room for a few `small` allocations), an admin token
  * admitted as an owner, and readers of the durable state: the coordinator's
  * store and the agent's holds (through the agent's own API, with the
- * host-call token the coordinator derives).
+ * host-call token the coordinator derives: bound to the host's identity key
+ * once it has one, docs/host-identity.md).
  */
 import { randomBytes } from "node:crypto";
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
@@ -12,7 +13,7 @@ import { join } from "node:path";
 import { request } from "undici";
 import { Api } from "../../src/cli/api.js";
 import { createToken } from "../../src/coordinator/auth.js";
-import { hostCallToken } from "../../src/core/tokens.js";
+import { callTokenFor, type AgentAddress } from "../../src/providers/hosts/agent-call.js";
 import type { PostgresStore } from "../../src/store/postgres/postgres-store.js";
 import type { Store } from "../../src/store/store.js";
 import { AgentHarness, type SpawnedAgent } from "./agent.js";
@@ -94,25 +95,30 @@ export class AllocRig {
     return new Api(c.url, this.token);
   }
 
-  /** The agent's holds, from its own API (the coordinator's host-call token, derived from the shared secret). */
-  async holds(): Promise<Hold[]> {
+  /** The token the coordinator presents to the agent now (from the shared secret and the host's record). */
+  async #callToken(): Promise<string> {
     const secret = Buffer.from(readFileSync(join(this.loc.dir, "coordinator.secret"), "utf8").trim(), "base64");
-    const r = await request(`${this.agentUrl}/v1/agent/holds`, { headers: { authorization: `Bearer ${hostCallToken(secret, this.hostId)}` } });
+    const host = await this.store.transaction((tx) => tx.get<AgentAddress>("SELECT id, url, identity_state, identity_key FROM hosts WHERE id = ?", [this.hostId]));
+    if (!host) throw new Error(`host ${this.hostId} is not enrolled`);
+    return callTokenFor(secret, host);
+  }
+
+  /** The agent's holds, from its own API (the coordinator's host-call token). */
+  async holds(): Promise<Hold[]> {
+    const r = await request(`${this.agentUrl}/v1/agent/holds`, { headers: { authorization: `Bearer ${await this.#callToken()}` } });
     const body = (await r.body.json()) as { holds: Hold[] };
     return body.holds;
   }
 
   /** A GET on the agent's API as the coordinator would make it. */
   async agentGet(path: string): Promise<{ status: number; body: unknown }> {
-    const secret = Buffer.from(readFileSync(join(this.loc.dir, "coordinator.secret"), "utf8").trim(), "base64");
-    const r = await request(`${this.agentUrl}${path}`, { headers: { authorization: `Bearer ${hostCallToken(secret, this.hostId)}` } });
+    const r = await request(`${this.agentUrl}${path}`, { headers: { authorization: `Bearer ${await this.#callToken()}` } });
     return { status: r.statusCode, body: await r.body.json() };
   }
 
   /** Calls an agent operation as a (late) coordinator would. */
   async agentOp(body: unknown): Promise<{ status: number; body: { error?: { code: string } } }> {
-    const secret = Buffer.from(readFileSync(join(this.loc.dir, "coordinator.secret"), "utf8").trim(), "base64");
-    const r = await request(`${this.agentUrl}/v1/agent/ops`, { method: "POST", headers: { "content-type": "application/json", authorization: `Bearer ${hostCallToken(secret, this.hostId)}` }, body: JSON.stringify(body) });
+    const r = await request(`${this.agentUrl}/v1/agent/ops`, { method: "POST", headers: { "content-type": "application/json", authorization: `Bearer ${await this.#callToken()}` }, body: JSON.stringify(body) });
     return { status: r.statusCode, body: (await r.body.json()) as { error?: { code: string } } };
   }
 
