@@ -8,7 +8,7 @@
  * once it has one, docs/host-identity.md).
  */
 import { randomBytes } from "node:crypto";
-import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { request } from "undici";
 import { Api } from "../../src/cli/api.js";
@@ -151,6 +151,15 @@ export class AllocRig {
   async close(): Promise<void> {
     for (const c of this.coordinators) await c.kill("SIGKILL").catch(() => undefined);
     await this.killAgent().catch(() => undefined);
+    // Sandboxes outlive their agent by design; a test that failed before its release leaves
+    // them running: end every runsc process under this rig's directory.
+    for (const pid of readdirSync("/proc").filter((n) => /^\d+$/.test(n))) {
+      try {
+        if (readFileSync(`/proc/${pid}/cmdline`, "utf8").includes(`--root=${this.agentDir}/runsc`)) process.kill(Number(pid), "SIGKILL");
+      } catch {
+        /* gone, or not ours */
+      }
+    }
     await this.h.close();
     if (this.engine === "postgres") await (this.store as PostgresStore).pool.query(`DROP SCHEMA "${this.loc.schema}" CASCADE`).catch(() => undefined);
     await this.store.close();
