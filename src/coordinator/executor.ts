@@ -27,6 +27,7 @@ import type { Tx } from "../store/store.js";
 import { backoffMs } from "../store/store.js";
 import { audit } from "../store/audit.js";
 import { clearDue, poolRef, setDue, setDueNoLater } from "../store/due.js";
+import { expireClaim, lockClaim } from "../store/claims.js";
 import { lockMachine, setIncarnation, type MachineRow } from "../store/machines.js";
 import { failOp, finishOp, leaseHeld, leaseOp, lockOp, OP_LEASE_MS, retryOpAt, type OpRow } from "../store/operations.js";
 import { releaseHostSlot } from "../store/hosts.js";
@@ -196,6 +197,14 @@ export class OperationExecutor {
       if (!r.ok && m.state === "provisioning") {
         const d = await applyTransition(tx, ctx, m, { kind: "drain", reason: `not registered: ${r.why}` }, now, { nonce });
         if (d.opIds.length === 0) await audit(tx, { at: now, machineId: m.id, subject: op.id, event: "unregistered", from: "provisioning", to: d.machine.state, generation: m.generation, actor: ctx.actor });
+        // Its claim will never fund a ready machine: expire it now (not at its TTL, while it
+        // still counts as capacity on its way), and let the pool look again.
+        const claim = m.claim_id ? await lockClaim(tx, m.claim_id) : undefined;
+        if (claim && claim.state === "open") {
+          await expireClaim(tx, claim.id);
+          await clearDue(tx, "claim", claim.id);
+        }
+        await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
       }
       return;
     }
