@@ -80,15 +80,7 @@ export async function enroll(coordinatorUrl: string, enrollToken: string, body: 
   }
   const text = await res.text();
   if (!res.ok) {
-    let code = "http_" + res.status;
-    let message = text.slice(0, 300);
-    try {
-      const j = JSON.parse(text) as { error?: { code?: unknown; message?: unknown } };
-      if (typeof j.error?.code === "string") code = j.error.code;
-      if (typeof j.error?.message === "string") message = j.error.message;
-    } catch {
-      // not JSON: keep the text
-    }
+    const { code, message } = refusalOf(res.status, text);
     const what = `the coordinator refused the enrollment (${res.status} ${code}): ${message}`;
     if (res.status >= 400 && res.status < 500) throw new EnrollRefusedError(res.status, code, what);
     throw new Error(what);
@@ -106,6 +98,20 @@ export async function enroll(coordinatorUrl: string, enrollToken: string, body: 
  * The enroll token: from `file` (owner-only permissions recommended) or the
  * BERTH_ENROLL_TOKEN environment variable. Never from argv.
  */
+/** The code and message of a coordinator's refusal body (`{error: {code, message}}`), or the status and the text's start. */
+export function refusalOf(status: number, text: string): { code: string; message: string } {
+  let code = `http_${status}`;
+  let message = text.slice(0, 300);
+  try {
+    const j = JSON.parse(text) as { error?: { code?: unknown; message?: unknown } };
+    if (typeof j.error?.code === "string") code = j.error.code;
+    if (typeof j.error?.message === "string") message = j.error.message;
+  } catch {
+    // not JSON: keep the text
+  }
+  return { code, message };
+}
+
 export function readEnrollToken(file: string | undefined, env: NodeJS.ProcessEnv): string | null {
   if (file !== undefined) {
     let text: string;

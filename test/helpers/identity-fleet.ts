@@ -14,6 +14,7 @@ import { proofMessage } from "../../src/core/host-identity.js";
 import type { Store } from "../../src/store/store.js";
 import { berth, berthSync, startProcess, stopProcess, type Proc } from "./cluster.js";
 import { PG_URL, tempDir } from "./env.js";
+import { until } from "./portable-e2e.js";
 
 export interface FleetAgent extends Proc {
   name: string;
@@ -173,14 +174,8 @@ export class Fleet {
     return this.store((s) => s.transaction((tx) => tx.all("SELECT machine_id, generation FROM audit WHERE event = ? ORDER BY seq", [event])));
   }
 
-  async waitFor<T>(what: string, fn: () => Promise<T | null | undefined | false>, timeoutMs = 30_000): Promise<T> {
-    const deadline = Date.now() + timeoutMs;
-    for (;;) {
-      const v = await fn();
-      if (v) return v;
-      if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-      await new Promise((r) => setTimeout(r, 100));
-    }
+  waitFor<T>(what: string, fn: () => Promise<T | null | undefined | false>, timeoutMs = 30_000): Promise<T> {
+    return until(what, fn, timeoutMs);
   }
 
   async close(): Promise<void> {

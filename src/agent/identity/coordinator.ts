@@ -17,7 +17,7 @@
  * here logs or returns the credential.
  */
 import type { StoppedReport } from "../../core/host-identity.js";
-import type { EnrollRequest } from "../enroll.js";
+import { refusalOf, type EnrollRequest } from "../enroll.js";
 import type { IdentityKey } from "./key.js";
 
 /** A refusal (4xx) with the coordinator's stable code. */
@@ -130,15 +130,7 @@ export class IdentityClient {
     }
     const text = await res.text();
     if (!res.ok) {
-      let code = `http_${res.status}`;
-      let message = text.slice(0, 300);
-      try {
-        const j = JSON.parse(text) as { error?: { code?: unknown; message?: unknown } };
-        if (typeof j.error?.code === "string") code = j.error.code;
-        if (typeof j.error?.message === "string") message = j.error.message;
-      } catch {
-        /* not JSON */
-      }
+      const { code, message } = refusalOf(res.status, text);
       const what = `the coordinator refused ${path} (${res.status} ${code}): ${message}`;
       if (res.status >= 400 && res.status < 500) throw new CoordinatorRefusal(res.status, code, what);
       throw new Error(what);
