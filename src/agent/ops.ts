@@ -405,7 +405,12 @@ export class AgentOps {
     if (ctx.generation > m.generation) keys.advance(ctx.machineId, ctx.generation);
     const sessionsClosed = await sessions.closeMachine(ctx.machineId, `fence (operation ${ctx.opId})`);
     const proof = await runtime.fence(ctx.machineId);
-    const seen = await runtime.inspect(ctx.machineId);
+    // A count inside a freshly restarted sandbox proves nothing about the
+    // borrower's processes (they died with the old sandbox, by its exact
+    // identity): the runtime's proof carries the count then.
+    const seen = proof.remaining === 0
+      ? { exists: (await runtime.incarnation(ctx.machineId)) === proof.incarnation, liveProcesses: 0 }
+      : await runtime.inspect(ctx.machineId);
     if (!seen.exists) throw new Error(`the runtime no longer has machine ${ctx.machineId} after the fence`);
     if (seen.liveProcesses > 0) {
       throw new Error(`${seen.liveProcesses} processes of machine ${ctx.machineId} remain after the fence`);
@@ -439,9 +444,11 @@ export class AgentOps {
     const m = this.#machine(ctx.machineId);
     if (ctx.generation > m.generation) keys.advance(ctx.machineId, ctx.generation);
     await runtime.scrub(ctx.machineId);
-    // gVisor's scrub restarts the sandbox (a new incarnation): record what the
-    // runtime reports now, so the next start recognises the machine.
-    const seen = await runtime.inspect(ctx.machineId);
+    // gVisor's scrub may restart the sandbox (a new incarnation): record what
+    // the runtime's own record says now, so the next start recognises the
+    // machine (no count: scrub comes after a fence).
+    const incarnation = await runtime.incarnation(ctx.machineId);
+    const seen = incarnation !== null ? { exists: true, incarnation } : await runtime.inspect(ctx.machineId);
     if (!seen.exists) throw new Error(`the runtime no longer has machine ${ctx.machineId} after the scrub`);
     // Before it may be ready again: the rules exactly the policy's, then the probe from inside.
     const net = this.#networkOf(ctx.machineId);

@@ -388,6 +388,7 @@ export class GvisorRuntime implements Runtime {
     this.untouched.add(machineId);
     return {
       incarnation: started.incarnation as string,
+      remaining: 0,
       evidence: `sandbox restarted: incarnation ${before ?? "none"} -> ${started.incarnation}; ${evidence}${wiped}`,
     };
   }

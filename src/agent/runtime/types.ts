@@ -105,6 +105,13 @@ export interface FenceProof {
   incarnation: string;
   /** How absence was proven, e.g. "sandbox restarted: incarnation A -> B" or "3 groups reaped, 0 processes remain". */
   evidence: string;
+  /**
+   * Processes of the fenced incarnation left, when the fence itself proves
+   * the count (gvisor: the old sandbox was killed by its exact identity and no
+   * host process of its container remains, so nothing of it can run in the
+   * fresh sandbox). Absent: the caller counts with `inspect`.
+   */
+  remaining?: 0;
 }
 
 export interface Runtime {

@@ -44,8 +44,10 @@ export function hostGroupPresence(pgid: number): GroupPresence {
 
 async function sandboxGroupPresence(runtime: Runtime, machineId: string, pgid: number): Promise<GroupPresence> {
   try {
-    const seen = await runtime.inspect(machineId);
-    if (!seen.exists) return "absent";
+    // No running sandbox (the record's sandbox pid is not alive as recorded):
+    // every process of it died with it. Read from the runtime's record, not a
+    // count inside the sandbox, which would cost a second `runsc exec`.
+    if ((await runtime.incarnation(machineId)) === null) return "absent";
     const h = await runtime.exec(machineId, { argv: ["/bin/sh", "-c", 'kill -0 "-$0" 2>/dev/null', String(pgid)], env: {} });
     h.stdin.end();
     h.stdout.resume();
