@@ -42,9 +42,11 @@ export async function startCluster(o: { engine: Engine; runtime: Runtime; slots:
   try {
     const tokenFile = join(coord.dir, "agent.token");
     writeFileSync(tokenFile, (await coord.token("agent")) + "\n", { mode: 0o600 });
+    // BENCH_AGENT_NODE_ARGS (e.g. "--cpu-prof --cpu-prof-dir=/tmp/prof") reaches only the agent process.
+    const nodeArgs = (process.env.BENCH_AGENT_NODE_ARGS ?? "").split(" ").filter(Boolean);
     agent = spawn(
       process.execPath,
-      [BIN, "agent", "--state-dir", join(coord.dir, "agent"), "--coordinator", coord.url, "--enroll-token-file", tokenFile, "--runtime", o.runtime, "--slots", String(o.slots), "--name", "bench", "--log-level", "warn", ...(o.agentArgs ?? [])],
+      [...nodeArgs, BIN, "agent", "--state-dir", join(coord.dir, "agent"), "--coordinator", coord.url, "--enroll-token-file", tokenFile, "--runtime", o.runtime, "--slots", String(o.slots), "--name", "bench", "--log-level", "warn", ...(o.agentArgs ?? [])],
       { env: { ...process.env, BERTH_LOG_LEVEL: "warn" }, stdio: ["ignore", "pipe", "inherit"] },
     );
     await new Promise<void>((resolve, reject) => {

@@ -18,6 +18,7 @@
  */
 import type Database from "better-sqlite3";
 import type { Migration } from "../store/migrate.js";
+import { statements } from "./statements.js";
 
 export const ALLOC_AGENT_MIGRATION: Migration = {
   version: 3,
@@ -105,47 +106,48 @@ const volume = (r: VolumeRow): VolumeRecord => ({
 
 /** Named statements over the two tables (callers group them in `store.transaction`). */
 export class AllocStore {
-  constructor(private readonly db: Database.Database) {}
+  readonly #q: (sql: string) => Database.Statement;
+  constructor(private readonly db: Database.Database) {
+    this.#q = statements(db);
+  }
 
   getHold(allocationId: string): HoldRecord | null {
-    const r = this.db.prepare("SELECT * FROM alloc_holds WHERE allocation_id = ?").get(allocationId) as HoldRow | undefined;
+    const r = this.#q("SELECT * FROM alloc_holds WHERE allocation_id = ?").get(allocationId) as HoldRow | undefined;
     return r ? hold(r) : null;
   }
   getHoldByMachine(machineId: string): HoldRecord | null {
-    const r = this.db.prepare("SELECT * FROM alloc_holds WHERE machine_id = ? AND state = 'held'").get(machineId) as HoldRow | undefined;
+    const r = this.#q("SELECT * FROM alloc_holds WHERE machine_id = ? AND state = 'held'").get(machineId) as HoldRow | undefined;
     return r ? hold(r) : null;
   }
   listHolds(): HoldRecord[] {
-    return (this.db.prepare("SELECT * FROM alloc_holds ORDER BY taken_at, allocation_id").all() as HoldRow[]).map(hold);
+    return (this.#q("SELECT * FROM alloc_holds ORDER BY taken_at, allocation_id").all() as HoldRow[]).map(hold);
   }
   putHold(h: HoldRecord): void {
-    this.db
-      .prepare(
-        `INSERT INTO alloc_holds (allocation_id, machine_id, generation, state, vcpu, memory_mib, taken_at, released_at)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-         ON CONFLICT (allocation_id) DO UPDATE SET machine_id = excluded.machine_id, generation = excluded.generation, state = excluded.state,
-           vcpu = excluded.vcpu, memory_mib = excluded.memory_mib, taken_at = excluded.taken_at, released_at = excluded.released_at`,
-      )
+    this.#q(
+      `INSERT INTO alloc_holds (allocation_id, machine_id, generation, state, vcpu, memory_mib, taken_at, released_at)
+       VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+       ON CONFLICT (allocation_id) DO UPDATE SET machine_id = excluded.machine_id, generation = excluded.generation, state = excluded.state,
+         vcpu = excluded.vcpu, memory_mib = excluded.memory_mib, taken_at = excluded.taken_at, released_at = excluded.released_at`,
+    )
       .run(h.allocationId, h.machineId, h.generation, h.state, h.vcpu, h.memoryMib, h.takenAt, h.releasedAt);
   }
   countHeld(): number {
-    return (this.db.prepare("SELECT COUNT(*) AS n FROM alloc_holds WHERE state = 'held'").get() as { n: number }).n;
+    return (this.#q("SELECT COUNT(*) AS n FROM alloc_holds WHERE state = 'held'").get() as { n: number }).n;
   }
 
   getVolume(allocationId: string): VolumeRecord | null {
-    const r = this.db.prepare("SELECT * FROM volumes WHERE allocation_id = ?").get(allocationId) as VolumeRow | undefined;
+    const r = this.#q("SELECT * FROM volumes WHERE allocation_id = ?").get(allocationId) as VolumeRow | undefined;
     return r ? volume(r) : null;
   }
   listVolumes(): VolumeRecord[] {
-    return (this.db.prepare("SELECT * FROM volumes ORDER BY created_at, allocation_id").all() as VolumeRow[]).map(volume);
+    return (this.#q("SELECT * FROM volumes ORDER BY created_at, allocation_id").all() as VolumeRow[]).map(volume);
   }
   putVolume(v: VolumeRecord): void {
-    this.db
-      .prepare(
-        `INSERT INTO volumes (allocation_id, state, path, dev, ino, marker, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-         ON CONFLICT (allocation_id) DO UPDATE SET state = excluded.state, path = excluded.path, dev = excluded.dev, ino = excluded.ino,
-           marker = excluded.marker, updated_at = excluded.updated_at`,
-      )
+    this.#q(
+      `INSERT INTO volumes (allocation_id, state, path, dev, ino, marker, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+       ON CONFLICT (allocation_id) DO UPDATE SET state = excluded.state, path = excluded.path, dev = excluded.dev, ino = excluded.ino,
+         marker = excluded.marker, updated_at = excluded.updated_at`,
+    )
       .run(v.allocationId, v.state, v.path, v.dev, v.ino, v.marker, v.createdAt, v.updatedAt);
   }
 }

@@ -159,8 +159,13 @@ export class AgentOps {
     const machine = store.getMachine(machineId);
     this.#checkPreconditions(opId, kind, machineId, generation, machine);
 
+    // An install is one local transaction (the key, the machine record and the
+    // result together), so its operation row is written in that transaction:
+    // a crash before the commit leaves nothing installed and nothing recorded,
+    // and a retry runs it afresh. One durable write instead of two.
+    const intent = existing === null && kind === "install_key" ? { opId, kind, machineId, generation, argsHash } : null;
     try {
-      if (existing === null) {
+      if (existing === null && intent === null) {
         store.transaction(() => {
           store.insertOp({ opId, kind, machineId, generation, argsHash, now: this.#deps.now() });
           if (kind === "provision" && machine === null) {
@@ -184,7 +189,7 @@ export class AgentOps {
     }
 
     try {
-      const ctx: OpContext = { opId, machineId, generation };
+      const ctx: OpContext = { opId, machineId, generation, intent };
       await this.#act(ctx, args);
       // The reply is read back from the record, so a first answer and a
       // retried one are the same bytes.
@@ -193,6 +198,9 @@ export class AgentOps {
       this.#deps.log.info({ opId, kind, machineId, generation }, "operation done");
       return respond(done);
     } catch (e) {
+      if (intent !== null && (e as { code?: unknown }).code === "SQLITE_CONSTRAINT_PRIMARYKEY") {
+        throw new BerthError("conflict", `conflict: operation ${opId} is already in use; use a new operation id`);
+      }
       const msg = errorMessage(e);
       try {
         store.failOp(opId, msg, this.#deps.now());
@@ -276,6 +284,7 @@ export class AgentOps {
   #commit(ctx: OpContext, m: MachineRecord, result: OperationResult): () => void {
     return () => {
       const now = this.#deps.now();
+      if (ctx.intent) this.#deps.store.insertOp({ ...ctx.intent, now });
       this.#deps.store.putMachine({ ...m, generation: Math.max(m.generation, ctx.generation), updatedAt: now });
       this.#deps.store.finishOp(ctx.opId, result, now);
     };
@@ -517,6 +526,8 @@ interface OpContext {
   opId: Id;
   machineId: Id;
   generation: number;
+  /** The operation row, when it is written with the result (install_key) rather than before the work. */
+  intent: { opId: Id; kind: OpKind; machineId: Id; generation: number; argsHash: string } | null;
 }
 
 function respond(op: OpRecord): OpResponse {

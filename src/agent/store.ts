@@ -25,6 +25,7 @@ import Database from "better-sqlite3";
 import type { InstalledKey } from "./contracts.js";
 import { runMigrations, sqliteMigrationDriver, SCHEMA_VERSION_TABLE, type Migration } from "../store/migrate.js";
 import { ALLOC_AGENT_MIGRATION } from "./alloc-store.js";
+import { statements } from "./statements.js";
 import { NETWORK_MIGRATION } from "./network/store.js";
 
 export const STORE_FILE = "agent.db";
@@ -232,10 +233,12 @@ export class AgentStore {
   readonly path: string;
   readonly db: Database.Database;
   #closed = false;
+  #q: (sql: string) => Database.Statement;
 
   private constructor(readonly stateDir: string, db: Database.Database, path: string) {
     this.db = db;
     this.path = path;
+    this.#q = statements(db);
   }
 
   /**
@@ -310,20 +313,19 @@ export class AgentStore {
   // ---- meta --------------------------------------------------------------
 
   getMeta(key: string): string | null {
-    const row = this.db.prepare("SELECT value FROM meta WHERE key = ?").get(key) as { value: string } | undefined;
+    const row = this.#q("SELECT value FROM meta WHERE key = ?").get(key) as { value: string } | undefined;
     return row?.value ?? null;
   }
 
   setMeta(key: string, value: string): void {
-    this.db
-      .prepare("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value")
+    this.#q("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value")
       .run(key, value);
   }
 
   // ---- machines ----------------------------------------------------------
 
   getMachine(id: string): MachineRecord | null {
-    const row = this.db.prepare("SELECT * FROM machines WHERE id = ?").get(id) as MachineRow | undefined;
+    const row = this.#q("SELECT * FROM machines WHERE id = ?").get(id) as MachineRow | undefined;
     return row ? machineFromRow(row) : null;
   }
 
@@ -332,18 +334,17 @@ export class AgentStore {
     const sql = all
       ? "SELECT * FROM machines ORDER BY id"
       : "SELECT * FROM machines WHERE state <> 'destroyed' ORDER BY id";
-    return (this.db.prepare(sql).all() as MachineRow[]).map(machineFromRow);
+    return (this.#q(sql).all() as MachineRow[]).map(machineFromRow);
   }
 
   putMachine(m: MachineRecord): void {
-    this.db
-      .prepare(
-        `INSERT INTO machines (id, generation, state, incarnation, workspace, identity, mismatch, created_at, updated_at)
-         VALUES (@id, @generation, @state, @incarnation, @workspace, @identity, @mismatch, @createdAt, @updatedAt)
-         ON CONFLICT(id) DO UPDATE SET generation = excluded.generation, state = excluded.state,
-           incarnation = excluded.incarnation, workspace = excluded.workspace, identity = excluded.identity,
-           mismatch = excluded.mismatch, updated_at = excluded.updated_at`,
-      )
+    this.#q(
+      `INSERT INTO machines (id, generation, state, incarnation, workspace, identity, mismatch, created_at, updated_at)
+       VALUES (@id, @generation, @state, @incarnation, @workspace, @identity, @mismatch, @createdAt, @updatedAt)
+       ON CONFLICT(id) DO UPDATE SET generation = excluded.generation, state = excluded.state,
+         incarnation = excluded.incarnation, workspace = excluded.workspace, identity = excluded.identity,
+         mismatch = excluded.mismatch, updated_at = excluded.updated_at`,
+    )
       .run({ ...m, identity: m.identity === null ? null : JSON.stringify(m.identity) });
   }
 
@@ -352,26 +353,25 @@ export class AgentStore {
   listKeys(machineId?: string): StoredKey[] {
     const rows = (
       machineId === undefined
-        ? this.db.prepare("SELECT * FROM keys ORDER BY machine_id, installed_at").all()
-        : this.db.prepare("SELECT * FROM keys WHERE machine_id = ? ORDER BY installed_at").all(machineId)
+        ? this.#q("SELECT * FROM keys ORDER BY machine_id, installed_at").all()
+        : this.#q("SELECT * FROM keys WHERE machine_id = ? ORDER BY installed_at").all(machineId)
     ) as KeyRow[];
     return rows.map(keyFromRow);
   }
 
   putKey(k: StoredKey): void {
-    this.db
-      .prepare(
-        `INSERT INTO keys (machine_id, fingerprint, public_key, generation, mode, grant_id, expires_at, installed_at)
-         VALUES (@machineId, @fingerprint, @publicKey, @generation, @mode, @grantId, @expiresAt, @installedAt)
-         ON CONFLICT(machine_id, fingerprint) DO UPDATE SET public_key = excluded.public_key,
-           generation = excluded.generation, mode = excluded.mode, grant_id = excluded.grant_id,
-           expires_at = excluded.expires_at, installed_at = excluded.installed_at`,
-      )
+    this.#q(
+      `INSERT INTO keys (machine_id, fingerprint, public_key, generation, mode, grant_id, expires_at, installed_at)
+       VALUES (@machineId, @fingerprint, @publicKey, @generation, @mode, @grantId, @expiresAt, @installedAt)
+       ON CONFLICT(machine_id, fingerprint) DO UPDATE SET public_key = excluded.public_key,
+         generation = excluded.generation, mode = excluded.mode, grant_id = excluded.grant_id,
+         expires_at = excluded.expires_at, installed_at = excluded.installed_at`,
+    )
       .run(k);
   }
 
   deleteKey(machineId: string, fingerprint: string): void {
-    this.db.prepare("DELETE FROM keys WHERE machine_id = ? AND fingerprint = ?").run(machineId, fingerprint);
+    this.#q("DELETE FROM keys WHERE machine_id = ? AND fingerprint = ?").run(machineId, fingerprint);
   }
 
   recordRemoved(
@@ -381,41 +381,38 @@ export class AgentStore {
     fingerprint: string | null,
     now: number,
   ): void {
-    this.db
-      .prepare(
-        "INSERT INTO removed_keys (machine_id, generation, grant_id, fingerprint, removed_at) VALUES (?, ?, ?, ?, ?)",
-      )
+    this.#q(
+      "INSERT INTO removed_keys (machine_id, generation, grant_id, fingerprint, removed_at) VALUES (?, ?, ?, ?, ?)",
+    )
       .run(machineId, generation, grantId, fingerprint, now);
   }
 
   /** Whether this grant or key was removed from the machine at this generation. */
   wasRemoved(machineId: string, generation: number, grantId: string, fingerprint: string): boolean {
     return (
-      this.db
-        .prepare(
-          `SELECT 1 FROM removed_keys WHERE machine_id = ? AND generation = ? AND (grant_id = ? OR fingerprint = ?) LIMIT 1`,
-        )
+      this.#q(
+        `SELECT 1 FROM removed_keys WHERE machine_id = ? AND generation = ? AND (grant_id = ? OR fingerprint = ?) LIMIT 1`,
+      )
         .get(machineId, generation, grantId, fingerprint) !== undefined
     );
   }
 
   /** Tombstones of older generations can never matter again (installs for them are refused). */
   pruneRemoved(machineId: string, belowGeneration: number): void {
-    this.db.prepare("DELETE FROM removed_keys WHERE machine_id = ? AND generation < ?").run(machineId, belowGeneration);
+    this.#q("DELETE FROM removed_keys WHERE machine_id = ? AND generation < ?").run(machineId, belowGeneration);
   }
 
   // ---- operations --------------------------------------------------------
 
   getOp(opId: string): OpRecord | null {
-    const row = this.db.prepare("SELECT * FROM operations WHERE op_id = ?").get(opId) as OpRow | undefined;
+    const row = this.#q("SELECT * FROM operations WHERE op_id = ?").get(opId) as OpRow | undefined;
     return row ? opFromRow(row) : null;
   }
 
   /** Operations begun and never finished (by a process that crashed, or in flight now). */
   unfinishedOps(machineId: string): OpRecord[] {
     return (
-      this.db
-        .prepare("SELECT * FROM operations WHERE machine_id = ? AND status <> 'done' ORDER BY created_at")
+      this.#q("SELECT * FROM operations WHERE machine_id = ? AND status <> 'done' ORDER BY created_at")
         .all(machineId) as OpRow[]
     ).map(opFromRow);
   }
@@ -428,27 +425,24 @@ export class AgentStore {
     argsHash: string;
     now: number;
   }): void {
-    this.db
-      .prepare(
-        `INSERT INTO operations (op_id, kind, machine_id, generation, args_hash, status, created_at)
-         VALUES (@opId, @kind, @machineId, @generation, @argsHash, 'started', @now)`,
-      )
+    this.#q(
+      `INSERT INTO operations (op_id, kind, machine_id, generation, args_hash, status, created_at)
+       VALUES (@opId, @kind, @machineId, @generation, @argsHash, 'started', @now)`,
+    )
       .run(op);
   }
 
   markOpStarted(opId: string): void {
-    this.db.prepare("UPDATE operations SET status = 'started', error = NULL WHERE op_id = ?").run(opId);
+    this.#q("UPDATE operations SET status = 'started', error = NULL WHERE op_id = ?").run(opId);
   }
 
   finishOp(opId: string, result: unknown, now: number): void {
-    this.db
-      .prepare("UPDATE operations SET status = 'done', result = ?, error = NULL, finished_at = ? WHERE op_id = ?")
+    this.#q("UPDATE operations SET status = 'done', result = ?, error = NULL, finished_at = ? WHERE op_id = ?")
       .run(JSON.stringify(result), now, opId);
   }
 
   failOp(opId: string, error: string, now: number): void {
-    this.db
-      .prepare("UPDATE operations SET status = 'failed', error = ?, finished_at = ? WHERE op_id = ? AND status <> 'done'")
+    this.#q("UPDATE operations SET status = 'failed', error = ?, finished_at = ? WHERE op_id = ? AND status <> 'done'")
       .run(error, now, opId);
   }
 }

@@ -10,6 +10,7 @@ import type Database from "better-sqlite3";
 import type { Migration } from "../../store/migrate.js";
 import type { NetworkPolicy } from "../../core/network-policy.js";
 import type { ReadinessEvidence } from "../../core/network-evidence.js";
+import { statements } from "../statements.js";
 
 export const NETWORK_MIGRATION: Migration = {
   version: 5,
@@ -95,36 +96,37 @@ function fromRow(r: Row): NetRecord {
 
 /** Named statements on the agent's database (the caller holds its lock). */
 export class NetStore {
-  constructor(private readonly db: Database.Database) {}
+  readonly #q: (sql: string) => Database.Statement;
+  constructor(db: Database.Database) {
+    this.#q = statements(db);
+  }
 
   get(machineId: string): NetRecord | null {
-    const r = this.db.prepare("SELECT * FROM machine_networks WHERE machine_id = ?").get(machineId) as Row | undefined;
+    const r = this.#q("SELECT * FROM machine_networks WHERE machine_id = ?").get(machineId) as Row | undefined;
     return r ? fromRow(r) : null;
   }
 
   list(): NetRecord[] {
-    return (this.db.prepare("SELECT * FROM machine_networks ORDER BY machine_id").all() as Row[]).map(fromRow);
+    return (this.#q("SELECT * FROM machine_networks ORDER BY machine_id").all() as Row[]).map(fromRow);
   }
 
   put(n: NetRecord): void {
-    this.db
-      .prepare(
-        `INSERT INTO machine_networks (machine_id, state, policy, fingerprint, slot, netns, host_if, nft_table, netns_inode, host_ifindex, nft_handle, resolved, evidence, created_at, updated_at)
-         VALUES (@machineId, @state, @policy, @fingerprint, @slot, @netns, @hostIf, @table, @netnsInode, @hostIfindex, @nftHandle, @resolved, @evidence, @createdAt, @updatedAt)
-         ON CONFLICT(machine_id) DO UPDATE SET state = excluded.state, policy = excluded.policy, fingerprint = excluded.fingerprint,
-           slot = excluded.slot, netns = excluded.netns, host_if = excluded.host_if, nft_table = excluded.nft_table,
-           netns_inode = excluded.netns_inode, host_ifindex = excluded.host_ifindex, nft_handle = excluded.nft_handle,
-           resolved = excluded.resolved, evidence = excluded.evidence, updated_at = excluded.updated_at`,
-      )
-      .run({
-        ...n,
-        policy: JSON.stringify(n.policy),
-        resolved: JSON.stringify(n.resolved),
-        evidence: n.evidence === null ? null : JSON.stringify(n.evidence),
-      });
+    this.#q(
+      `INSERT INTO machine_networks (machine_id, state, policy, fingerprint, slot, netns, host_if, nft_table, netns_inode, host_ifindex, nft_handle, resolved, evidence, created_at, updated_at)
+       VALUES (@machineId, @state, @policy, @fingerprint, @slot, @netns, @hostIf, @table, @netnsInode, @hostIfindex, @nftHandle, @resolved, @evidence, @createdAt, @updatedAt)
+       ON CONFLICT(machine_id) DO UPDATE SET state = excluded.state, policy = excluded.policy, fingerprint = excluded.fingerprint,
+         slot = excluded.slot, netns = excluded.netns, host_if = excluded.host_if, nft_table = excluded.nft_table,
+         netns_inode = excluded.netns_inode, host_ifindex = excluded.host_ifindex, nft_handle = excluded.nft_handle,
+         resolved = excluded.resolved, evidence = excluded.evidence, updated_at = excluded.updated_at`,
+    ).run({
+      ...n,
+      policy: JSON.stringify(n.policy),
+      resolved: JSON.stringify(n.resolved),
+      evidence: n.evidence === null ? null : JSON.stringify(n.evidence),
+    });
   }
 
   delete(machineId: string): void {
-    this.db.prepare("DELETE FROM machine_networks WHERE machine_id = ?").run(machineId);
+    this.#q("DELETE FROM machine_networks WHERE machine_id = ?").run(machineId);
   }
 }

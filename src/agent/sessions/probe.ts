@@ -25,9 +25,16 @@ export async function probeGroup(runtime: Runtime, machineId: string, pgid: numb
 }
 
 export function hostGroupPresence(pgid: number): GroupPresence {
-  // A scan, not kill(-pgid, 0): a zombie member answers kill() but is gone for
-  // our purposes (it runs nothing, and an unreaped orphan may never be reaped
-  // in a container whose init does not reap).
+  // kill(-pgid, 0) refused with ESRCH: no process of the group exists, not even
+  // a zombie; the common answer once a command ended, without reading /proc.
+  try {
+    process.kill(-pgid, 0);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === "ESRCH") return "absent";
+  }
+  // Otherwise a scan: a zombie member answers kill() but is gone for our
+  // purposes (it runs nothing, and an unreaped orphan may never be reaped in a
+  // container whose init does not reap).
   let names: string[];
   try {
     names = readdirSync("/proc");

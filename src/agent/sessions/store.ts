@@ -140,7 +140,8 @@ export function sqliteSessionStore(db: Database.Database, opts: { cleanRetention
     created_at INTEGER NOT NULL,
     updated_at INTEGER NOT NULL
   );
-  CREATE INDEX IF NOT EXISTS agent_sessions_unfinished ON agent_sessions(state) WHERE state <> 'clean';`);
+  CREATE INDEX IF NOT EXISTS agent_sessions_unfinished ON agent_sessions(state) WHERE state <> 'clean';
+  CREATE INDEX IF NOT EXISTS agent_sessions_clean ON agent_sessions(updated_at) WHERE state = 'clean';`);
   const insert = db.prepare(`INSERT INTO agent_sessions
     (session_id, machine_id, grant_id, fingerprint, pty, incarnation, state, client, leader, note, created_at, updated_at)
     VALUES (@session_id, @machine_id, @grant_id, @fingerprint, @pty, @incarnation, @state, @client, @leader, @note, @created_at, @updated_at)`);

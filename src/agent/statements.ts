@@ -1,0 +1,11 @@
+/** Statements prepared once per database and reused: preparing costs more than running most of the agent's statements. */
+import type Database from "better-sqlite3";
+
+export function statements(db: Database.Database): (sql: string) => Database.Statement {
+  const cache = new Map<string, Database.Statement>();
+  return (sql) => {
+    let st = cache.get(sql);
+    if (st === undefined) cache.set(sql, (st = db.prepare(sql)));
+    return st;
+  };
+}
