@@ -30,12 +30,20 @@ export async function openStoreFromFlags(f: StoreFlags): Promise<Store> {
   const pg = process.env.BERTH_PG_URL;
   if (pg) {
     const { PostgresStore } = await import("../store/postgres/postgres-store.js");
-    return PostgresStore.open({ connectionString: pg, schema: process.env.BERTH_PG_SCHEMA || undefined });
+    return PostgresStore.open({ connectionString: pg, schema: process.env.BERTH_PG_SCHEMA || undefined, poolSize: pgPoolSize(process.env.BERTH_PG_POOL_SIZE) });
   }
   const dir = resolve(f.stateDir ?? ".berth");
   mkdirSync(dir, { recursive: true, mode: 0o700 });
   const { SqliteStore } = await import("../store/sqlite/sqlite-store.js");
   return new SqliteStore({ path: f.db ? resolve(f.db) : join(dir, "berth.db") });
+}
+
+/** BERTH_PG_POOL_SIZE: connections per coordinator (default 16); several coordinators on one server share its cores. */
+export function pgPoolSize(v: string | undefined): number | undefined {
+  if (v === undefined || v === "") return undefined;
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 1 || n > 1000) throw new BerthError("invalid_request", `invalid_request: BERTH_PG_POOL_SIZE must be a whole number from 1 to 1000 (got ${JSON.stringify(v)})`);
+  return n;
 }
 
 /** The coordinator secret: read, or created whole with mode 0600. Several coordinators on one database share one file. */
