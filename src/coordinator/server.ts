@@ -14,7 +14,7 @@ import { Reconciler, ReconcilerLoop } from "./reconciler.js";
 import { OperationExecutor } from "./executor.js";
 import { providerRegistry, type Provider } from "../providers/provider.js";
 import { HostsProvider } from "../providers/hosts/hosts-provider.js";
-import { readHost } from "../store/hosts.js";
+import { readHostCommitted } from "../store/hosts.js";
 import { machineCounts } from "../store/machines.js";
 import { liveAllocationCounts } from "../store/allocations.js";
 import { allOwners } from "../store/alloc-owners.js";
@@ -73,7 +73,7 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
   const config: CoordinatorConfig = { ...DEFAULT_CONFIG, ...o.config };
   const hosts = new HostsProvider({
     secret: o.secret,
-    host: (id) => o.store.transaction((tx) => readHost(tx, id)),
+    host: (id) => readHostCommitted(o.store, id),
   });
   let loop: ReconcilerLoop | null = null;
   const ctx: Ctx = {

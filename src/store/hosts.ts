@@ -1,5 +1,5 @@
 /** The `hosts` table: enrolled agents, their gateway address and slots. */
-import type { Tx } from "./store.js";
+import type { Store, Tx } from "./store.js";
 import type { HostIdentityColumns } from "./host-identity.js";
 
 export interface HostRow extends HostIdentityColumns {
@@ -28,6 +28,11 @@ export interface HostDescription {
 
 export async function readHost(tx: Tx, id: string): Promise<HostRow | undefined> {
   return tx.get<HostRow>("SELECT * FROM hosts WHERE id = ?", [id]);
+}
+
+/** A host's committed row outside the transaction queue (the address and identity an agent call needs). */
+export async function readHostCommitted(store: Store, id: string): Promise<HostRow | undefined> {
+  return store.readCommitted<HostRow>("SELECT * FROM hosts WHERE id = ?", [id]);
 }
 
 export async function lockHostByName(tx: Tx, org: string, name: string): Promise<HostRow | undefined> {
