@@ -11,12 +11,16 @@
  * counts, per statement, how often a session was waiting on a lock: where
  * transactions queue behind each other.
  *
+ * CPU per cycle is read from /proc for the coordinators, for every
+ * PostgreSQL server process and for this process (the clients); their sum
+ * against the machine's cores gives the CPU ceiling on cycles/s.
+ *
  * Usage: node dist/bench/pg-coordinators.js [--coordinators 1,3] [--clients 32]
- *          [--seconds 5] [--rounds 3] [--machines 64] [--sample-waits]
+ *          [--seconds 5] [--rounds 3] [--machines 64] [--sample-waits] [--pg-pool-size N]
  * Needs BERTH_PG_URL. Writes bench/results/pg-coordinators-<timestamp>.json.
  */
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { cpus, tmpdir } from "node:os";
 import { join } from "node:path";
 import { randomBytes } from "node:crypto";
 import type { ChildProcess } from "node:child_process";
@@ -32,6 +36,22 @@ const seconds = Number(arg("seconds", "5"));
 const warmupSeconds = Number(arg("warmup", "1"));
 const rounds = Number(arg("rounds", "3"));
 const machines = Number(arg("machines", "64"));
+/** Connections per coordinator (BERTH_PG_POOL_SIZE); empty: the store's default. */
+const poolSize = arg("pg-pool-size", "");
+
+/** CPU time of every PostgreSQL server process on this machine (backends, WAL writer, …), from /proc. */
+function postgresCpuMs(): number {
+  let total = 0;
+  for (const d of readdirSync("/proc")) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      if (readFileSync(`/proc/${d}/comm`, "utf8").startsWith("postgres")) total += processCpuMs(Number(d));
+    } catch {
+      /* exited meanwhile */
+    }
+  }
+  return total;
+}
 const sampleWaits = process.argv.includes("--sample-waits");
 
 if (!PG_URL) {
@@ -48,6 +68,8 @@ interface Run {
   return: Dist;
   errors: number;
   cpuMsPerCycle: number;
+  pgCpuMsPerCycle: number;
+  clientCpuMsPerCycle: number;
   /** Lock-wait samples by statement (when --sample-waits). */
   waits: Record<string, number>;
   samples: number;
@@ -133,7 +155,7 @@ async function measure(roundNo: number, n: number): Promise<Run> {
     for (let i = 0; i < n; i++) {
       const dir = mkdtempSync(join(tmpdir(), "berth-bench-"));
       dirs.push(dir);
-      const { child, url } = await spawnServe(dir, { BERTH_PG_URL: withAppName(PG_URL!, app), BERTH_PG_SCHEMA: schema });
+      const { child, url } = await spawnServe(dir, { BERTH_PG_URL: withAppName(PG_URL!, app), BERTH_PG_SCHEMA: schema, ...(poolSize ? { BERTH_PG_POOL_SIZE: poolSize } : {}) });
       children.push(Object.assign(child, { benchUrl: url }));
     }
     const urls = children.map((c) => (c as ChildProcess & { benchUrl: string }).benchUrl);
@@ -144,12 +166,17 @@ async function measure(roundNo: number, n: number): Promise<Run> {
     const apis: Api[] = [];
     for (let i = 0; i < clients; i++) apis.push(new Api(urls[i % n]!, await token("member"), { connections: 1 }));
     const cpu = () => children.reduce((s, c) => s + processCpuMs(c.pid!), 0);
+    const self = () => { const u = process.cpuUsage(); return (u.user + u.system) / 1000; };
     await loop(apis, warmupSeconds, false);
     const cpu0 = cpu();
+    const pg0 = postgresCpuMs();
+    const self0 = self();
     const sampler = sampleWaits ? startSampler(app) : null;
     const r = await loop(apis, seconds, true);
     const sampled = sampler ? await sampler.stop() : { waits: {}, samples: 0 };
     const cpuUsed = cpu() - cpu0;
+    const pgUsed = postgresCpuMs() - pg0;
+    const selfUsed = self() - self0;
     await Promise.all(apis.map((a) => a.close()));
     return {
       round: roundNo,
@@ -160,6 +187,8 @@ async function measure(roundNo: number, n: number): Promise<Run> {
       return: dist(r.returnMs),
       errors: r.errors,
       cpuMsPerCycle: round(cpuUsed / Math.max(1, r.cycles)),
+      pgCpuMsPerCycle: round(pgUsed / Math.max(1, r.cycles)),
+      clientCpuMsPerCycle: round(selfUsed / Math.max(1, r.cycles)),
       ...sampled,
     };
   } finally {
@@ -197,6 +226,8 @@ const summary = levels.map((n) => {
     returnP50: median(rs.map((r) => r.return.p50)),
     returnP99: median(rs.map((r) => r.return.p99)),
     cpuMsPerCycle: median(rs.map((r) => r.cpuMsPerCycle)),
+    pgCpuMsPerCycle: median(rs.map((r) => r.pgCpuMsPerCycle)),
+    clientCpuMsPerCycle: median(rs.map((r) => r.clientCpuMsPerCycle)),
     errors: rs.reduce((s, r) => s + r.errors, 0),
     lockWaitSamples: Object.values(waits).reduce((a, b) => a + b, 0),
     samples: rs.reduce((s, r) => s + r.samples, 0),
@@ -214,6 +245,10 @@ printTable(
     "return p50": s.returnP50,
     "return p99": s.returnP99,
     "cpu ms/cycle": s.cpuMsPerCycle,
+    "postgres cpu ms/cycle": s.pgCpuMsPerCycle,
+    "clients cpu ms/cycle": s.clientCpuMsPerCycle,
+    // Cycles/s the machine's cores could give if they did nothing but this: the CPU bound.
+    "cpu ceiling cycles/s": round((cpus().length * 1000) / Math.max(0.001, s.cpuMsPerCycle + s.pgCpuMsPerCycle + s.clientCpuMsPerCycle), 0),
     errors: s.errors,
     ...(sampleWaits ? { "lock-wait samples": `${s.lockWaitSamples}/${s.samples}` } : {}),
   })),

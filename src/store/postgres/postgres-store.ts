@@ -17,12 +17,29 @@ pg.types.setTypeParser(20, (v: string) => Number(v));
 
 const RETRYABLE = new Set(["40001", "40P01", "55P03"]);
 
-/** Rewrites `?` placeholders to `$1..$n` (berth's SQL never has a literal `?`). */
-function toPg(sql: string, cache: Map<string, string>): string {
+/** A statement as sent: `?` rewritten to `$1..$n`, and its prepared-statement name. */
+interface PgStatement {
+  text: string;
+  /** Absent past NAMED_STATEMENTS distinct texts: sent unnamed (parsed and planned every time). */
+  name?: string;
+}
+
+/**
+ * Distinct statement texts that get a name. A named statement is parsed once
+ * per connection and then only bound and executed (and PostgreSQL may keep
+ * its plan), which is most of the server's CPU for berth's short statements.
+ * Texts are few (held-write batches combine a handful of writes); the bound
+ * keeps a text built from data from growing every connection's cache.
+ */
+const NAMED_STATEMENTS = 2000;
+
+/** Rewrites `?` placeholders to `$1..$n` (berth's SQL never has a literal `?`) and names the statement. */
+function toPg(sql: string, cache: Map<string, PgStatement>): PgStatement {
   let out = cache.get(sql);
   if (out === undefined) {
     let n = 0;
-    out = sql.replace(/\?/g, () => `$${++n}`);
+    const text = sql.replace(/\?/g, () => `$${++n}`);
+    out = cache.size < NAMED_STATEMENTS ? { text, name: `berth_${cache.size}` } : { text };
     cache.set(sql, out);
   }
   return out;
@@ -39,7 +56,7 @@ export class PostgresStore implements Store {
   readonly dialect = "postgres" as const;
   readonly stats = { retries: 0, transactions: 0 };
   readonly pool: pg.Pool;
-  readonly #sqlCache = new Map<string, string>();
+  readonly #sqlCache = new Map<string, PgStatement>();
   readonly #schema: string | undefined;
 
   private constructor(opts: PostgresStoreOptions) {
@@ -114,7 +131,7 @@ export class PostgresStore implements Store {
       this.stats.transactions++;
       const c = await this.pool.connect();
       const afterCommit: Array<() => void> = [];
-      const query = (sql: string, params: readonly Param[]) => c.query(toPg(sql, this.#sqlCache), params as Param[]);
+      const query = (sql: string, params: readonly Param[]) => c.query({ ...toPg(sql, this.#sqlCache), values: params as Param[] });
       const held: HeldWrite[] = [];
       const send = async (): Promise<void> => {
         if (held.length === 0) return;
@@ -173,7 +190,7 @@ export class PostgresStore implements Store {
 
   async readCommitted<T>(sql: string, params: readonly Param[] = []): Promise<T | undefined> {
     // A single autocommit statement: one round trip instead of BEGIN, SELECT, COMMIT.
-    return (await this.pool.query(toPg(sql, this.#sqlCache), params as Param[])).rows[0] as T | undefined;
+    return (await this.pool.query({ ...toPg(sql, this.#sqlCache), values: params as Param[] })).rows[0] as T | undefined;
   }
 
   async close(): Promise<void> {
