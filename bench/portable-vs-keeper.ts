@@ -15,7 +15,12 @@
  * pool_exhausted (every machine busy or being fenced/scrubbed) is retried
  * after 5 ms; the time from the first attempt counts and misses are reported.
  *
- * Usage: node dist/bench/portable-vs-keeper.js [--seconds 5] [--clients 1,8,32] [--machines 40] [--engines sqlite,postgres]
+ * --control-only leaves out SSH: each cycle is borrow → active → return, so
+ * the figures are the control plane's (coordinator, the agent's install and
+ * its fence/scrub of returned machines) without 32 SSH handshakes competing
+ * for the same cores.
+ *
+ * Usage: node dist/bench/portable-vs-keeper.js [--seconds 5] [--clients 1,8,32] [--machines 40] [--engines sqlite,postgres] [--control-only]
  */
 import { arg, dist, enginesArg, pgSkipReason, printTable, round, writeResult, type Dist, type Engine } from "./lib.js";
 import { ensureHostsPool, firstByte, sleep, sshTo, startCluster, type BenchCluster, type Borrowed } from "./cluster.js";
@@ -27,6 +32,8 @@ const seconds = Number(arg("seconds", "5"));
 const levels = arg("clients", "1,8,32").split(",").map(Number);
 const machines = Number(arg("machines", "40"));
 const engines = enginesArg();
+/** --control-only: borrow → active → return, no SSH (the control plane alone: what the coordinator and the agent's install cost). */
+const controlOnly = process.argv.includes("--control-only");
 
 interface Row {
   engine: Engine;
@@ -61,6 +68,10 @@ async function cycle(c: BenchCluster, api: Api, access: Access, pool: string): P
     b = { ...b, machine: r.machine };
   }
   const active = performance.now() - t0;
+  if (controlOnly) {
+    await api.call("POST", `/v1/borrows/${b.borrowId}/return`, { token: b.borrowToken, ...(b.grantToken ? { grantToken: b.grantToken } : {}) });
+    return { active, first: Number.NaN, misses };
+  }
   const client = await sshTo(b, pair ? pair.privateKey : c.keeper.privateKey);
   try {
     const first = (await firstByte(client, "echo ok")) - t0;
@@ -85,7 +96,7 @@ async function level(c: BenchCluster, apis: Api[], access: Access, clients: numb
         try {
           const r = await cycle(c, api, access, pool);
           toActive.push(r.active);
-          toFirst.push(r.first);
+          if (!Number.isNaN(r.first)) toFirst.push(r.first);
           misses += r.misses;
         } catch (e) {
           errors++;
@@ -136,5 +147,5 @@ printTable(
     errors: r.errors,
   })),
 );
-const path = writeResult("portable-vs-keeper", { seconds, machines, skipped: engines.includes("postgres") ? null : pgSkipReason(), rows });
+const path = writeResult("portable-vs-keeper", { seconds, machines, controlOnly, skipped: engines.includes("postgres") ? null : pgSkipReason(), rows });
 process.stdout.write(`\nwrote ${path}\n`);

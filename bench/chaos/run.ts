@@ -102,7 +102,10 @@ async function main(): Promise<void> {
   const tok = (role: string) => berth(["token", "create", "--org", "acme", "--role", role, "--out", join(root, `${role}.token`)], env) && readFileSync(join(root, `${role}.token`), "utf8").trim();
   const admin = tok("admin");
   const member = tok("member");
-  tok("agent");
+  // One enroll token file per agent: an agent that enrolls with its identity
+  // key removes the file it was given (docs/host-identity.md).
+  const agentToken = tok("agent");
+  for (let i = 0; i < 2; i++) writeFileSync(join(root, `agent${i}.token`), agentToken + "\n", { mode: 0o600 });
   execFileSync("ssh-keygen", ["-q", "-t", "ed25519", "-N", "", "-f", join(root, "keeper"), "-C", "chaos-keeper"]);
   const keeperPrivate = readFileSync(join(root, "keeper"), "utf8");
 
@@ -141,7 +144,7 @@ async function main(): Promise<void> {
           const url = urls[(attempt + i) % urls.length]!;
           try {
             p.child = await spawnUntil(
-              ["agent", "--state-dir", dir, "--coordinator", url, "--enroll-token-file", join(root, "agent.token"), "--listen", `127.0.0.1:${api}`, "--ssh-listen", `127.0.0.1:${ssh}`, "--runtime", "process", "--slots", "6", "--name", `host${i}`],
+              ["agent", "--state-dir", dir, "--coordinator", url, "--enroll-token-file", join(root, `agent${i}.token`), "--listen", `127.0.0.1:${api}`, "--ssh-listen", `127.0.0.1:${ssh}`, "--runtime", "process", "--slots", "6", "--name", `host${i}`],
               {},
               /berth agent ready/,
               join(root, `agent${i}.log`),
