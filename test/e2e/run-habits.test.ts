@@ -64,7 +64,9 @@ describe("berth run behaves like ssh", { timeout: 180_000 }, () => {
       const before = await settled();
       const name = sig.slice(3);
       // stdin is a pipe that is never written to: forwarded, and the signal must still arrive.
-      const r = start(c, ["--pool", "ci", "--", "sh", "-c", `trap 'echo trapped-${name}; exit 0' ${name}; echo started; sleep 30; echo not-reached`]);
+      // A loop of short sleeps: a signal landing while sh forks a child can be swallowed by that
+      // child (sh's race); the trap then runs when the current sleep ends, not after 30 s.
+      const r = start(c, ["--pool", "ci", "--", "sh", "-c", `trap 'echo trapped-${name}; exit 0' ${name}; echo started; i=0; while [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; echo not-reached`]);
       await until("the command to start", () => r.out().includes("started"));
       r.kill(sig);
       assert.equal(await r.status, status, r.err());
