@@ -413,16 +413,11 @@ export class AgentOps {
     const m = this.#machine(ctx.machineId);
     if (ctx.generation > m.generation) keys.advance(ctx.machineId, ctx.generation);
     const sessionsClosed = await sessions.closeMachine(ctx.machineId, `fence (operation ${ctx.opId})`);
+    // The fence proves absence itself or throws (FenceProof.remaining); what is
+    // left to check is that the machine is there, at the incarnation it reports.
     const proof = await runtime.fence(ctx.machineId);
-    // A count inside a freshly restarted sandbox proves nothing about the
-    // borrower's processes (they died with the old sandbox, by its exact
-    // identity): the runtime's proof carries the count then.
-    const seen = proof.remaining === 0
-      ? { exists: (await runtime.incarnation(ctx.machineId)) === proof.incarnation, liveProcesses: 0 }
-      : await runtime.inspect(ctx.machineId);
-    if (!seen.exists) throw new Error(`the runtime no longer has machine ${ctx.machineId} after the fence`);
-    if (seen.liveProcesses > 0) {
-      throw new Error(`${seen.liveProcesses} processes of machine ${ctx.machineId} remain after the fence`);
+    if ((await runtime.incarnation(ctx.machineId)) !== proof.incarnation) {
+      throw new Error(`the runtime no longer has machine ${ctx.machineId} at incarnation ${proof.incarnation} after the fence`);
     }
     if (m.incarnation !== null && proof.incarnation === m.incarnation) {
       throw new Error(`the fence of machine ${ctx.machineId} did not change its incarnation (${proof.incarnation})`);
@@ -431,7 +426,7 @@ export class AgentOps {
       incarnationBefore: m.incarnation,
       incarnationAfter: proof.incarnation,
       sessionsClosed,
-      processesRemaining: seen.liveProcesses,
+      processesRemaining: proof.remaining,
       evidence: proof.evidence,
     };
     const after: MachineRecord = { ...this.#machine(ctx.machineId), incarnation: proof.incarnation, mismatch: null };

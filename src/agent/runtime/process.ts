@@ -293,7 +293,7 @@ export class ProcessRuntime implements Runtime {
       incarnations: [inc, ...rec.incarnations].slice(0, KEEP_INCARNATIONS),
     };
     writeRecord(join(this.dir(machineId), "machine.json"), next);
-    return { incarnation: inc, evidence: `${evidence}; incarnation ${rec.incarnation} -> ${inc}` };
+    return { incarnation: inc, remaining: 0, evidence: `${evidence}; incarnation ${rec.incarnation} -> ${inc}` };
   }
 
   fence(machineId: string): Promise<FenceProof> {
@@ -315,7 +315,7 @@ export class ProcessRuntime implements Runtime {
       const ws = join(this.dir(machineId), "workspace");
       mkdirSync(ws, { recursive: true, mode: 0o700 });
       const n = wipeDirectory(ws);
-      return { incarnation: proof.incarnation, evidence: `${proof.evidence}; workspace wiped (${n} entries)` };
+      return { ...proof, evidence: `${proof.evidence}; workspace wiped (${n} entries)` };
     });
   }
 

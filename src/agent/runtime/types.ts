@@ -106,12 +106,12 @@ export interface FenceProof {
   /** How absence was proven, e.g. "sandbox restarted: incarnation A -> B" or "3 groups reaped, 0 processes remain". */
   evidence: string;
   /**
-   * Processes of the fenced incarnation left, when the fence itself proves
-   * the count (gvisor: the old sandbox was killed by its exact identity and no
-   * host process of its container remains, so nothing of it can run in the
-   * fresh sandbox). Absent: the caller counts with `inspect`.
+   * Processes of the fenced incarnation left: a fence proves there are none or
+   * throws (process: rescans the machine's host processes until none is left;
+   * gvisor: the old sandbox killed by its exact identity and no host process of
+   * its container left — a count inside the fresh sandbox would prove nothing).
    */
-  remaining?: 0;
+  remaining: 0;
 }
 
 export interface Runtime {
