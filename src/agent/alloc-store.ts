@@ -18,7 +18,7 @@
  */
 import type Database from "better-sqlite3";
 import type { Migration } from "../store/migrate.js";
-import { statements } from "./statements.js";
+import { statements } from "../store/sqlite/statements.js";
 
 export const ALLOC_AGENT_MIGRATION: Migration = {
   version: 3,

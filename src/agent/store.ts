@@ -25,7 +25,7 @@ import Database from "better-sqlite3";
 import type { InstalledKey } from "./contracts.js";
 import { runMigrations, sqliteMigrationDriver, SCHEMA_VERSION_TABLE, type Migration } from "../store/migrate.js";
 import { ALLOC_AGENT_MIGRATION } from "./alloc-store.js";
-import { statements } from "./statements.js";
+import { statements } from "../store/sqlite/statements.js";
 import { NETWORK_MIGRATION } from "./network/store.js";
 
 export const STORE_FILE = "agent.db";

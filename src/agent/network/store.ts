@@ -10,7 +10,7 @@ import type Database from "better-sqlite3";
 import type { Migration } from "../../store/migrate.js";
 import type { NetworkPolicy } from "../../core/network-policy.js";
 import type { ReadinessEvidence } from "../../core/network-evidence.js";
-import { statements } from "../statements.js";
+import { statements } from "../../store/sqlite/statements.js";
 
 export const NETWORK_MIGRATION: Migration = {
   version: 5,

@@ -20,6 +20,7 @@ import { MIGRATIONS } from "../migrations.js";
 import { runMigrations, sqliteMigrationDriver } from "../migrate.js";
 import { backoffMs, checkWrite, writeTable, MAX_TX_ATTEMPTS, pauseForTest, runAfterCommit, type Param, type Store, type TransactionOptions, type Tx, type WriteOptions } from "../store.js";
 import { BerthError } from "../../core/errors.js";
+import { statements } from "./statements.js";
 
 export interface SqliteStoreOptions {
   path: string;
@@ -47,7 +48,6 @@ export class SqliteStore implements Store {
   readonly dialect = "sqlite" as const;
   readonly stats = { retries: 0, transactions: 0 };
   readonly db: Database.Database;
-  readonly #statements = new Map<string, Statement>();
   readonly #pending: Pending[] = [];
   #draining = false;
   readonly #idle: Array<() => void> = [];
@@ -55,7 +55,7 @@ export class SqliteStore implements Store {
   readonly #tx: Tx;
   /** A second, read-only connection: each statement on it sees the last committed state (WAL snapshot), never the open group. */
   readonly #reader: Database.Database;
-  readonly #readerStatements = new Map<string, Statement>();
+  readonly #readerStatement: (sql: string) => Statement;
   /** After-commit callbacks of the transaction now running (only one runs at a time). */
   #afterCommit: Array<() => void> = [];
 
@@ -65,14 +65,7 @@ export class SqliteStore implements Store {
     this.db.pragma("synchronous = FULL");
     this.db.pragma("foreign_keys = ON");
     this.db.pragma(`busy_timeout = ${opts.busyTimeoutMs ?? 2000}`);
-    const stmt = (sql: string): Statement => {
-      let s = this.#statements.get(sql);
-      if (!s) {
-        s = this.db.prepare(sql);
-        this.#statements.set(sql, s);
-      }
-      return s;
-    };
+    const stmt = statements(this.db);
     this.#tx = {
       dialect: "sqlite",
       forUpdate: "",
@@ -93,6 +86,7 @@ export class SqliteStore implements Store {
     const memory = opts.path === ":memory:" || opts.path.startsWith("file::memory");
     this.#reader = memory ? this.db : new Database(opts.path, { readonly: true, fileMustExist: true });
     if (!memory) this.#reader.pragma(`busy_timeout = ${opts.busyTimeoutMs ?? 2000}`);
+    this.#readerStatement = statements(this.#reader);
     this.#stmts = {
       begin: this.db.prepare("BEGIN IMMEDIATE"),
       commit: this.db.prepare("COMMIT"),
@@ -227,12 +221,7 @@ export class SqliteStore implements Store {
   }
 
   async readCommitted<T>(sql: string, params: readonly Param[] = []): Promise<T | undefined> {
-    let s = this.#readerStatements.get(sql);
-    if (!s) {
-      s = this.#reader.prepare(sql);
-      this.#readerStatements.set(sql, s);
-    }
-    return s.get(...params) as T | undefined;
+    return this.#readerStatement(sql).get(...params) as T | undefined;
   }
 
   async close(): Promise<void> {

@@ -1,4 +1,4 @@
-/** Statements prepared once per database and reused: preparing costs more than running most of the agent's statements. */
+/** Statements prepared once per connection and reused: preparing costs more than running most of berth's statements (the coordinator's SQLite store and the agent's). */
 import type Database from "better-sqlite3";
 
 export function statements(db: Database.Database): (sql: string) => Database.Statement {
