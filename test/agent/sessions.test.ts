@@ -129,6 +129,9 @@ for (const kind of ["process", "gvisor"] as const) {
         t.write("echo rc=$?; kill -KILL %1; wait; echo reaped\n");
         await t.waitFor(/rc=148/, from);
         await t.waitFor(/(^|[\r\n])reaped\r?\n/, from);
+        // bash may print "reaped" before the killed job is gone; counting it as the next
+        // foreground job would send QUIT to the shell (which ignores it).
+        await until(async () => (await r.runtime.inspect(r.machine)).liveProcesses <= 1, "only the shell left");
         t.write("sleep 1002\n");
         await running(r, 2);
         t.ch.signal("QUIT");
