@@ -2,7 +2,8 @@
  * Where a client (the CLI, or the library via BerthClient.fromConfig) finds its
  * coordinator and credentials, in order:
  *   1. flags: --url, --token-file, --config
- *   2. environment: BERTH_URL, BERTH_TOKEN (the token itself), BERTH_TOKEN_FILE, BERTH_CONFIG
+ *   2. environment: BERTH_URL, BERTH_TOKEN (the token itself), BERTH_TOKEN_FILE, BERTH_CONFIG,
+ *      BERTH_POOL (the pool `berth run` borrows from without --pool)
  *   3. ./.berth/client.json (written by `berth up`), then ~/.config/berth/client.json
  * The API token is never taken from argv: only from a file or the environment.
  */
@@ -16,6 +17,8 @@ export interface ClientConfig {
   token: string;
   /** Private key of the keeper principal (keeper pools whose machines carry its public key). */
   keeperKeyFile: string | null;
+  /** The pool `berth run` uses without --pool (BERTH_POOL, else the file's `pool`), if any. */
+  pool: string | null;
   /** Directory for receipts and ephemeral keys of `berth run`. */
   stateDir: string;
   source: string;
@@ -31,6 +34,7 @@ interface FileConfig {
   url?: string;
   tokenFile?: string;
   keeperKeyFile?: string;
+  pool?: string;
 }
 
 export function configCandidates(flags: ConfigFlags): string[] {
@@ -78,6 +82,7 @@ export function loadConfig(flags: ConfigFlags): ClientConfig {
     url: url.replace(/\/+$/, ""),
     token,
     keeperKeyFile: file.keeperKeyFile ? abs(file.keeperKeyFile) : null,
+    pool: process.env.BERTH_POOL || (typeof file.pool === "string" && file.pool ? file.pool : null),
     stateDir: source.endsWith("client.json") ? dirname(source) : resolve(".berth"),
     source,
   };

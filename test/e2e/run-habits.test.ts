@@ -123,6 +123,17 @@ describe("berth run behaves like ssh", { timeout: 180_000 }, () => {
     assert.equal(r.out(), "got-a-machine\n");
   });
 
+  test("the pool may come from BERTH_POOL; with none anywhere, a usage error (2) that says how to give one", async () => {
+    await settled();
+    const viaEnv = await berth(["run", "-q", "--config", c.clientConfig, "--", "echo", "via-env"], { env: { BERTH_POOL: "ci" } });
+    assert.equal(viaEnv.status, 0, viaEnv.stderr);
+    assert.equal(viaEnv.stdout, "via-env\n");
+    const none = await berth(["run", "--config", c.clientConfig, "--", "true"], { env: { BERTH_POOL: "" } });
+    assert.equal(none.status, 2, none.stderr);
+    assert.match(none.stderr, /no pool given; pass --pool NAME, set BERTH_POOL/);
+    assert.doesNotMatch(none.stderr, /borrowed/, "refused before borrowing");
+  });
+
   test("without --wait long enough, an empty pool ends in 69", async () => {
     await settled();
     const receipt = join(c.dir.path, "hold.json");

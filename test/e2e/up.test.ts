@@ -58,7 +58,7 @@ describe("berth up", { timeout: 120_000 }, () => {
     }
   });
 
-  test("`berth up` keeps running; `berth run --pool default` from the same directory borrows from it", async () => {
+  test("`berth up` keeps running; `berth run` (with or without `--pool default`) from the same directory borrows from it", async () => {
     const d = tempDir("berth-up-");
     const up = await startProcess(["up", "--state-dir", join(d.path, ".berth"), "--listen", "127.0.0.1:0", "--runtime", "process"], {}, /berth is up/);
     try {
@@ -66,6 +66,10 @@ describe("berth up", { timeout: 120_000 }, () => {
       const r = berthSync(["run", "--pool", "default", "--config", config, "--", "sh", "-c", "echo from-run; exit 3"]);
       assert.equal(r.stdout, "from-run\n", r.stderr);
       assert.equal(r.status, 3);
+      // Without --pool: the client config `berth up` wrote names its pool.
+      const bare = await berth(["run", "-q", "--", "echo", "from-default"], { cwd: d.path });
+      assert.equal(bare.status, 0, bare.stderr);
+      assert.equal(bare.stdout, "from-default\n");
       const show = berthSync(["pool", "show", "default", "--config", config, "--json"]);
       assert.equal(show.status, 0, show.stderr);
       assert.equal(JSON.parse(show.stdout).name, "default");

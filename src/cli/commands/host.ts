@@ -6,7 +6,7 @@
  * Exit codes: 0 ok; 1 refused (host_busy: lent machines, use --force);
  * 2 usage; 69 the agent could not be reached.
  */
-import type { Command } from "commander";
+import { Option, type Command } from "commander";
 import { BerthError } from "../../core/errors.js";
 import { clientFrom, durationArg, iso, printJson, printTable, runCommand } from "../common.js";
 import type { Api } from "../api.js";
@@ -87,7 +87,7 @@ export function register(program: Command): void {
       .option("--all", "every host still on the enroll token", false)
       .option("--force", "end the borrows of lent machines instead of refusing", false)
       .option("--wait", "wait until the hosts are active", false)
-      .option("--timeout <duration>", "how long --wait waits", durationArg("--timeout"), 120_000),
+      .addOption(new Option("--timeout <duration>", "how long --wait waits").argParser(durationArg("--timeout")).default(120_000, "2m")),
   ).action((name: string | undefined, o: { all: boolean; force: boolean; wait: boolean; timeout: number; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
     runCommand(async () => {
       if ((name === undefined) === !o.all) {

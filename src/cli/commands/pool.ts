@@ -75,7 +75,7 @@ export function register(program: Command): void {
       .option("--allow <entry>", "egress allow entry: CIDR, CIDR:PORT or NAME:PORT (repeatable; names are resolved and pinned by the agent)", (v: string, acc: string[]) => [...acc, v], [] as string[])
       .option("--dns <ip>", "a DNS resolver the machines may query (repeatable; none: pinned names only)", (v: string, acc: string[]) => [...acc, v], [] as string[])
       .option("--wait", "wait until min-ready machines are ready", false)
-      .option("--timeout <duration>", "how long --wait waits", durationArg("--timeout"), 300_000),
+      .addOption(new Option("--timeout <duration>", "how long --wait waits").argParser(durationArg("--timeout")).default(300_000, "5m")),
   ).action(
     (name: string, o: { minReady: number; maxReady: number; compatibilityKey: string; access: string; provider: string; hardTtl?: number; heartbeat?: number; keeperKey?: string; imageId?: string; network: "none" | "egress"; allow: string[]; dns: string[]; wait: boolean; timeout: number; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
       runCommand(async () => {

@@ -163,10 +163,10 @@ export function register(program: Command): void {
   program
     .command("run")
     .description("Borrow a machine, run a command on it over SSH, give it back; exits with the command's status")
-    .requiredOption("--pool <name>", "pool to borrow from")
+    .option("--pool <name>", "pool to borrow from (or BERTH_POOL, or the client config's pool: `default` after `berth up`)")
     .addOption(new Option("--pool-access <mode>", "keeper (default) or portable (explicit opt-in)").choices(["keeper", "portable"]).default("keeper"))
     .option("--duration <duration>", "portable: borrow length (max 30m); the command is interrupted at the deadline", durationArg("--duration"))
-    .option("--wait <duration>", "wait this long for a ready machine when the pool is empty", durationArg("--wait"), DEFAULT_WAIT_MS)
+    .addOption(new Option("--wait <duration>", "wait this long for a ready machine when the pool is empty").argParser(durationArg("--wait")).default(DEFAULT_WAIT_MS, `${DEFAULT_WAIT_MS / 1000}s`))
     .option("--drain", "retire the machine afterwards instead of returning it to the pool", false)
     .option("-n, --no-stdin", "do not forward standard input (the command reads EOF), as ssh -n")
     .option("-i, --stdin", "forward standard input even when it is a terminal")
@@ -191,14 +191,20 @@ Examples:
   echo hi | berth run --pool default -- cat
   berth run --pool agents --pool-access portable --duration 5m -- ./job.sh`,
     )
-    .action(async (argv: string[], o: { pool: string; poolAccess: "keeper" | "portable"; duration?: number; wait: number; drain: boolean; stdin?: boolean; quiet: boolean; url?: string; tokenFile?: string; config?: string }) => {
+    .action(async (argv: string[], o: { pool?: string; poolAccess: "keeper" | "portable"; duration?: number; wait: number; drain: boolean; stdin?: boolean; quiet: boolean; url?: string; tokenFile?: string; config?: string }) => {
       let client: BerthClient | null = null;
       let status: number;
       try {
         const config = loadConfig(o);
+        const pool = o.pool ?? config.pool;
+        if (!pool) {
+          process.stderr.write("berth: no pool given; pass --pool NAME, set BERTH_POOL, or add \"pool\" to the client config (`berth pool ls` lists them)\n");
+          process.exitCode = EXIT.usage;
+          return;
+        }
         client = new BerthClient({ url: config.url, token: config.token, keeperKeyFile: config.keeperKeyFile });
         const stdin = o.stdin === false ? "never" : o.stdin === true ? "always" : "auto";
-        status = await runOnBorrowed(client, config, argv, { pool: o.pool, access: o.poolAccess, durationMs: o.duration, drain: o.drain, quiet: o.quiet, stdin, waitMs: o.wait });
+        status = await runOnBorrowed(client, config, argv, { pool, access: o.poolAccess, durationMs: o.duration, drain: o.drain, quiet: o.quiet, stdin, waitMs: o.wait });
       } catch (e) {
         process.stderr.write(`berth: ${describeError(e)}\n`);
         status = exitCodeOf(e);

@@ -159,7 +159,7 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
           writeFileDurable(keeperKey, pair.privateKey, 0o600);
           writeFileDurable(`${keeperKey}.pub`, pair.publicKey + "\n", 0o644);
         }
-        writeFileDurable(join(dir, "client.json"), JSON.stringify({ url: coord.url, tokenFile: "admin.token", keeperKeyFile: "keeper_ed25519" }, null, 2) + "\n", 0o600);
+        writeFileDurable(join(dir, "client.json"), JSON.stringify({ url: coord.url, tokenFile: "admin.token", keeperKeyFile: "keeper_ed25519", pool: "default" }, null, 2) + "\n", 0o600);
         api = new Api(coord.url, admin);
         agent = (await startAgentProcess(o, dir, coord.url, enroll, say)).child;
         await api.call("POST", "/v1/pools/default/ensure", {
