@@ -17,7 +17,10 @@
  */
 import { readFileSync } from "node:fs";
 import { Writable } from "node:stream";
+import { randomBytes } from "node:crypto";
 import { BerthError } from "../core/errors.js";
+import { newId } from "../core/ids.js";
+import { newToken } from "../core/tokens.js";
 import { writeFileDurable } from "../store/durable-file.js";
 import { Borrow, type Access } from "./borrow.js";
 import { loadConfig, type ConfigFlags } from "./config.js";
@@ -113,6 +116,20 @@ interface BorrowReply {
   machine: Receipt["machine"];
 }
 
+/** Pauses before sending a keeper borrow again after its reply was lost. */
+const RESEND_PAUSES_MS = [50, 250, 1000];
+
+/**
+ * The request may have reached the coordinator and its answer did not come back: the
+ * connection broke after sending (reset, hang-up, timeout), or a proxy in between answered
+ * 502/504 without a berth error. A refused connection never carried the request: not this.
+ */
+function replyLost(e: unknown): boolean {
+  if (e instanceof ApiError) return e.code === "http_error" && (e.status === 502 || e.status === 504);
+  const code = (e as NodeJS.ErrnoException).code;
+  return code === "ECONNRESET" || code === "EPIPE" || code === "ETIMEDOUT" || code === "ECONNABORTED";
+}
+
 const sleep = (ms: number, signal?: AbortSignal) =>
   new Promise<void>((resolve, reject) => {
     if (signal?.aborted) return reject(signal.reason);
@@ -161,14 +178,25 @@ export class BerthClient {
       body.publicKey = pair.publicKey;
       if (o.durationMs !== undefined) body.durationMs = o.durationMs;
     }
+    // Keeper: the borrow's id and token are chosen here, so a request whose reply is lost can be
+    // sent again and answers the same borrow instead of taking a second machine.
+    if (access === "keeper") {
+      body.borrowId = newId("b", randomBytes);
+      body.borrowToken = newToken("borrow", randomBytes);
+    }
     const started = Date.now();
     let pause = 25;
+    let resent = 0;
     let r: BorrowReply;
     for (;;) {
       try {
         r = await this.api.call<BorrowReply>("POST", `/v1/pools/${encodeURIComponent(o.pool)}/borrow`, body, o.preloadSsh ? preloadSshClient : undefined);
         break;
       } catch (e) {
+        if (access === "keeper" && resent < RESEND_PAUSES_MS.length && replyLost(e) && !o.signal?.aborted) {
+          await sleep(RESEND_PAUSES_MS[resent++]!, o.signal);
+          continue;
+        }
         const waited = Date.now() - started;
         const exhausted = e instanceof ApiError && e.code === "pool_exhausted";
         if (!exhausted || waited + pause > (o.waitMs ?? 0) || o.signal?.aborted) {

@@ -20,10 +20,13 @@ export interface BorrowRow {
 export async function insertBorrow(
   tx: Tx,
   b: { id: string; org: string; pool: string; machineId: string; principal: string; tokenHash: string; generation: number; now: number; heartbeatDeadline: number; expiresAt: number },
+  /** For a client-chosen id or token: an existing one fails the transaction with this error instead of a constraint error. */
+  taken: (() => Error) | null = null,
 ): Promise<void> {
   await tx.write(
-    "INSERT INTO borrows (id, org, pool, machine_id, principal, token_hash, state, generation, created_at, heartbeat_deadline, expires_at, ended_at, reason) VALUES (?, ?, ?, ?, ?, ?, 'active', ?, ?, ?, ?, NULL, NULL)",
+    `INSERT INTO borrows (id, org, pool, machine_id, principal, token_hash, state, generation, created_at, heartbeat_deadline, expires_at, ended_at, reason) VALUES (?, ?, ?, ?, ?, ?, 'active', ?, ?, ?, ?, NULL, NULL)${taken ? " ON CONFLICT DO NOTHING" : ""}`,
     [b.id, b.org, b.pool, b.machineId, b.principal, b.tokenHash, b.generation, b.now, b.heartbeatDeadline, b.expiresAt],
+    taken ? { expect: { rows: 1, error: taken } } : undefined,
   );
 }
 

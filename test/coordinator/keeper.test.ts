@@ -34,6 +34,69 @@ function metricValue(text: string, name: string, labels: string): number {
 
 for (const engine of ["sqlite", "postgres"] as Engine[]) {
   describe(`keeper pools on ${engine}`, { skip: engine === "postgres" ? PG_SKIP : false }, () => {
+    test("a client-chosen borrow id and token: a repeat answers the same borrow (even from an empty pool); another token, org or pool is conflict", async () => {
+      const t = await startTestCoordinator({ engine, reconcile: false });
+      try {
+        const api = await t.api("admin");
+        const e = await ensure(api, "ci", { minReady: 1, maxReady: 1 });
+        const m = await register(api, "ci", e.claims[0]!, "vm-1");
+        const member = await t.api("member");
+        const chosen = { borrowId: "b_" + "k".repeat(20), borrowToken: "bbt_" + "A".repeat(43) };
+        const first = await member.raw("POST", "/v1/pools/ci/borrow", chosen);
+        assert.equal(first.status, 201, first.text);
+        const b = first.body as { borrowId: string; borrowToken: string; machine: { id: string; generation: number }; expiresAt: number; repeated: boolean };
+        assert.equal(b.borrowId, chosen.borrowId);
+        assert.equal(b.borrowToken, chosen.borrowToken);
+        assert.equal(b.machine.id, m.machineId);
+        assert.equal(b.repeated, false);
+        // The pool's one machine is lent: a repeat (a retry after a lost reply) still gets its borrow.
+        const again = await member.raw("POST", "/v1/pools/ci/borrow", chosen);
+        assert.equal(again.status, 200, again.text);
+        assert.deepEqual({ ...(again.body as object), repeated: false }, b);
+        assert.equal((again.body as { repeated: boolean }).repeated, true);
+        await refused(member.call("POST", "/v1/pools/ci/borrow", {}), "pool_exhausted", 503);
+        const show = await api.call<{ counts: { ready: number; lent: number } }>("GET", "/v1/pools/ci");
+        assert.equal(show.counts.lent, 1, "one machine lent, not two");
+        // The same id with another token, from another organisation, or for another pool: conflict.
+        await refused(member.call("POST", "/v1/pools/ci/borrow", { ...chosen, borrowToken: "bbt_" + "B".repeat(43) }), "conflict", 409);
+        await ensure(await t.api("admin", "other-org"), "ci", { minReady: 0, maxReady: 1 });
+        await refused((await t.api("member", "other-org")).call("POST", "/v1/pools/ci/borrow", chosen), "conflict", 409);
+        await ensure(api, "other", { minReady: 0, maxReady: 1 });
+        await refused(member.call("POST", "/v1/pools/other/borrow", chosen), "conflict", 409);
+        // The stored token is a hash; the client's token works for the borrow's own calls.
+        await member.call("POST", `/v1/borrows/${b.borrowId}/heartbeat`, { token: chosen.borrowToken });
+        const back = await member.call<{ state: string }>("POST", `/v1/borrows/${b.borrowId}/return`, { token: chosen.borrowToken });
+        assert.equal(back.state, "ready");
+        // Once returned, a repeat does not lend the machine again under the old borrow.
+        await refused(member.call("POST", "/v1/pools/ci/borrow", chosen), "borrow_not_active", 409);
+        // Malformed or half-given: refused before anything is read.
+        await refused(member.call("POST", "/v1/pools/ci/borrow", { borrowId: chosen.borrowId }), "invalid_request", 400);
+        await refused(member.call("POST", "/v1/pools/ci/borrow", { ...chosen, borrowToken: "short" }), "invalid_request", 400);
+        await refused(member.call("POST", "/v1/pools/ci/borrow", { ...chosen, borrowId: "b_UPPER_" + "x".repeat(20) }), "invalid_request", 400);
+        assert.equal((await api.call<{ counts: { ready: number } }>("GET", "/v1/pools/ci")).counts.ready, 1);
+      } finally {
+        await t.close();
+      }
+    });
+
+    test("8 concurrent requests of one client-chosen borrow: one borrow, one machine lent, every answer the same", async () => {
+      const t = await startTestCoordinator({ engine, reconcile: false });
+      try {
+        const api = await t.api("admin");
+        const e = await ensure(api, "ci", { minReady: 3, maxReady: 3 });
+        for (const [i, c] of e.claims.entries()) await register(api, "ci", c, `vm-${i}`);
+        const member = await t.api("member");
+        const chosen = { borrowId: "b_" + "c".repeat(20), borrowToken: "bbt_" + "C".repeat(43) };
+        const answers = await Promise.all(Array.from({ length: 8 }, () => member.call<{ borrowId: string; machine: { id: string } }>("POST", "/v1/pools/ci/borrow", chosen)));
+        assert.deepEqual(new Set(answers.map((a) => `${a.borrowId}/${a.machine.id}`)).size, 1, JSON.stringify(answers));
+        const counts = (await api.call<{ counts: { ready: number; lent: number } }>("GET", "/v1/pools/ci")).counts;
+        assert.equal(counts.lent, 1);
+        assert.equal(counts.ready, 2);
+      } finally {
+        await t.close();
+      }
+    });
+
     test("[I7] ensure issues claims, registration consumes them, borrow and return cycle", async () => {
       const t = await startTestCoordinator({ engine, reconcile: false });
       try {

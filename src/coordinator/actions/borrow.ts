@@ -4,6 +4,12 @@
  * that has waited longest (excluding machines near their hard TTL), advances
  * its generation and records a borrow whose token is returned once and
  * stored only as a hash.
+ *
+ * A client may choose the borrow's id and token itself (both; the token is
+ * still stored only as a hash). A repeat of that request — a retry after a
+ * lost reply — answers the same borrow (`repeated: true`, nothing taken
+ * twice) while it is active; the same id with another token or from another
+ * organisation is `conflict`.
  */
 import { BerthError } from "../../core/errors.js";
 import { newId } from "../../core/ids.js";
@@ -26,15 +32,56 @@ export interface KeeperBorrowResult {
   heartbeatMs: number;
   heartbeatDeadline: number;
   expiresAt: number;
+  /** True when this answers an earlier request for the same client-chosen borrow. */
+  repeated: boolean;
 }
 
-export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string): Promise<KeeperBorrowResult> {
+/** A borrow id and token the client chose (`POST …/borrow` with `borrowId` and `borrowToken`). */
+export interface ChosenBorrow {
+  borrowId: string;
+  borrowToken: string;
+}
+
+/** Thrown inside the transaction when a concurrent request inserted the same client-chosen id first. */
+class BorrowRaced extends Error {}
+
+export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string, chosen: ChosenBorrow | null = null): Promise<KeeperBorrowResult> {
+  try {
+    return await borrowKeeperOnce(ctx, p, poolName, chosen, false);
+  } catch (e) {
+    // The chosen id was taken — by an earlier request of this borrow (a retry after a lost
+    // reply) or a concurrent one: the transaction rolled back whole (no machine taken); once
+    // more, reading first, answers that borrow. The first attempt does not read: a fresh
+    // borrow, the common case, costs no extra statement.
+    if (!(e instanceof BorrowRaced)) throw e;
+    try {
+      return await borrowKeeperOnce(ctx, p, poolName, chosen, true);
+    } catch (again) {
+      if (again instanceof BorrowRaced) throw conflictOf(chosen!.borrowId);
+      throw again;
+    }
+  }
+}
+
+function conflictOf(borrowId: string): BerthError {
+  return new BerthError("conflict", `conflict: borrow id ${borrowId} (or its token) is already taken by another request; choose another id and token`);
+}
+
+async function borrowKeeperOnce(ctx: Ctx, p: Principal, poolName: string, chosen: ChosenBorrow | null, lookFirst: boolean): Promise<KeeperBorrowResult> {
   const started = process.hrtime.bigint();
   const now = ctx.now();
-  const borrowId = newId("b", ctx.randomBytes);
-  const token = newToken("borrow", ctx.randomBytes);
+  const borrowId = chosen?.borrowId ?? newId("b", ctx.randomBytes);
+  const token = chosen?.borrowToken ?? newToken("borrow", ctx.randomBytes);
   const tokenHash = hashToken("borrow", token);
   const out = await ctx.store.transaction(async (tx) => {
+    const earlierAnswer = async () => {
+      const earlier = chosen ? await readBorrowWithMachineState(tx, borrowId) : undefined;
+      return earlier ? { miss: false as const, repeat: await repeatedBorrow(tx, p, poolName, earlier, token, now) } : null;
+    };
+    if (lookFirst) {
+      const answer = await earlierAnswer();
+      if (answer) return answer;
+    }
     const pool = await readPool(tx, p.org, poolName);
     if (!pool) throw new BerthError("not_found", `not_found: no pool named ${poolName} in this organisation`);
     if (pool.access !== "keeper") {
@@ -42,13 +89,21 @@ export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string): Pr
     }
     const m = await takeReadyMachine(tx, pool, "keeper", now);
     if (!m) {
+      // A retry whose borrow took the last machine must get that borrow, not pool_exhausted.
+      const answer = lookFirst ? null : await earlierAnswer();
+      if (answer) return answer;
       await requestFillCheck(tx, poolRef(p.org, poolName), now);
       return { miss: true as const, pool: pool.name };
     }
     const applied = await applyTransition(tx, ctx, m, { kind: "reserve", mode: "keeper" }, now, { subject: borrowId, lentTo: borrowId, nonce: borrowId });
     const expiresAt = m.hard_expires_at;
     const heartbeatDeadline = nextHeartbeatDeadline(now, pool.heartbeatMs, expiresAt);
-    await insertBorrow(tx, { id: borrowId, org: p.org, pool: poolName, machineId: m.id, principal: p.tokenId, tokenHash, generation: applied.machine.generation, now, heartbeatDeadline, expiresAt });
+    await insertBorrow(
+      tx,
+      { id: borrowId, org: p.org, pool: poolName, machineId: m.id, principal: p.tokenId, tokenHash, generation: applied.machine.generation, now, heartbeatDeadline, expiresAt },
+      // A client-chosen id or token may meet a concurrent insert of the same: roll back, then read it.
+      chosen ? () => new BorrowRaced() : null,
+    );
     await setDue(tx, "heartbeat", borrowId, heartbeatDeadline);
     // The pool may now be short of minReady: the reconciler's next pass looks
     // (no wake-up per borrow; one fill visit serves every borrow before it).
@@ -56,8 +111,9 @@ export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string): Pr
     // A pool whose provider does not provision (an outside keeper fills it
     // through ensure) has nothing a borrow could make its fill visit do.
     if (ctx.providers.get(pool.provider)?.capabilities.provision) await requestFillCheck(tx, poolRef(p.org, poolName), now);
-    return { miss: false as const, pool: pool.name, machine: applied.machine, readySince: m.ready_since, heartbeatMs: pool.heartbeatMs, heartbeatDeadline, expiresAt, work: applied.opIds.length > 0 };
+    return { miss: false as const, repeat: null, pool: pool.name, machine: applied.machine, readySince: m.ready_since, heartbeatMs: pool.heartbeatMs, heartbeatDeadline, expiresAt, work: applied.opIds.length > 0 };
   }, { name: "borrow" });
+  if (!out.miss && out.repeat) return out.repeat;
   if (out.miss) {
     ctx.metrics.warm.inc({ pool: out.pool, result: "miss" });
     ctx.metrics.borrowRequests.inc({ pool: out.pool, access: "keeper", outcome: "exhausted" });
@@ -83,6 +139,26 @@ export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string): Pr
     heartbeatMs: out.heartbeatMs,
     heartbeatDeadline: out.heartbeatDeadline,
     expiresAt: out.expiresAt,
+    repeated: false,
+  };
+}
+
+/** The answer to a repeated client-chosen borrow: the same borrow while it is active, else why not. */
+async function repeatedBorrow(tx: Tx, p: Principal, poolName: string, b: BorrowRow, token: string, now: number): Promise<KeeperBorrowResult> {
+  if (b.org !== p.org || b.pool !== poolName || !sameHash(b.token_hash, hashToken("borrow", token))) throw conflictOf(b.id);
+  refuseNotLive(b, now);
+  const m = await readMachine(tx, b.machine_id);
+  const pool = await readPool(tx, p.org, poolName);
+  if (!m || !pool) throw new BerthError("borrow_not_active", `borrow_not_active: borrow ${b.id}'s machine is gone; borrow again`);
+  return {
+    borrowId: b.id,
+    borrowToken: token,
+    pool: b.pool,
+    machine: { id: m.id, generation: b.generation, ssh: { host: m.ssh_host, port: m.ssh_port, user: m.ssh_user, hostKey: m.host_key } },
+    heartbeatMs: pool.heartbeatMs,
+    heartbeatDeadline: b.heartbeat_deadline,
+    expiresAt: b.expires_at,
+    repeated: true,
   };
 }
 

@@ -69,13 +69,21 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
   app.post("/v1/pools/:pool/borrow", { ...auth("member"), body: borrowSchema }, async (req) => {
     const body = req.body;
     if (body.access === "portable") {
+      if (body.borrowId !== undefined || body.borrowToken !== undefined) {
+        throw new BerthError("invalid_request", "invalid_request: borrowId and borrowToken are only for keeper borrows (a portable grant that was never acknowledged expires on its own)");
+      }
       if (!d.portable) throw new BerthError("portable_unsupported", "portable_unsupported: this coordinator does not offer portable access; no fallback to keeper access is made");
       return new Reply(201, await d.portable.borrow(req.auth, req.params.pool!, body));
     }
     if (body.publicKey !== undefined || body.durationMs !== undefined) {
       throw new BerthError("invalid_request", "invalid_request: publicKey and durationMs are only for --access portable borrows");
     }
-    return new Reply(201, await borrowKeeper(ctx, req.auth, req.params.pool!));
+    if ((body.borrowId === undefined) !== (body.borrowToken === undefined)) {
+      throw new BerthError("invalid_request", "invalid_request: borrowId and borrowToken go together (a client-chosen borrow; both or neither)");
+    }
+    const chosen = body.borrowId !== undefined && body.borrowToken !== undefined ? { borrowId: body.borrowId, borrowToken: body.borrowToken } : null;
+    const r = await borrowKeeper(ctx, req.auth, req.params.pool!, chosen);
+    return new Reply(r.repeated ? 200 : 201, r);
   });
   app.get("/v1/borrows/:borrow", auth(), async (req) => {
     const id = req.params.borrow!;
