@@ -42,7 +42,7 @@ export interface ChosenBorrow {
   borrowToken: string;
 }
 
-/** Thrown inside the transaction when a concurrent request inserted the same client-chosen id first. */
+/** Thrown inside the transaction when the client-chosen id or token is already recorded (an earlier or concurrent request). */
 class BorrowRaced extends Error {}
 
 export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string, chosen: ChosenBorrow | null = null): Promise<KeeperBorrowResult> {
