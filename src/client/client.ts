@@ -116,7 +116,7 @@ interface BorrowReply {
   machine: Receipt["machine"];
 }
 
-/** Pauses before sending a keeper borrow again after its reply was lost. */
+/** Pauses before sending a borrow again after its reply was lost. */
 const RESEND_PAUSES_MS = [50, 250, 1000];
 
 /**
@@ -178,12 +178,11 @@ export class BerthClient {
       body.publicKey = pair.publicKey;
       if (o.durationMs !== undefined) body.durationMs = o.durationMs;
     }
-    // Keeper: the borrow's id and token are chosen here, so a request whose reply is lost can be
-    // sent again and answers the same borrow instead of taking a second machine.
-    if (access === "keeper") {
-      body.borrowId = newId("b", randomBytes);
-      body.borrowToken = newToken("borrow", randomBytes);
-    }
+    // The borrow's id and tokens are chosen here, so a request whose reply is lost can be sent
+    // again and answers the same borrow instead of taking a second machine.
+    body.borrowId = newId(access === "portable" ? "g" : "b", randomBytes);
+    body.borrowToken = newToken("borrow", randomBytes);
+    if (access === "portable") body.grantToken = newToken("grant", randomBytes);
     const started = Date.now();
     let pause = 25;
     let resent = 0;
@@ -193,7 +192,7 @@ export class BerthClient {
         r = await this.api.call<BorrowReply>("POST", `/v1/pools/${encodeURIComponent(o.pool)}/borrow`, body, o.preloadSsh ? preloadSshClient : undefined);
         break;
       } catch (e) {
-        if (access === "keeper" && resent < RESEND_PAUSES_MS.length && replyLost(e) && !o.signal?.aborted) {
+        if (resent < RESEND_PAUSES_MS.length && replyLost(e) && !o.signal?.aborted) {
           await sleep(RESEND_PAUSES_MS[resent++]!, o.signal);
           continue;
         }

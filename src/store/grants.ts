@@ -43,11 +43,13 @@ export interface NewGrant {
 }
 
 /** A new grant, `pending`. */
-export async function insertGrant(tx: Tx, g: NewGrant): Promise<void> {
+/** `taken`: for a client-chosen id or tokens, an existing one fails the transaction with this error instead of a constraint error. */
+export async function insertGrant(tx: Tx, g: NewGrant, taken: (() => Error) | null = null): Promise<void> {
   await tx.write(
     `INSERT INTO grants (id, org, pool, machine_id, resource_id, borrower, token_hash, grant_token_hash, generation, fingerprint, public_key, state, reason, created_at, ack_deadline, heartbeat_deadline, expires_at, activated_at, ended_at)
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', NULL, ?, ?, ?, ?, NULL, NULL)`,
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', NULL, ?, ?, ?, ?, NULL, NULL)${taken ? " ON CONFLICT DO NOTHING" : ""}`,
     [g.id, g.org, g.pool, g.machineId, g.resourceId, g.borrower, g.tokenHash, g.grantTokenHash, g.generation, g.fingerprint, g.publicKey, g.now, g.ackDeadline, g.heartbeatDeadline, g.expiresAt],
+    taken ? { expect: { rows: 1, error: taken } } : undefined,
   );
 }
 

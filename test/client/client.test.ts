@@ -7,11 +7,11 @@ import { test, describe, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
-import { connect, createServer, type AddressInfo } from "node:net";
 import { join } from "node:path";
 import { Writable } from "node:stream";
 import { BerthClient, type Borrow } from "berth";
 import { Cluster } from "../helpers/cluster.js";
+import { cutFirstBorrowReply } from "../helpers/cut-proxy.js";
 
 function hashing(): Writable & { digest: () => string; bytes: () => number } {
   const h = createHash("sha256");
@@ -116,35 +116,11 @@ describe("client library (import from \"berth\")", { timeout: 180_000 }, () => {
 
   test("a borrow whose reply is lost (connection cut after the coordinator answered) is sent again and gets the same borrow: one machine lent", async () => {
     const before = await allReady();
-    // A proxy in front of the coordinator that cuts the first borrow's connection as its answer arrives.
-    const target = new URL(c.coordinator!.url);
-    let cut = 0;
-    const proxy = createServer((down) => {
-      const up = connect(Number(target.port), target.hostname);
-      let borrowing = false;
-      down.on("data", (d: Buffer) => {
-        if (/^POST \/v1\/pools\/[^/]+\/borrow /.test(d.toString("latin1"))) borrowing = true;
-        up.write(d);
-      });
-      up.on("data", (d: Buffer) => {
-        if (borrowing && cut === 0) {
-          cut++;
-          down.destroy();
-          up.destroy();
-          return;
-        }
-        borrowing = false;
-        down.write(d);
-      });
-      const end = () => (down.destroy(), up.destroy());
-      down.on("error", end).on("close", end);
-      up.on("error", end).on("close", end);
-    });
-    await new Promise<void>((r) => proxy.listen(0, "127.0.0.1", r));
-    const via = new BerthClient({ url: `http://127.0.0.1:${(proxy.address() as AddressInfo).port}`, token: readFileSync(join(c.dir.path, "admin.token"), "utf8").trim(), keeperKeyFile: join(c.dir.path, "keeper_ed25519") });
+    const proxy = await cutFirstBorrowReply(c.coordinator!.url);
+    const via = new BerthClient({ url: proxy.url, token: readFileSync(join(c.dir.path, "admin.token"), "utf8").trim(), keeperKeyFile: join(c.dir.path, "keeper_ed25519") });
     try {
       const b = await via.borrow({ pool: "ci" });
-      assert.equal(cut, 1, "the first answer was cut");
+      assert.equal(proxy.cut(), 1, "the first answer was cut");
       const lent = (await c.machines()).filter((m) => m.state !== "ready");
       assert.deepEqual(lent.map((m) => m.id), [b.machine.id], "exactly the machine of the borrow the client holds is out of the pool");
       const r = await via.exec(b, ["echo", "after-a-lost-reply"]);
@@ -152,7 +128,7 @@ describe("client library (import from \"berth\")", { timeout: 180_000 }, () => {
       assert.equal((await via.return(b)).repeated, false);
     } finally {
       await via.close();
-      proxy.close();
+      await proxy.close();
     }
     const afterRun = await allReady();
     assert.deepEqual(afterRun.map((m) => m.id).sort(), before.map((m) => m.id).sort(), "no machine abandoned or replaced");

@@ -10,6 +10,7 @@ import { PG_SKIP, type Engine } from "../helpers/env.js";
 import { hashToken } from "../../src/core/tokens.js";
 import { MAX_GRANT_MS } from "../../src/core/grant.js";
 import { Api } from "../../src/cli/api.js";
+import { generateSshKeyPair } from "../../src/core/ssh-keys.js";
 import {
   ackBody,
   auditEvents,
@@ -21,10 +22,49 @@ import {
   refused,
   settle,
   tokens,
+  type Borrowed,
 } from "../helpers/portable.js";
 
 for (const engine of ["sqlite", "postgres"] as Engine[]) {
   describe(`portable grants on ${engine}`, { skip: engine === "postgres" ? PG_SKIP : false }, () => {
+    test("a client-chosen grant id and tokens: a repeat with the same key answers the same grant (pending, then active); other tokens or key are conflict; once returned, borrow_not_active", async () => {
+      const env = await portableEnv(engine, { n: 1 });
+      try {
+        const member = await env.t.api("member");
+        const pair = generateSshKeyPair("test-borrow");
+        const chosen = { access: "portable", publicKey: pair.publicKey, borrowId: "g_" + "p".repeat(20), borrowToken: "bbt_" + "P".repeat(43), grantToken: "bgt_" + "G".repeat(43) };
+        const first = await member.raw("POST", "/v1/pools/agents/borrow", chosen);
+        assert.equal(first.status, 201, first.text);
+        const b: Borrowed = { ...(first.body as Borrowed), publicKey: pair.publicKey, privateKey: pair.privateKey };
+        assert.deepEqual([b.borrowId, b.borrowToken, b.grantToken, b.state], [chosen.borrowId, chosen.borrowToken, chosen.grantToken, "pending"]);
+        // The pool's one machine is reserved: a repeat (a retry after a lost reply) still gets its grant.
+        const again = await member.raw("POST", "/v1/pools/agents/borrow", chosen);
+        assert.equal(again.status, 200, again.text);
+        const a = again.body as Borrowed & { repeated: boolean };
+        assert.equal(a.repeated, true);
+        assert.deepEqual([a.borrowId, a.state, a.machine.id, a.generation, a.ackDeadline, a.expiresAt], [b.borrowId, "pending", b.machine.id, b.generation, b.ackDeadline, b.expiresAt]);
+        await refused(borrowPortable(member), "pool_exhausted", 503);
+        assert.equal(env.provider.callsOf("install_key").length, 0, "a borrow, repeated or not, installs nothing");
+        await member.call("POST", `/v1/borrows/${b.borrowId}/ack`, ackBody(b));
+        const afterAck = await member.raw("POST", "/v1/pools/agents/borrow", chosen);
+        assert.equal(afterAck.status, 200, afterAck.text);
+        assert.equal((afterAck.body as Borrowed).state, "active");
+        assert.equal(env.provider.callsOf("install_key").length, 1);
+        // The same id with another key or other tokens: conflict, and nothing changes.
+        await refused(member.call("POST", "/v1/pools/agents/borrow", { ...chosen, publicKey: generateSshKeyPair("other").publicKey }), "conflict", 409);
+        await refused(member.call("POST", "/v1/pools/agents/borrow", { ...chosen, grantToken: "bgt_" + "H".repeat(43) }), "conflict", 409);
+        await member.call("POST", `/v1/borrows/${b.borrowId}/return`, tokens(b));
+        await settle(env.t.coord);
+        await refused(member.call("POST", "/v1/pools/agents/borrow", chosen), "borrow_not_active", 409);
+        // Half-given, or a keeper id on a portable borrow: refused before anything is read.
+        await refused(member.call("POST", "/v1/pools/agents/borrow", { ...chosen, grantToken: undefined }), "invalid_request", 400);
+        await refused(member.call("POST", "/v1/pools/agents/borrow", { ...chosen, borrowId: "b_" + "p".repeat(20) }), "invalid_request", 400);
+        assert.equal((await grantRow(env.t, b.borrowId)).state, "closed");
+      } finally {
+        await env.close();
+      }
+    });
+
     test("[I8] the store keeps only domain-separated hashes: no raw token or private key in any table", async () => {
       const env = await portableEnv(engine);
       try {

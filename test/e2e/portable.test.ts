@@ -7,6 +7,9 @@ import { test, describe, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
+import Database from "better-sqlite3";
+import { BerthClient } from "../../src/client/client.js";
+import { cutFirstBorrowReply } from "../helpers/cut-proxy.js";
 import { allCmdlines, berth, PortableCluster, receiptOf, runscAvailable, sleep, sshConnect, sshExec, sshHold, stop, until } from "../helpers/portable-e2e.js";
 
 const mode = (p: string) => statSync(p).mode & 0o777;
@@ -81,6 +84,30 @@ describe("portable access with real processes (process runtime)", () => {
     await Promise.all([stopA2(), stopB()]);
     for (const [r, cl] of [[ra2, alice], [rb, bob]] as const) assert.equal((await berth(["return", "--receipt", r, ...cl.args])).status, 0);
     await c.waitReady(2);
+  });
+
+  test("a portable borrow whose reply is lost is sent again: the same grant, acknowledged and used; no second grant", async () => {
+    const carol = c.client("carol");
+    const proxy = await cutFirstBorrowReply(c.coordinator!.url);
+    const via = new BerthClient({ url: proxy.url, token: readFileSync(join(carol.dir, "token"), "utf8").trim(), keeperKeyFile: null });
+    try {
+      const b = await via.borrow({ pool: "agents", access: "portable" });
+      assert.equal(proxy.cut(), 1, "the first answer was cut");
+      await via.ack(b);
+      const r = await via.exec(b, ["echo", "portable-after-a-lost-reply"]);
+      assert.equal(r.stdout!.toString(), "portable-after-a-lost-reply\n");
+      const db = new Database(join(c.coordDir, "berth.db"), { readonly: true });
+      try {
+        const grants = db.prepare("SELECT id, state FROM grants WHERE borrower = ?").all(carol.tokenId) as { id: string; state: string }[];
+        assert.deepEqual(grants, [{ id: b.id, state: "active" }], "one grant, the one the client holds");
+      } finally {
+        db.close();
+      }
+      assert.equal((await via.return(b)).repeated, false);
+    } finally {
+      await via.close();
+      await proxy.close();
+    }
   });
 
   test("[I8] berth run: the command's exit status; no token in stdout, stderr or any process's argv; key and receipt removed", async () => {

@@ -242,7 +242,7 @@ export class World {
       return;
     }
     const publicKey = KEYS[keyIdx % KEYS.length]!;
-    const r = await this.#call(`borrow portable ${pool}`, () => this.portable.borrow(p, pool, { publicKey, ...(durationMs === null ? {} : { durationMs }) }));
+    const r = await this.#call(`borrow portable ${pool}`, () => this.portable.borrow(p, pool, { publicKey, ...(durationMs === null ? {} : { durationMs }) }, null));
     if (crossNamespace && r.ok) throw new InvariantViolation("I10", `a portable borrow was served from keeper pool ${pool}`);
     if (!r.ok) return;
     const v = r.value as { borrowId: string; borrowToken: string; grantToken: string; expiresAt: number; machine: { id: string; generation: number } };

@@ -9,7 +9,7 @@
  * still stored only as a hash). A repeat of that request — a retry after a
  * lost reply — answers the same borrow (`repeated: true`, nothing taken
  * twice) while it is active; the same id with another token or from another
- * organisation is `conflict`.
+ * organisation is `conflict` (chosen-id.ts).
  */
 import { BerthError } from "../../core/errors.js";
 import { newId } from "../../core/ids.js";
@@ -23,6 +23,7 @@ import { readPool } from "../../store/pools.js";
 import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
 import { applyTransition } from "./transition.js";
+import { borrowOrRepeat, chosenIdConflict, chosenIdTaken } from "./chosen-id.js";
 
 export interface KeeperBorrowResult {
   borrowId: string;
@@ -42,29 +43,9 @@ export interface ChosenBorrow {
   borrowToken: string;
 }
 
-/** Thrown inside the transaction when the client-chosen id or token is already recorded (an earlier or concurrent request). */
-class BorrowRaced extends Error {}
-
 export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string, chosen: ChosenBorrow | null = null): Promise<KeeperBorrowResult> {
-  try {
-    return await borrowKeeperOnce(ctx, p, poolName, chosen, false);
-  } catch (e) {
-    // The chosen id was taken — by an earlier request of this borrow (a retry after a lost
-    // reply) or a concurrent one: the transaction rolled back whole (no machine taken); once
-    // more, reading first, answers that borrow. The first attempt does not read: a fresh
-    // borrow, the common case, costs no extra statement.
-    if (!(e instanceof BorrowRaced)) throw e;
-    try {
-      return await borrowKeeperOnce(ctx, p, poolName, chosen, true);
-    } catch (again) {
-      if (again instanceof BorrowRaced) throw conflictOf(chosen!.borrowId);
-      throw again;
-    }
-  }
-}
-
-function conflictOf(borrowId: string): BerthError {
-  return new BerthError("conflict", `conflict: borrow id ${borrowId} (or its token) is already taken by another request; choose another id and token`);
+  if (!chosen) return borrowKeeperOnce(ctx, p, poolName, null, false);
+  return borrowOrRepeat((lookFirst) => borrowKeeperOnce(ctx, p, poolName, chosen, lookFirst), () => chosenIdConflict(chosen.borrowId));
 }
 
 async function borrowKeeperOnce(ctx: Ctx, p: Principal, poolName: string, chosen: ChosenBorrow | null, lookFirst: boolean): Promise<KeeperBorrowResult> {
@@ -102,7 +83,7 @@ async function borrowKeeperOnce(ctx: Ctx, p: Principal, poolName: string, chosen
       tx,
       { id: borrowId, org: p.org, pool: poolName, machineId: m.id, principal: p.tokenId, tokenHash, generation: applied.machine.generation, now, heartbeatDeadline, expiresAt },
       // A client-chosen id or token may meet a concurrent insert of the same: roll back, then read it.
-      chosen ? () => new BorrowRaced() : null,
+      chosen ? chosenIdTaken : null,
     );
     await setDue(tx, "heartbeat", borrowId, heartbeatDeadline);
     // The pool may now be short of minReady: the reconciler's next pass looks
@@ -145,7 +126,7 @@ async function borrowKeeperOnce(ctx: Ctx, p: Principal, poolName: string, chosen
 
 /** The answer to a repeated client-chosen borrow: the same borrow while it is active, else why not. */
 async function repeatedBorrow(tx: Tx, p: Principal, poolName: string, b: BorrowRow, token: string, now: number): Promise<KeeperBorrowResult> {
-  if (b.org !== p.org || b.pool !== poolName || !sameHash(b.token_hash, hashToken("borrow", token))) throw conflictOf(b.id);
+  if (b.org !== p.org || b.pool !== poolName || !sameHash(b.token_hash, hashToken("borrow", token))) throw chosenIdConflict(b.id);
   refuseNotLive(b, now);
   const m = await readMachine(tx, b.machine_id);
   const pool = await readPool(tx, p.org, poolName);

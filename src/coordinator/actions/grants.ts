@@ -2,9 +2,10 @@
  * Portable access: bounded borrows with per-borrow keys and two-phase
  * acknowledgement.
  *
- *   borrow (one transaction): reserve the longest-waiting eligible ready
- *     machine, advance its generation, persist a pending grant with hashes,
- *     an ack deadline and the immutable expiry. No key is installed.
+ *   borrow (one transaction; grant-borrow.ts): reserve the longest-waiting
+ *     eligible ready machine, advance its generation, persist a pending grant
+ *     with hashes, an ack deadline and the immutable expiry. No key is
+ *     installed.
  *   ack: (1) one transaction re-checks everything (fresh authorization,
  *     hashes, key, generation, deadlines), persists install intent (the
  *     install_key operation row) and marks it running; (2) the provider call,
@@ -22,18 +23,16 @@
  * op's generation.
  */
 import { BerthError } from "../../core/errors.js";
-import { newId } from "../../core/ids.js";
-import { hashToken, newToken, sameHash } from "../../core/tokens.js";
-import { ackDecision, afterInvalidation, grantExpiresAt, isExpired, type InvalidationReason } from "../../core/grant.js";
+import { hashToken, sameHash } from "../../core/tokens.js";
+import { ackDecision, afterInvalidation, isExpired, type InvalidationReason } from "../../core/grant.js";
 import { parsePublicKey } from "../../core/ssh-public-key.js";
 import type { Tx } from "../../store/store.js";
 import { audit } from "../../store/audit.js";
-import { clearDue, poolRef, requestFillCheck, setDue, setDueNoLater } from "../../store/due.js";
+import { clearDue, poolRef, setDue, setDueNoLater } from "../../store/due.js";
 import {
   activateGrant,
   advanceGrantCleanup,
   closeGrantsOfMachineRows,
-  insertGrant,
   invalidateGrantRow,
   lockGrant,
   lockGrantAt,
@@ -43,14 +42,14 @@ import {
   setGrantHeartbeat,
   type GrantRow,
 } from "../../store/grants.js";
-import { lockMachine, readMachine, takeReadyMachine, type MachineRow } from "../../store/machines.js";
+import { lockMachine, readMachine, type MachineRow } from "../../store/machines.js";
 import { firstRemovalAt, leaseOp, type OpRow } from "../../store/operations.js";
 import { readPool } from "../../store/pools.js";
 import type { InstallKeyArgs, RemoveKeyArgs } from "../../protocol/operations.js";
 import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
 import { applyTransition } from "./transition.js";
-import { checkPortable } from "./pools.js";
+import { borrowPortable } from "./grant-borrow.js";
 import type { PortableApi } from "./portable-api.js";
 
 /** What the portable API needs from the rest of the coordinator (wired in server.ts). */
@@ -236,75 +235,7 @@ export async function invalidateGrantsOfBorrower(tx: Tx, ctx: Ctx, tokenId: stri
 
 export function createPortable(ctx: Ctx, deps: PortableDeps): PortableApi {
   return {
-    async borrow(p, poolName, body) {
-      const started = process.hrtime.bigint();
-      if (body.publicKey === undefined) throw new BerthError("invalid_request", "invalid_request: field publicKey: a portable borrow needs the client's ephemeral public key");
-      const key = parsePublicKey(body.publicKey);
-      if (key.type !== "ssh-ed25519") throw new BerthError("invalid_request", "invalid_request: field publicKey: portable borrows use Ed25519 keys");
-      const now = ctx.now();
-      const grantId = newId("g", ctx.randomBytes);
-      const token = newToken("borrow", ctx.randomBytes);
-      const grantToken = newToken("grant", ctx.randomBytes);
-      const out = await ctx.store.transaction(async (tx) => {
-        const pool = await readPool(tx, p.org, poolName);
-        if (!pool) throw new BerthError("not_found", `not_found: no pool named ${poolName} in this organisation`);
-        if (pool.access !== "portable") throw new BerthError("namespace_conflict", `namespace_conflict: pool ${poolName} is a ${pool.access} pool; portable access is refused (no fallback)`);
-        checkPortable(ctx, pool.provider);
-        // Not near hard TTL: the machine must outlive the longest grant we could issue on it.
-        const m = await takeReadyMachine(tx, pool, "portable", now);
-        if (!m) {
-          await setDueNoLater(tx, "fill", poolRef(p.org, poolName), now);
-          return null;
-        }
-        const expiresAt = grantExpiresAt({ now, requestedMs: body.durationMs ?? null, maxMs: ctx.config.maxBorrowMs, machineHardExpiresAt: m.hard_expires_at, authorizationExpiresAt: p.expiresAt });
-        const ackDeadline = Math.min(now + ctx.config.ackTimeoutMs, expiresAt);
-        const heartbeatDeadline = Math.min(now + pool.heartbeatMs, expiresAt);
-        const applied = await applyTransition(tx, ctx, m, { kind: "reserve", mode: "portable" }, now, { subject: grantId, lentTo: grantId, nonce: grantId });
-        await insertGrant(tx, {
-          id: grantId, org: p.org, pool: poolName, machineId: m.id, resourceId: m.resource_id, borrower: p.tokenId,
-          tokenHash: hashToken("borrow", token), grantTokenHash: hashToken("grant", grantToken), generation: applied.machine.generation,
-          fingerprint: key.fingerprint, publicKey: key.line, now, ackDeadline, heartbeatDeadline, expiresAt,
-        });
-        await setDue(tx, "ack", grantId, ackDeadline);
-        await setDue(tx, "grant", grantId, expiresAt);
-        // As a keeper borrow does (actions/borrow.ts): last, and only where a fill can provision.
-        const refill = Boolean(ctx.providers.get(pool.provider)?.capabilities.provision);
-        if (refill) await requestFillCheck(tx, poolRef(p.org, poolName), now);
-        return { machine: applied.machine, readySince: m.ready_since, expiresAt, ackDeadline, heartbeatDeadline, heartbeatMs: pool.heartbeatMs, refill };
-      });
-      if (!out || out.refill) ctx.kick();
-      if (!out) {
-        ctx.metrics.warm.inc({ pool: poolName, result: "miss" });
-        ctx.metrics.borrowRequests.inc({ pool: poolName, access: "portable", outcome: "exhausted" });
-        throw new BerthError("pool_exhausted", `pool_exhausted: pool ${poolName} has no ready machine right now; try again shortly (the pool is being refilled)`);
-      }
-      ctx.metrics.warm.inc({ pool: poolName, result: "hit" });
-      ctx.metrics.borrowRequests.inc({ pool: poolName, access: "portable", outcome: "ok" });
-      ctx.metrics.grants.inc({ pool: poolName, event: "issued" });
-      ctx.metrics.observeBorrow({
-        org: p.org,
-        pool: poolName,
-        access: "portable",
-        latencySeconds: Number(process.hrtime.bigint() - started) / 1e9,
-        readyAgeSeconds: out.readySince !== null ? Math.max(0, now - out.readySince) / 1000 : null,
-      });
-      const m = out.machine;
-      return {
-        borrowId: grantId,
-        borrowToken: token,
-        grantToken,
-        access: "portable",
-        state: "pending",
-        pool: poolName,
-        generation: m.generation,
-        fingerprint: key.fingerprint,
-        ackDeadline: out.ackDeadline,
-        heartbeatMs: out.heartbeatMs,
-        heartbeatDeadline: out.heartbeatDeadline,
-        expiresAt: out.expiresAt,
-        machine: { id: m.id, generation: m.generation, ssh: { host: m.ssh_host, port: m.ssh_port, user: m.ssh_user, hostKey: m.host_key } },
-      };
-    },
+    borrow: (p, poolName, body, chosen) => borrowPortable(ctx, p, poolName, body, chosen),
 
     async ack(p, grantId, body) {
       const key = parsePublicKey(body.publicKey);

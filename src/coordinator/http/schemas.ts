@@ -34,9 +34,10 @@ export const borrowSchema = z.strictObject({
   access: z.enum(["keeper", "portable"]).default("keeper"),
   publicKey: text(2000).optional(),
   durationMs: int(1_000, 24 * 3_600_000).optional(),
-  /** Keeper: an id and token the client chose, so that a retry after a lost reply answers the same borrow. */
-  borrowId: z.string().regex(/^b_[a-z0-9]{20,64}$/, "must be b_ and 20 to 64 characters of a-z, 0-9").optional(),
+  /** An id and tokens the client chose, so that a retry after a lost reply answers the same borrow (keeper b_…, portable g_… with grantToken). */
+  borrowId: z.string().regex(/^[bg]_[a-z0-9]{20,64}$/, "must be b_ (keeper) or g_ (portable) and 20 to 64 characters of a-z, 0-9").optional(),
   borrowToken: z.string().regex(/^bbt_[A-Za-z0-9_-]{43,86}$/, "must be bbt_ and 43 to 86 base64url characters (32+ random bytes)").optional(),
+  grantToken: z.string().regex(/^bgt_[A-Za-z0-9_-]{43,86}$/, "must be bgt_ and 43 to 86 base64url characters (32+ random bytes)").optional(),
 });
 
 export const drainSchema = z.strictObject({ force: z.boolean().default(false) });
