@@ -44,25 +44,21 @@ export interface ChosenBorrow {
 }
 
 export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string, chosen: ChosenBorrow | null = null): Promise<KeeperBorrowResult> {
-  if (!chosen) return borrowKeeperOnce(ctx, p, poolName, null, false);
-  return borrowOrRepeat((lookFirst) => borrowKeeperOnce(ctx, p, poolName, chosen, lookFirst), () => chosenIdConflict(chosen.borrowId));
+  if (!chosen) return borrowKeeperOnce(ctx, p, poolName, null);
+  return borrowOrRepeat(
+    chosen.borrowId,
+    () => borrowKeeperOnce(ctx, p, poolName, chosen),
+    () => ctx.store.transaction((tx) => earlierBorrow(tx, p, poolName, chosen, ctx.now()), { name: "borrow_repeat" }),
+  );
 }
 
-async function borrowKeeperOnce(ctx: Ctx, p: Principal, poolName: string, chosen: ChosenBorrow | null, lookFirst: boolean): Promise<KeeperBorrowResult> {
+async function borrowKeeperOnce(ctx: Ctx, p: Principal, poolName: string, chosen: ChosenBorrow | null): Promise<KeeperBorrowResult> {
   const started = process.hrtime.bigint();
   const now = ctx.now();
   const borrowId = chosen?.borrowId ?? newId("b", ctx.randomBytes);
   const token = chosen?.borrowToken ?? newToken("borrow", ctx.randomBytes);
   const tokenHash = hashToken("borrow", token);
   const out = await ctx.store.transaction(async (tx) => {
-    const earlierAnswer = async () => {
-      const earlier = chosen ? await readBorrowWithMachineState(tx, borrowId) : undefined;
-      return earlier ? { miss: false as const, repeat: await repeatedBorrow(tx, p, poolName, earlier, token, now) } : null;
-    };
-    if (lookFirst) {
-      const answer = await earlierAnswer();
-      if (answer) return answer;
-    }
     const pool = await readPool(tx, p.org, poolName);
     if (!pool) throw new BerthError("not_found", `not_found: no pool named ${poolName} in this organisation`);
     if (pool.access !== "keeper") {
@@ -70,9 +66,9 @@ async function borrowKeeperOnce(ctx: Ctx, p: Principal, poolName: string, chosen
     }
     const m = await takeReadyMachine(tx, pool, "keeper", now);
     if (!m) {
-      // A retry whose borrow took the last machine must get that borrow, not pool_exhausted.
-      const answer = lookFirst ? null : await earlierAnswer();
-      if (answer) return answer;
+      // A resent borrow whose first request took the last machine gets that borrow, not pool_exhausted.
+      const repeat = chosen ? await earlierBorrow(tx, p, poolName, chosen, now) : null;
+      if (repeat) return { miss: false as const, repeat };
       await requestFillCheck(tx, poolRef(p.org, poolName), now);
       return { miss: true as const, pool: pool.name };
     }
@@ -124,16 +120,18 @@ async function borrowKeeperOnce(ctx: Ctx, p: Principal, poolName: string, chosen
   };
 }
 
-/** The answer to a repeated client-chosen borrow: the same borrow while it is active, else why not. */
-async function repeatedBorrow(tx: Tx, p: Principal, poolName: string, b: BorrowRow, token: string, now: number): Promise<KeeperBorrowResult> {
-  if (b.org !== p.org || b.pool !== poolName || !sameHash(b.token_hash, hashToken("borrow", token))) throw chosenIdConflict(b.id);
+/** The answer to a resent client-chosen borrow: null when none is recorded; the same borrow while it is active; else why not. */
+async function earlierBorrow(tx: Tx, p: Principal, poolName: string, chosen: ChosenBorrow, now: number): Promise<KeeperBorrowResult | null> {
+  const b = await lockBorrow(tx, chosen.borrowId);
+  if (!b) return null;
+  if (b.org !== p.org || b.pool !== poolName || !sameHash(b.token_hash, hashToken("borrow", chosen.borrowToken))) throw chosenIdConflict(b.id);
   refuseNotLive(b, now);
   const m = await readMachine(tx, b.machine_id);
   const pool = await readPool(tx, p.org, poolName);
   if (!m || !pool) throw new BerthError("borrow_not_active", `borrow_not_active: borrow ${b.id}'s machine is gone; borrow again`);
   return {
     borrowId: b.id,
-    borrowToken: token,
+    borrowToken: chosen.borrowToken,
     pool: b.pool,
     machine: { id: m.id, generation: b.generation, ssh: { host: m.ssh_host, port: m.ssh_port, user: m.ssh_user, hostKey: m.host_key } },
     heartbeatMs: pool.heartbeatMs,

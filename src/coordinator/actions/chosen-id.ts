@@ -2,12 +2,14 @@
  * Borrows whose id and tokens the client chose (keeper and portable), so that
  * a request whose reply was lost can be sent again and answer the same borrow.
  *
- * The first attempt reads nothing extra: it inserts the record with ON
+ * The borrow itself reads nothing extra: it inserts the record with ON
  * CONFLICT DO NOTHING and an expected row count, so a fresh borrow — the
  * common case — costs no statement more. When the id (or a token) is already
  * recorded, the insert fails the transaction, which rolls back whole (no
- * machine taken), and a second attempt reads the earlier record first and
- * answers it. A second collision means the id is not this client's: conflict.
+ * machine taken); then one more transaction reads the earlier record and
+ * answers it. No earlier record under that id (a token collided) is a
+ * conflict, as is a record of another client (checked by the caller's
+ * `earlier`).
  */
 import { BerthError } from "../../core/errors.js";
 
@@ -16,19 +18,16 @@ export class ChosenIdTaken extends Error {}
 
 export const chosenIdTaken = (): Error => new ChosenIdTaken();
 
-/** Runs `attempt(false)`; after ChosenIdTaken, `attempt(true)` (read the earlier record first); then `conflict()`. */
-export async function borrowOrRepeat<T>(attempt: (lookFirst: boolean) => Promise<T>, conflict: () => BerthError): Promise<T> {
+/** Runs `borrow`; when its chosen id was taken, answers `earlier()` instead, or conflict when there is none. */
+export async function borrowOrRepeat<T>(id: string, borrow: () => Promise<T>, earlier: () => Promise<T | null>): Promise<T> {
   try {
-    return await attempt(false);
+    return await borrow();
   } catch (e) {
     if (!(e instanceof ChosenIdTaken)) throw e;
   }
-  try {
-    return await attempt(true);
-  } catch (e) {
-    if (e instanceof ChosenIdTaken) throw conflict();
-    throw e;
-  }
+  const answer = await earlier();
+  if (answer === null) throw chosenIdConflict(id);
+  return answer;
 }
 
 /** The refusal for an id (or token) that another request recorded. */

@@ -18,7 +18,7 @@ import { grantExpiresAt } from "../../core/grant.js";
 import { parsePublicKey } from "../../core/ssh-public-key.js";
 import type { Tx } from "../../store/store.js";
 import { poolRef, requestFillCheck, setDue, setDueNoLater } from "../../store/due.js";
-import { insertGrant, readGrant, type GrantRow } from "../../store/grants.js";
+import { insertGrant, readGrant } from "../../store/grants.js";
 import { readMachine, takeReadyMachine } from "../../store/machines.js";
 import { readPool } from "../../store/pools.js";
 import type { Ctx } from "../context.js";
@@ -43,25 +43,21 @@ export async function borrowPortable(ctx: Ctx, p: Principal, poolName: string, b
   if (body.publicKey === undefined) throw new BerthError("invalid_request", "invalid_request: field publicKey: a portable borrow needs the client's ephemeral public key");
   const key = parsePublicKey(body.publicKey);
   if (key.type !== "ssh-ed25519") throw new BerthError("invalid_request", "invalid_request: field publicKey: portable borrows use Ed25519 keys");
-  if (!chosen) return borrowOnce(ctx, p, poolName, body, key, null, false);
-  return borrowOrRepeat((lookFirst) => borrowOnce(ctx, p, poolName, body, key, chosen, lookFirst), () => chosenIdConflict(chosen.borrowId));
+  if (!chosen) return borrowOnce(ctx, p, poolName, body, key, null);
+  return borrowOrRepeat(
+    chosen.borrowId,
+    () => borrowOnce(ctx, p, poolName, body, key, chosen),
+    () => ctx.store.transaction((tx) => earlierGrant(tx, p, poolName, key.fingerprint, chosen, ctx.now()), { name: "borrow_repeat" }),
+  );
 }
 
-async function borrowOnce(ctx: Ctx, p: Principal, poolName: string, body: PortableBorrowBody, key: { fingerprint: string; line: string }, chosen: ChosenGrant | null, lookFirst: boolean) {
+async function borrowOnce(ctx: Ctx, p: Principal, poolName: string, body: PortableBorrowBody, key: { fingerprint: string; line: string }, chosen: ChosenGrant | null) {
   const started = process.hrtime.bigint();
   const now = ctx.now();
   const grantId = chosen?.borrowId ?? newId("g", ctx.randomBytes);
   const token = chosen?.borrowToken ?? newToken("borrow", ctx.randomBytes);
   const grantToken = chosen?.grantToken ?? newToken("grant", ctx.randomBytes);
   const out = await ctx.store.transaction(async (tx) => {
-    const earlierAnswer = async () => {
-      const earlier = chosen ? await readGrant(tx, grantId) : undefined;
-      return earlier ? { repeat: await repeatedGrant(tx, p, poolName, earlier, key.fingerprint, chosen!, now) } : null;
-    };
-    if (lookFirst) {
-      const answer = await earlierAnswer();
-      if (answer) return answer;
-    }
     const pool = await readPool(tx, p.org, poolName);
     if (!pool) throw new BerthError("not_found", `not_found: no pool named ${poolName} in this organisation`);
     if (pool.access !== "portable") throw new BerthError("namespace_conflict", `namespace_conflict: pool ${poolName} is a ${pool.access} pool; portable access is refused (no fallback)`);
@@ -69,9 +65,9 @@ async function borrowOnce(ctx: Ctx, p: Principal, poolName: string, body: Portab
     // Not near hard TTL: the machine must outlive the longest grant we could issue on it.
     const m = await takeReadyMachine(tx, pool, "portable", now);
     if (!m) {
-      // A retry whose grant took the last machine must get that grant, not pool_exhausted.
-      const answer = lookFirst ? null : await earlierAnswer();
-      if (answer) return answer;
+      // A resent borrow whose first request took the last machine gets that grant, not pool_exhausted.
+      const repeat = chosen ? await earlierGrant(tx, p, poolName, key.fingerprint, chosen, now) : null;
+      if (repeat) return { repeat };
       await setDueNoLater(tx, "fill", poolRef(p.org, poolName), now);
       return null;
     }
@@ -131,8 +127,10 @@ async function borrowOnce(ctx: Ctx, p: Principal, poolName: string, body: Portab
   };
 }
 
-/** The answer to a repeated client-chosen portable borrow: the same grant while it is live, else why not. */
-async function repeatedGrant(tx: Tx, p: Principal, poolName: string, g: GrantRow, fingerprint: string, chosen: ChosenGrant, now: number) {
+/** The answer to a resent client-chosen portable borrow: null when none is recorded; the same grant while it is live; else why not. */
+async function earlierGrant(tx: Tx, p: Principal, poolName: string, fingerprint: string, chosen: ChosenGrant, now: number) {
+  const g = await readGrant(tx, chosen.borrowId);
+  if (!g) return null;
   const same =
     g.org === p.org &&
     g.pool === poolName &&
@@ -142,7 +140,8 @@ async function repeatedGrant(tx: Tx, p: Principal, poolName: string, g: GrantRow
   if (!same) throw chosenIdConflict(g.id);
   const live = (g.state === "pending" || g.state === "installing" || g.state === "active") && now < g.expires_at;
   if (!live) throw new BerthError("borrow_not_active", `borrow_not_active: borrow ${g.id} is ${g.state}${g.reason ? ` (${g.reason})` : ""}; borrow again`);
-  const [m, pool] = [await readMachine(tx, g.machine_id), await readPool(tx, p.org, poolName)];
+  const m = await readMachine(tx, g.machine_id);
+  const pool = await readPool(tx, p.org, poolName);
   if (!m || !pool) throw new BerthError("borrow_not_active", `borrow_not_active: borrow ${g.id}'s machine is gone; borrow again`);
   return {
     borrowId: g.id,

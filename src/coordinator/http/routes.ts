@@ -8,7 +8,7 @@ import type { IncomingMessage } from "node:http";
 import type { Ctx } from "../context.js";
 import { Reply, type HttpServer } from "../../http/server.js";
 import { authenticate, requireRole, type Principal, type Role } from "../auth.js";
-import { drainSchema, ensureSchema, registerSchema, borrowSchema, returnSchema, heartbeatSchema, ackSchema, reportSchema, enrollSchema } from "./schemas.js";
+import { drainSchema, ensureSchema, registerSchema, borrowSchema, chosenKeeper, chosenPortable, returnSchema, heartbeatSchema, ackSchema, reportSchema, enrollSchema } from "./schemas.js";
 import { ensurePool, getPool, listPools } from "../actions/pools.js";
 import { registerMachine } from "../actions/register.js";
 import { borrowKeeper, getBorrow, heartbeatKeeper, returnKeeper } from "../actions/borrow.js";
@@ -70,21 +70,13 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
     const body = req.body;
     if (body.access === "portable") {
       if (!d.portable) throw new BerthError("portable_unsupported", "portable_unsupported: this coordinator does not offer portable access; no fallback to keeper access is made");
-      const given = [body.borrowId, body.borrowToken, body.grantToken].filter((v) => v !== undefined).length;
-      if (given !== 0 && given !== 3) throw new BerthError("invalid_request", "invalid_request: borrowId, borrowToken and grantToken go together (a client-chosen portable borrow; all or none)");
-      if (body.borrowId !== undefined && !body.borrowId.startsWith("g_")) throw new BerthError("invalid_request", "invalid_request: field borrowId: a portable borrow's id starts with g_");
-      const chosen = given === 3 ? { borrowId: body.borrowId!, borrowToken: body.borrowToken!, grantToken: body.grantToken! } : null;
-      const r = (await d.portable.borrow(req.auth, req.params.pool!, body, chosen)) as { repeated: boolean };
+      const r = await d.portable.borrow(req.auth, req.params.pool!, body, chosenPortable(body));
       return new Reply(r.repeated ? 200 : 201, r);
     }
-    if (body.publicKey !== undefined || body.durationMs !== undefined || body.grantToken !== undefined) {
-      throw new BerthError("invalid_request", "invalid_request: publicKey, durationMs and grantToken are only for --access portable borrows");
+    if (body.publicKey !== undefined || body.durationMs !== undefined) {
+      throw new BerthError("invalid_request", "invalid_request: publicKey and durationMs are only for --access portable borrows");
     }
-    if ((body.borrowId === undefined) !== (body.borrowToken === undefined)) {
-      throw new BerthError("invalid_request", "invalid_request: borrowId and borrowToken go together (a client-chosen borrow; both or neither)");
-    }
-    if (body.borrowId !== undefined && !body.borrowId.startsWith("b_")) throw new BerthError("invalid_request", "invalid_request: field borrowId: a keeper borrow's id starts with b_");
-    const chosen = body.borrowId !== undefined && body.borrowToken !== undefined ? { borrowId: body.borrowId, borrowToken: body.borrowToken } : null;
+    const chosen = chosenKeeper(body);
     const r = await borrowKeeper(ctx, req.auth, req.params.pool!, chosen);
     return new Reply(r.repeated ? 200 : 201, r);
   });

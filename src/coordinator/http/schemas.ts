@@ -1,5 +1,6 @@
 /** Schemas for every request body the coordinator accepts. Unknown fields are refused. */
 import { z } from "zod";
+import { BerthError } from "../../core/errors.js";
 import { isId } from "../../core/ids.js";
 import { INVALID_ID_PARAMS } from "../../core/refusal.js";
 
@@ -39,6 +40,30 @@ export const borrowSchema = z.strictObject({
   borrowToken: z.string().regex(/^bbt_[A-Za-z0-9_-]{43,86}$/, "must be bbt_ and 43 to 86 base64url characters (32+ random bytes)").optional(),
   grantToken: z.string().regex(/^bgt_[A-Za-z0-9_-]{43,86}$/, "must be bgt_ and 43 to 86 base64url characters (32+ random bytes)").optional(),
 });
+
+type BorrowBody = z.infer<typeof borrowSchema>;
+
+/** A keeper borrow's client-chosen id and token: both or neither, the id `b_…`; no grant token. */
+export function chosenKeeper(body: BorrowBody): { borrowId: string; borrowToken: string } | null {
+  if (body.grantToken !== undefined) throw new BerthError("invalid_request", "invalid_request: grantToken is only for --access portable borrows");
+  if (body.borrowId === undefined && body.borrowToken === undefined) return null;
+  if (body.borrowId === undefined || body.borrowToken === undefined) {
+    throw new BerthError("invalid_request", "invalid_request: borrowId and borrowToken go together (a client-chosen borrow; both or neither)");
+  }
+  if (!body.borrowId.startsWith("b_")) throw new BerthError("invalid_request", "invalid_request: field borrowId: a keeper borrow's id starts with b_");
+  return { borrowId: body.borrowId, borrowToken: body.borrowToken };
+}
+
+/** A portable borrow's client-chosen id and tokens: all three or none, the id `g_…`. */
+export function chosenPortable(body: BorrowBody): { borrowId: string; borrowToken: string; grantToken: string } | null {
+  const { borrowId, borrowToken, grantToken } = body;
+  if (borrowId === undefined && borrowToken === undefined && grantToken === undefined) return null;
+  if (borrowId === undefined || borrowToken === undefined || grantToken === undefined) {
+    throw new BerthError("invalid_request", "invalid_request: borrowId, borrowToken and grantToken go together (a client-chosen portable borrow; all or none)");
+  }
+  if (!borrowId.startsWith("g_")) throw new BerthError("invalid_request", "invalid_request: field borrowId: a portable borrow's id starts with g_");
+  return { borrowId, borrowToken, grantToken };
+}
 
 export const drainSchema = z.strictObject({ force: z.boolean().default(false) });
 
