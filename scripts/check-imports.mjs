@@ -25,7 +25,8 @@ export const RULES = [
 ];
 
 /**
- * The CLI commands that start a process (`berth serve`, `berth up`, `berth agent`)
+ * The CLI commands that start a process (`berth serve`, `berth up`, `berth agent`),
+ * and `berth image --state-dir`, which works on an agent's own directory,
  * may load the coordinator or the agent, and only through a dynamic import (so
  * every other command starts without loading them); `import type` is erased
  * at compile time and allowed there too.
@@ -34,6 +35,8 @@ export const DYNAMIC_EXCEPTIONS = {
   "cli/commands/serve.ts": ["coordinator/"],
   "cli/commands/up.ts": ["coordinator/", "agent/"],
   "cli/commands/agent.ts": ["agent/"],
+  // `berth image ls|rm --state-dir`: the agent's image cache, on the agent's host, with no agent running for rm.
+  "cli/commands/image.ts": ["agent/"],
 };
 
 const IMPORT_RE = /(?:^|[\s;])(?:import|export)\s+(type\s+)?(?:[\w*{}\s,$]+?\s+from\s+)?["'](\.[^"']+)["']|import\(\s*["'](\.[^"']+)["']\s*\)/g;

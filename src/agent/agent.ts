@@ -36,7 +36,10 @@ import { AgentKeys } from "./keys.js";
 import { errorMessage, silentLog, type AgentLog } from "./log.js";
 import { AgentOps } from "./ops.js";
 import { recover, type RecoveryReport } from "./recovery.js";
-import { createRuntime, type GvisorChoice, type RuntimeChoice } from "./runtime/index.js";
+import { createRuntime, GvisorRuntime, type GvisorChoice, type RuntimeChoice } from "./runtime/index.js";
+import { ImageCache } from "./images/cache.js";
+import { registerImageRoutes } from "./images/http.js";
+import type { RegistryOptions } from "./images/registry.js";
 import type { Runtime } from "./runtime/types.js";
 import { sqliteSessionStore } from "./sessions/store.js";
 import { AgentStore } from "./store.js";
@@ -81,6 +84,8 @@ export interface AgentOptions {
   runtime?: RuntimeChoice;
   /** The runsc binary and gVisor platform of the gvisor runtime (default: runsc on PATH, the fastest platform). */
   gvisor?: GvisorChoice;
+  /** The image cache (gvisor hosts): its size limit (default 20 GiB) and how registries are reached (docs/images.md). */
+  images?: { maxBytes?: number; registry?: RegistryOptions };
   slots?: number;
   vcpu?: number;
   memoryMb?: number;
@@ -101,6 +106,9 @@ export interface AgentOptions {
   network?: NetworkOptions | false;
 }
 
+/** The image cache's default limit (`berth agent --image-cache-max`). */
+export const DEFAULT_IMAGE_CACHE_MAX = 20 * 2 ** 30;
+
 export interface RunningAgent {
   url: string;
   /** Null until the agent has enrolled once. */
@@ -118,6 +126,8 @@ export interface RunningAgent {
   sessions: SessionRegistry;
   /** Machine networks, or why this agent has none. */
   network: MachineNetworks | { unavailable: string };
+  /** The image cache (null: this runtime boots no images). */
+  images: ImageCache | null;
   /** Settles once enrolled (or at once without a coordinator); never rejects. */
   enrolled: Promise<void>;
   /** Host identity (null without a coordinator). */
@@ -161,6 +171,14 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       log.warn({ runtime: runtime.kind }, "runtime: process (plain child processes in a directory, NO isolation)");
     }
     if (runtime.detail.warning) log.warn({ runtime: runtime.kind, runsc: runtime.detail.runsc }, runtime.detail.warning);
+    // Images boot on gvisor only; what an interrupted pull left is removed first.
+    const images = runtime instanceof GvisorRuntime
+      ? new ImageCache({ stateDir: opts.stateDir, maxBytes: opts.images?.maxBytes ?? DEFAULT_IMAGE_CACHE_MAX, registry: opts.images?.registry ?? {}, inUse: () => runtime.imagesInUse(), log, now })
+      : null;
+    if (images) {
+      const swept = images.sweep();
+      if (swept > 0) log.info({ swept }, "image cache: removed what interrupted pulls left");
+    }
     const keys = new AgentKeys({ store, now, log });
     cleanups.push(() => keys.close());
     // Machine networks: the agent's own ports are known once its listeners run.
@@ -185,7 +203,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     const sessions = gateway.sessions;
 
     ports.push({ port: gateway.port, why: "agent SSH gateway" });
-    const ops = new AgentOps({ store, keys, runtime, sessions, now, log, network });
+    const ops = new AgentOps({ store, keys, runtime, sessions, now, log, network, images });
     const allocs = new AllocStore(store.db);
     const volumes = new Volumes({ stateDir: opts.stateDir, allocs, now, log });
     volumes.recover();
@@ -245,7 +263,10 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         tokenHash: () => store.getMeta(META_TOKEN_HASH),
         unrecorded: () => recovery.unrecorded,
         log,
-        extraRoutes: (app, auth) => registerAllocRoutes(app, auth, { allocs, volumes }),
+        extraRoutes: (app, auth) => {
+          registerAllocRoutes(app, auth, { allocs, volumes });
+          registerImageRoutes(app, auth, images);
+        },
       },
       listen,
     );
@@ -378,6 +399,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       volumes,
       sessions,
       network,
+      images,
       enrolled,
       identity,
       stop: () => (stopping ??= teardown()),

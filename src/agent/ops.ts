@@ -57,6 +57,8 @@ import type { AgentStore, MachineRecord, OpRecord, StoredKey } from "./store.js"
 import type { MachineNetworks } from "./network/manager.js";
 import type { NetworkPolicy } from "../core/network-policy.js";
 import type { ReadinessEvidence } from "../core/network-evidence.js";
+import type { ImageCache } from "./images/cache.js";
+import { processRefusesImages } from "./runtime/process.js";
 
 export type OpKind = OperationKind;
 
@@ -85,6 +87,8 @@ export interface AgentOpsDeps {
   log: AgentLog;
   /** Machine networks (network policy `egress`); null where this host cannot enforce one (why). */
   network?: MachineNetworks | { unavailable: string } | null;
+  /** The image cache that pulls and unpacks the images machines boot (images/cache.ts); absent: no images here. */
+  images?: ImageCache | null;
 }
 
 /** Who runs the allocation operations (src/agent/allocations.ts), once attached. */
@@ -253,7 +257,7 @@ export class AgentOps {
   async #act(ctx: OpContext, args: Normalized): Promise<OperationResult> {
     switch (args.kind) {
       case "provision":
-        return this.#provision(ctx, args.network ?? null);
+        return this.#provision(ctx, args.network ?? null, args.image ?? null);
       case "install_key":
         return this.#installKey(ctx, args);
       case "remove_key":
@@ -307,13 +311,21 @@ export class AgentOps {
     return n.get(machineId) ? n : null;
   }
 
-  async #provision(ctx: OpContext, policy: NetworkPolicy | null): Promise<ProvisionResult> {
+  async #provision(ctx: OpContext, policy: NetworkPolicy | null, image: string | null): Promise<ProvisionResult> {
     const { runtime, store, keys } = this.#deps;
     const before = this.#machine(ctx.machineId);
     const existed = before.state === "running";
-    // The network first (intent, then exact identity), so no process of the
-    // machine ever runs outside its namespace.
     let createOpts: CreateOptions = { ...this.#allocations?.createOptions(ctx.machineId) };
+    // The image first: a bad or unreachable one fails the provision before
+    // anything of the machine exists (cache.ts verifies it whole).
+    if (image !== null) {
+      if (runtime.kind === "process") throw processRefusesImages(image);
+      const images = this.#deps.images;
+      if (!images) throw new BerthError("provider_unavailable", `provider_unavailable: this agent has no image cache; it cannot boot ${image}`);
+      createOpts = { ...createOpts, image: await images.ensure(image) };
+    }
+    // The network next (intent, then exact identity), so no process of the
+    // machine ever runs outside its namespace.
     let net: MachineNetworks | null = null;
     if (policy !== null && policy.mode === "egress") {
       net = this.#networks();
@@ -322,7 +334,12 @@ export class AgentOps {
     }
     const rm = await runtime.create(ctx.machineId, createOpts);
     const evidence: ReadinessEvidence | null = net ? await net.probe(ctx.machineId, runtime, ctx.generation) : null;
-    const result: ProvisionResult = { incarnation: rm.incarnation, runtime: runtime.kind, existed, ...(evidence ? { network: evidence } : {}) };
+    const img = createOpts.image;
+    const result: ProvisionResult = {
+      incarnation: rm.incarnation, runtime: runtime.kind, existed,
+      ...(evidence ? { network: evidence } : {}),
+      ...(img ? { image: { ref: img.ref, id: img.id, digest: img.digest } } : {}),
+    };
     const m: MachineRecord = {
       ...before,
       state: "running",

@@ -22,6 +22,7 @@ const MODULES = {
   alloc: () => import("./commands/alloc.js"),
   volume: () => import("./commands/volume.js"),
   host: () => import("./commands/host.js"),
+  image: () => import("./commands/image.js"),
 } satisfies Record<string, () => Promise<CommandModule>>;
 
 /** Which module defines each top-level command name. */
@@ -41,6 +42,7 @@ const COMMANDS: Record<string, keyof typeof MODULES> = {
   owner: "alloc",
   volume: "volume",
   host: "host",
+  image: "image",
 };
 
 export async function main(argv: string[]): Promise<void> {

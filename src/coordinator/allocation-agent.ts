@@ -61,7 +61,12 @@ export class AllocationAgent {
   }
 
   /** Volume routes, passed through (their refusals keep the agent's code and message). */
-  async volume(hostId: string, method: "GET" | "POST", path: string): Promise<unknown> {
+  volume(hostId: string, method: "GET" | "POST", path: string): Promise<unknown> {
+    return this.passthrough(hostId, method, path);
+  }
+
+  /** One agent route, passed through (volumes, images): its refusals keep the agent's code and message. */
+  async passthrough(hostId: string, method: "GET" | "POST", path: string): Promise<unknown> {
     let r: { status: number; body: unknown };
     try {
       r = await this.call(hostId, method, path);

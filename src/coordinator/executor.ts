@@ -240,7 +240,10 @@ export class OperationExecutor {
           }
           const back = await applyTransition(tx, ctx, m, { kind: "scrubbed" }, now, { nonce });
           await grants.cleanupStep(tx, m.id, m.generation, "closed", now);
-          if (net.kind === "rotate") await applyTransition(tx, ctx, back.machine, { kind: "drain", reason: net.why }, now, { nonce: `${nonce}:rotate` });
+          // The pool's image changed while it was lent: it is replaced, never changed live.
+          const image = (await readPool(tx, m.org, m.pool))?.image ?? null;
+          const rotate = net.kind === "rotate" ? net.why : (m.image ?? null) !== image ? `image changed to ${image ?? "the host's root"}` : null;
+          if (rotate !== null) await applyTransition(tx, ctx, back.machine, { kind: "drain", reason: rotate }, now, { nonce: `${nonce}:rotate` });
           // Back in the ready queue: let the reconciler check the pool is not above its capacity.
           await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
         }

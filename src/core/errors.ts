@@ -34,6 +34,9 @@ export type ErrorCode =
   | "host_activated"
   | "host_busy"
   | "host_switching"
+  | "image_invalid"
+  | "image_unavailable"
+  | "image_too_large"
   | "internal";
 
 const STATUS: Record<ErrorCode, number> = {
@@ -67,6 +70,12 @@ const STATUS: Record<ErrorCode, number> = {
   host_activated: 403,
   host_busy: 409,
   host_switching: 409,
+  /** The image is malformed, fails its digests, escapes its root, or is for another platform: retrying will not help. */
+  image_invalid: 422,
+  /** The image's registry or file could not be reached or read: retried. */
+  image_unavailable: 502,
+  /** The image (or a layer of it) is over the agent's image cache limit. */
+  image_too_large: 413,
   internal: 500,
 };
 

@@ -31,6 +31,8 @@ export interface PoolRecord {
   keeperKey: string | null;
   /** Network policy of its machines (part of compatibility: a change rotates machines). */
   network: NetworkPolicy;
+  /** The image its machines boot, canonical (core/image-ref.ts); null: the host's root. Part of compatibility: a change rotates machines. */
+  image: string | null;
   createdAt: number;
   updatedAt: number;
 }

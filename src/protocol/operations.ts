@@ -16,6 +16,7 @@ import { parseId, type Id } from "../core/ids.js";
 import { parsePublicKey } from "../core/ssh-public-key.js";
 import { zodRefusal } from "../core/refusal.js";
 import { parsePolicy, type NetworkPolicy } from "../core/network-policy.js";
+import { canonicalImage } from "../core/image-ref.js";
 
 export const OPERATION_KINDS = ["provision", "install_key", "remove_key", "fence", "scrub", "destroy", "alloc_hold", "alloc_launch", "alloc_release"] as const;
 export type OperationKind = (typeof OPERATION_KINDS)[number];
@@ -69,10 +70,11 @@ export const allocReleaseArgsSchema = z.strictObject({ allocationId: z.string(),
 
 /**
  * provision takes the machine's network policy (absent or `none`: no network
- * of its own, as before; the canonical hash of `{kind: "provision"}` is kept).
+ * of its own, as before; the canonical hash of `{kind: "provision"}` is kept)
+ * and the image it boots (absent: the host's root; core/image-ref.ts).
  */
 const provisionArgsSchema = z.union([
-  z.object({ network: z.unknown().optional() }).passthrough(),
+  z.object({ network: z.unknown().optional(), image: z.string().max(1024).nullable().optional() }).passthrough(),
   z.undefined(),
   z.null(),
 ]);
@@ -88,7 +90,7 @@ export interface KeySelector {
 
 /** Arguments as the agent acts on them: validated, ids checked, the key parsed. */
 export type NormalizedArgs =
-  | { kind: "provision"; network?: NetworkPolicy }
+  | { kind: "provision"; network?: NetworkPolicy; image?: string }
   | { kind: "install_key"; publicKey: string; fingerprint: string; mode: "grant" | "keeper"; grantId: Id; expiresAt: number | null }
   | { kind: "remove_key"; which: KeySelector }
   | { kind: "fence" }
@@ -145,7 +147,8 @@ export function normalizeArgs(kind: OperationKind, raw: unknown): NormalizedArgs
       const p = provisionArgsSchema.safeParse(raw);
       if (!p.success) throw invalidArgs(kind, p.error);
       const network = parsePolicy(p.data?.network ?? null);
-      return network.mode === "none" ? { kind } : { kind, network };
+      const image = p.data?.image ? canonicalImage(p.data.image) : undefined;
+      return { kind, ...(network.mode === "none" ? {} : { network }), ...(image !== undefined ? { image } : {}) };
     }
     case "fence":
     case "scrub":
@@ -209,6 +212,8 @@ export const provisionResultSchema = z.object({
   existed: z.boolean(),
   /** Present when the machine has a network policy: the probe run before it may be ready. */
   network: readinessEvidenceSchema.optional(),
+  /** Present when the machine boots an image: the reference, the cache's id and the digest it was pulled by. */
+  image: z.object({ ref: z.string(), id: z.string().nullable(), digest: z.string().nullable() }).optional(),
 });
 export const installKeyResultSchema = z.object({
   fingerprint: z.string(),

@@ -74,14 +74,21 @@ export async function updateHost(tx: Tx, id: string, d: HostDescription, now: nu
   ]);
 }
 
+/** How many of the org's hosts run each runtime. */
+export async function countHostsByRuntime(tx: Tx, org: string): Promise<Map<string, number>> {
+  const rows = await tx.all<{ runtime: string; n: number }>("SELECT runtime, COUNT(*) AS n FROM hosts WHERE org = ? GROUP BY runtime", [org]);
+  return new Map(rows.map((r) => [r.runtime, Number(r.n)]));
+}
+
 /**
- * Takes a slot on the org's least-used host with one free; resolves to its id, or null when every host is full.
+ * Takes a slot on the org's least-used host with one free (of `runtime`, when given: an image pool needs gvisor);
+ * resolves to its id, or null when every such host is full.
  * A host switching to its identity key takes none (only `legacy` and `active` hosts do).
  */
-export async function takeHostSlot(tx: Tx, org: string): Promise<string | null> {
+export async function takeHostSlot(tx: Tx, org: string, runtime: string | null = null): Promise<string | null> {
   const host = await tx.get<{ id: string }>(
-    `SELECT id FROM hosts WHERE org = ? AND used_slots < slots AND identity_state IN ('legacy', 'active') ORDER BY used_slots, id LIMIT 1${tx.forUpdate}`,
-    [org],
+    `SELECT id FROM hosts WHERE org = ? AND used_slots < slots AND identity_state IN ('legacy', 'active')${runtime === null ? "" : " AND runtime = ?"} ORDER BY used_slots, id LIMIT 1${tx.forUpdate}`,
+    runtime === null ? [org] : [org, runtime],
   );
   if (!host) return null;
   await tx.run("UPDATE hosts SET used_slots = used_slots + 1 WHERE id = ?", [host.id]);

@@ -25,6 +25,31 @@ export async function setMachineImage(tx: Tx, machineId: string, image: string |
   await tx.run("UPDATE machines SET image = ? WHERE id = ?", [image, machineId]);
 }
 
+/** The pool's provisioning trouble: the latest provision error newer than its latest successful provision. */
+export interface ProvisionError {
+  machineId: string;
+  at: number;
+  /** "retrying": the operation will be tried again; "failed": given up (the machine is drained). */
+  state: "retrying" | "failed";
+  error: string;
+}
+
+export async function lastProvisionError(tx: Tx, org: string, pool: string): Promise<ProvisionError | null> {
+  const row = await tx.get<{ machine_id: string; updated_at: number; state: string; error: string }>(
+    `SELECT o.machine_id, o.updated_at, o.state, o.error FROM operations o JOIN machines m ON m.id = o.machine_id
+     WHERE m.org = ? AND m.pool = ? AND o.kind = 'provision' AND o.error IS NOT NULL AND o.state IN ('pending', 'running', 'failed')
+     ORDER BY o.updated_at DESC LIMIT 1`,
+    [org, pool],
+  );
+  if (!row) return null;
+  const ok = await tx.get<{ at: number | null }>(
+    "SELECT MAX(o.updated_at) AS at FROM operations o JOIN machines m ON m.id = o.machine_id WHERE m.org = ? AND m.pool = ? AND o.kind = 'provision' AND o.state = 'done'",
+    [org, pool],
+  );
+  if (ok?.at !== null && ok?.at !== undefined && Number(ok.at) > Number(row.updated_at)) return null;
+  return { machineId: row.machine_id, at: Number(row.updated_at), state: row.state === "failed" ? "failed" : "retrying", error: row.error };
+}
+
 /** Ready machines of a pool made for another image than `image` (they are rotated out, never changed live). */
 export async function staleImageReadyMachineIds(tx: Tx, org: string, pool: string, image: string | null): Promise<string[]> {
   const rows = await tx.all<{ id: string }>("SELECT id FROM machines WHERE org = ? AND pool = ? AND state = 'ready' AND COALESCE(image, '') <> ? ORDER BY id", [org, pool, image ?? ""]);

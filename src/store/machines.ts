@@ -35,6 +35,8 @@ export interface MachineRow {
   network_fingerprint?: string | null;
   /** JSON of its last readiness evidence (migration 5). */
   network_evidence?: string | null;
+  /** The image it was provisioned for (migration 8); NULL: the host's root. */
+  image?: string | null;
 }
 
 /** Reads and locks a machine row (the read every transition starts from). */

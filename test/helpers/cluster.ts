@@ -77,6 +77,8 @@ export interface ClusterOptions {
   maxReady?: number;
   slots?: number;
   portable?: boolean;
+  /** More `berth agent` flags (e.g. --registry-auth). */
+  agentArgs?: string[];
 }
 
 export class Cluster {
@@ -104,7 +106,7 @@ export class Cluster {
 
   async startAgent(): Promise<void> {
     this.agent = await startProcess(
-      ["agent", "--state-dir", this.agentDir, "--coordinator", this.coordinator!.url, "--enroll-token-file", join(this.dir.path, "agent.token"), "--runtime", this.o.runtime, "--slots", String(this.o.slots ?? 4), "--name", "e2e", "--log-level", "warn"],
+      ["agent", "--state-dir", this.agentDir, "--coordinator", this.coordinator!.url, "--enroll-token-file", join(this.dir.path, "agent.token"), "--runtime", this.o.runtime, "--slots", String(this.o.slots ?? 4), "--name", "e2e", "--log-level", "warn", ...(this.o.agentArgs ?? [])],
       {},
       /berth agent ready/,
     );

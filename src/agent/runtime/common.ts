@@ -13,11 +13,14 @@ const RESERVED = new Set(["PATH", "HOME", "USER", "SHELL", "BERTH_MACHINE", "BER
 
 /**
  * The whole environment of a command: the runtime's base variables plus the
- * request's (already allow-listed by the agent), minus anything reserved.
+ * request's (already allow-listed by the agent), minus anything reserved,
+ * over the image's `defaults`.
  * LANG defaults to C.UTF-8; TERM comes from the PTY request.
  */
-export function cleanEnv(requested: Record<string, string>, base: Record<string, string>): Record<string, string> {
+export function cleanEnv(requested: Record<string, string>, base: Record<string, string>, defaults: Record<string, string> = {}): Record<string, string> {
   const env: Record<string, string> = { LANG: "C.UTF-8" };
+  // An image's own environment: below the request, above LANG's default.
+  for (const [k, v] of Object.entries(defaults)) if (!RESERVED.has(k) && !v.includes("\0")) env[k] = v;
   for (const [k, v] of Object.entries(requested)) {
     // BERTH_* other than the reserved names pass: the agent's allowlist (sessions/events.ts)
     // already refused the names it sets itself, and the base below always wins.

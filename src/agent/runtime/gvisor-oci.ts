@@ -65,8 +65,10 @@ export interface SandboxSpecInput {
   workspace: string;
   /** Host directory bound read-only at /run/berth (holds the `incarnation` file). */
   runDir: string;
-  /** The agent's state directory, masked inside the sandbox. */
+  /** The agent's state directory, masked inside the sandbox when the root holds it. */
   stateDir: string;
+  /** Host path of the root filesystem (default "/": the host's own root). */
+  root?: string;
   /** Limits to enforce (OCI linux.resources under `cgroupsPath`); absent: cgroups are not used. */
   resources?: { vcpu: number; memoryMib: number; cgroupsPath: string };
   /**
@@ -91,9 +93,11 @@ export function sandboxSpec(i: SandboxSpecInput): Record<string, unknown> {
     { destination: "/tmp", type: "tmpfs", source: "tmpfs", options: ["nosuid", "nodev", "mode=1777"] },
     { destination: "/workspace", type: "bind", source: i.workspace, options: ["rbind", "rw"] },
     { destination: "/run/berth", type: "bind", source: i.runDir, options: ["rbind", "ro"] },
-    // Mask the agent's state (records, runsc state, other machines' workspaces).
-    { destination: i.stateDir, type: "tmpfs", source: "tmpfs", options: ["ro", "size=4k"] },
   ];
+  const root = i.root ?? "/";
+  // Mask the agent's state (records, runsc state, other machines' workspaces) where the root holds it.
+  const rel = root === "/" ? i.stateDir : i.stateDir.startsWith(root + "/") ? i.stateDir.slice(root.length) : null;
+  if (rel !== null) mounts.push({ destination: rel, type: "tmpfs", source: "tmpfs", options: ["ro", "size=4k"] });
   if (i.network) {
     mounts.push({ destination: "/etc/hosts", type: "bind", source: i.network.hosts, options: ["rbind", "ro"] });
     mounts.push({ destination: "/etc/resolv.conf", type: "bind", source: i.network.resolvConf, options: ["rbind", "ro"] });
@@ -109,7 +113,7 @@ export function sandboxSpec(i: SandboxSpecInput): Record<string, unknown> {
       cwd: "/workspace",
       capabilities: CAPABILITIES,
     },
-    root: { path: "/", readonly: false },
+    root: { path: root, readonly: false },
     hostname: i.machineId.slice(0, 63),
     mounts,
     linux: {
@@ -121,15 +125,23 @@ export function sandboxSpec(i: SandboxSpecInput): Record<string, unknown> {
 
 /**
  * The process spec of one `runsc exec --process` (written to a file, so the
- * environment never appears in argv): the identity wrapper, then `argv`.
+ * environment never appears in argv): the identity wrapper, then `argv`, as
+ * the image's user in its working directory (default: root in /workspace).
  */
-export function execProcessSpec(argv: string[], env: Record<string, string>, terminal: boolean): Record<string, unknown> {
+export function execProcessSpec(
+  argv: string[],
+  env: Record<string, string>,
+  terminal: boolean,
+  as: { uid: number; gid: number; additionalGids?: number[]; cwd?: string } = { uid: 0, gid: 0 },
+): Record<string, unknown> {
+  const gids = as.additionalGids ?? [];
   return {
     terminal,
-    user: { uid: 0, gid: 0 },
+    user: { uid: as.uid, gid: as.gid, ...(gids.length > 0 ? { additionalGids: gids } : {}) },
     args: ["/bin/sh", "-c", EXEC_WRAPPER, "berth-exec", ...argv],
     env: Object.entries(env).map(([k, v]) => `${k}=${v}`),
-    cwd: "/workspace",
-    capabilities: CAPABILITIES,
+    cwd: as.cwd ?? "/workspace",
+    // A non-root image user gets no capabilities (as with docker's USER); root keeps the runtime's set.
+    capabilities: as.uid === 0 ? CAPABILITIES : { bounding: CAPS, effective: [], permitted: [], inheritable: [] },
   };
 }

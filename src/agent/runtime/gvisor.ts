@@ -49,7 +49,7 @@
  * bare pid.
  */
 import { spawn } from "node:child_process";
-import { existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { chownSync, existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { createHash, randomBytes } from "node:crypto";
 import pty from "node-pty";
@@ -63,7 +63,7 @@ import { awaitExecIdentity } from "./gvisor-identity.js";
 import { Runsc, findRunsc, probeRunsc } from "./gvisor-runsc.js";
 import type { PlatformChoice, RunscInfo } from "./gvisor-platform.js";
 import { gvisorExecHandle } from "./gvisor-handle.js";
-import type { CreateOptions, ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeDetail, RuntimeMachine } from "./types.js";
+import type { BootImage, CreateOptions, ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeDetail, RuntimeMachine } from "./types.js";
 import { cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
 import { KeyedLock } from "../keyed-lock.js";
 
@@ -87,6 +87,8 @@ interface GvisorMachineRecord {
   resources?: { vcpu: number; memoryMib: number } | null;
   /** The machine's network namespace and the files bound over /etc/hosts and /etc/resolv.conf; absent: no network. */
   network?: NonNullable<CreateOptions["network"]>;
+  /** The image it boots; absent: the host's root. */
+  image?: BootImage;
 }
 
 export interface GvisorRuntimeOptions {
@@ -159,7 +161,7 @@ export class GvisorRuntime implements Runtime {
       machineId: rec.machineId,
       incarnation: rec.incarnation as string,
       workspace: join(this.dir(rec.machineId), "workspace"),
-      identity: { runtime: "gvisor", container: c.id, sandboxPid: c.sandboxPid, sandboxStart: c.sandboxStart },
+      identity: { runtime: "gvisor", container: c.id, sandboxPid: c.sandboxPid, sandboxStart: c.sandboxStart, ...(rec.image ? { image: rec.image.ref, imageId: rec.image.id ?? "dir" } : {}) },
     };
   }
 
@@ -181,8 +183,14 @@ export class GvisorRuntime implements Runtime {
     writeFileSync(join(bundle, "run", "incarnation"), inc + "\n", { mode: 0o644 });
     const res = rec.resources ? { ...rec.resources, cgroupsPath: `/berth/${cid}` } : undefined;
     const net = rec.network;
+    const image = rec.image;
+    if (image && image.user.uid !== 0) {
+      // The image's user owns its workspace (inside, /workspace), as root owns it otherwise.
+      chownSync(join(this.dir(rec.machineId), "workspace"), image.user.uid, image.user.gid);
+    }
     const spec = sandboxSpec({
       machineId: rec.machineId, incarnation: inc, workspace: join(this.dir(rec.machineId), "workspace"), runDir: join(bundle, "run"), stateDir: this.stateDir,
+      ...(image ? { root: image.rootfs } : {}),
       ...(res ? { resources: res } : {}),
       ...(net ? { network: { hosts: net.hosts, resolvConf: net.resolvConf } } : {}),
     });
@@ -265,13 +273,15 @@ export class GvisorRuntime implements Runtime {
     return this.lock.run(machineId, async () => {
       let rec = this.record(machineId);
       const sameNet = (r: GvisorMachineRecord): boolean => (r.container?.netnsInode ?? null) === (opts.network?.inode ?? null);
-      if (rec && this.isRunning(rec.container) && sameNet(rec)) return this.view(rec);
+      const sameImage = (r: GvisorMachineRecord): boolean => (r.image?.rootfs ?? null) === (opts.image?.rootfs ?? null);
+      if (rec && this.isRunning(rec.container) && sameNet(rec) && sameImage(rec)) return this.view(rec);
       if (!rec) {
         mkdirSync(join(dir, "workspace"), { recursive: true, mode: 0o700 });
         rec = {
           v: 1, machineId, createdAt: new Date().toISOString(), incarnation: null, container: null,
           ...(opts.resources ? { resources: opts.resources } : {}),
           ...(opts.network ? { network: opts.network } : {}),
+          ...(opts.image ? { image: opts.image } : {}),
         };
         this.save(rec);
       } else if (rec.container) {
@@ -279,9 +289,9 @@ export class GvisorRuntime implements Runtime {
         // namespace than the machine's): clean what is left, then start fresh.
         rec = (await this.stop(rec)).rec;
       }
-      if (opts.network || rec.network) {
-        const { network: _old, ...rest } = rec;
-        rec = { ...rest, ...(opts.network ? { network: opts.network } : {}) };
+      if (opts.network || rec.network || opts.image || rec.image) {
+        const { network: _old, image: _oldImage, ...rest } = rec;
+        rec = { ...rest, ...(opts.network ? { network: opts.network } : {}), ...(opts.image ? { image: opts.image } : {}) };
         this.save(rec);
       }
       return this.view(await this.start(rec));
@@ -298,16 +308,22 @@ export class GvisorRuntime implements Runtime {
         }
         this.untouched.delete(machineId);
         if (req.pty) validatePty(req.pty.cols, req.pty.rows);
-        const shell = loginShell();
-        const env = cleanEnv(req.env, {
-          PATH: PATH_IN,
-          HOME: "/workspace",
-          USER: "root",
-          SHELL: shell,
-          TERM: req.pty ? req.pty.term || "xterm" : "dumb",
-          BERTH_MACHINE: machineId,
-          BERTH_INCARNATION: rec.incarnation as string,
-        });
+        const image = rec.image;
+        const shell = image ? image.shell : loginShell();
+        // An image's Env is the base: the request may override it, never PATH/HOME/USER/SHELL/BERTH_* (PATH and HOME come from it).
+        const env = cleanEnv(
+          req.env,
+          {
+            PATH: image?.env.PATH ?? PATH_IN,
+            HOME: image?.env.HOME ?? "/workspace",
+            USER: image ? image.user.name : "root",
+            SHELL: shell,
+            TERM: req.pty ? req.pty.term || "xterm" : "dumb",
+            BERTH_MACHINE: machineId,
+            BERTH_INCARNATION: rec.incarnation as string,
+          },
+          image?.env ?? {},
+        );
         const argv = req.argv && req.argv.length > 0 ? req.argv : [shell, "-l"];
         const execDir = join(this.dir(machineId), "exec");
         mkdirSync(execDir, { recursive: true, mode: 0o700 });
@@ -315,7 +331,8 @@ export class GvisorRuntime implements Runtime {
         const specPath = join(execDir, `${tag}.json`);
         const ipidPath = join(execDir, `${tag}.pid`);
         // The spec file keeps the environment out of argv (visible in ps).
-        writeFileSync(specPath, JSON.stringify(execProcessSpec(argv, env, Boolean(req.pty))), { mode: 0o600 });
+        const as = image ? { uid: image.user.uid, gid: image.user.gid, additionalGids: image.user.additionalGids, cwd: image.workingDir ?? "/workspace" } : undefined;
+        writeFileSync(specPath, JSON.stringify(execProcessSpec(argv, env, Boolean(req.pty), as)), { mode: 0o600 });
         const { file: execFile, args } = this.runsc.command(this.runsc.execArgs(c.id, specPath, ipidPath), this.netnsOf(rec));
         let setLine!: (l: string | null) => void;
         const line = new Promise<string | null>((r) => (setLine = r));
@@ -474,6 +491,11 @@ export class GvisorRuntime implements Runtime {
     return readdirSync(this.machinesDir).filter((n) => isId(n) && existsSync(join(this.machinesDir, n, "machine.json"))).sort();
   }
 
+  /** Machines per cached image id (what the image cache must keep). */
+  imagesInUse(): Map<string, number> {
+    return imagesInUseIn(this.stateDir);
+  }
+
   /** Containers under this agent's runsc root (for tests and recovery reports). */
   async containers(): Promise<string[]> {
     return (await this.runsc.list()).map((c) => c.id);
@@ -481,3 +503,27 @@ export class GvisorRuntime implements Runtime {
 }
 
 export { findRunsc };
+
+/**
+ * Machines per cached image id under an agent's state directory, from the
+ * gvisor machine records (what the image cache must keep; also read by
+ * `berth image rm --state-dir` while no agent runs there). A record that
+ * cannot be read counts as using nothing here: recovery reports it.
+ */
+export function imagesInUseIn(stateDir: string): Map<string, number> {
+  const used = new Map<string, number>();
+  const dir = join(resolve(stateDir), "machines");
+  if (!existsSync(dir)) return used;
+  for (const id of readdirSync(dir)) {
+    if (!isId(id)) continue;
+    let rec: GvisorMachineRecord | null = null;
+    try {
+      rec = readRecord<GvisorMachineRecord>(join(dir, id, "machine.json"));
+    } catch {
+      continue;
+    }
+    const img = rec?.image?.id;
+    if (img) used.set(img, (used.get(img) ?? 0) + 1);
+  }
+  return used;
+}

@@ -116,6 +116,7 @@ export class ProcessRuntime implements Runtime {
   }
 
   create(machineId: string, opts: CreateOptions = {}): Promise<RuntimeMachine> {
+    if (opts.image) return Promise.reject(processRefusesImages(opts.image.ref));
     const dir = this.dir(machineId);
     return this.lock.run(machineId, async () => {
       const existing = this.record(machineId);
@@ -368,4 +369,12 @@ function safeUser(): string {
   } catch {
     return String(process.getuid?.() ?? "user");
   }
+}
+
+/** The process runtime has no root of its own to swap: an image needs gvisor. */
+export function processRefusesImages(ref: string): BerthError {
+  return new BerthError(
+    "provider_unavailable",
+    `provider_unavailable: this host runs the process runtime, which cannot boot images (${ref}): its commands run in the host's own root. Boot images on a gvisor host (berth agent --runtime gvisor: runsc and root)`,
+  );
 }

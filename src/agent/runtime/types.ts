@@ -90,6 +90,29 @@ export interface ExecHandle {
 }
 
 /**
+ * An image a machine boots from (src/agent/images/cache.ts): a root
+ * directory, read-only underneath the sandbox's writable memory overlay, and
+ * what its config says commands run with.
+ */
+export interface BootImage {
+  /** The cache's id (the config digest's hex); null for a root directory used as it is (`dir:`). */
+  id: string | null;
+  /** The reference, in its canonical spelling. */
+  ref: string;
+  /** The manifest (or index) digest it was pulled by, where it has one. */
+  digest: string | null;
+  /** Host path of the root filesystem. */
+  rootfs: string;
+  /** The image's Env; PATH and HOME from it replace the runtime's defaults. */
+  env: Record<string, string>;
+  /** cwd of every command (null: /workspace). */
+  workingDir: string | null;
+  user: { uid: number; gid: number; additionalGids: number[]; name: string; home: string | null };
+  /** The login shell inside (/bin/bash where the image has it, else /bin/sh). */
+  shell: string;
+}
+
+/**
  * How a machine is created: with `network`, every process of it runs in that
  * network namespace; with `resources` (allocations: the size's exact grant),
  * vCPU and memory are enforced (gvisor: cgroup limits and the sandbox's CPU
@@ -97,6 +120,8 @@ export interface ExecHandle {
  */
 export interface CreateOptions {
   resources?: { vcpu: number; memoryMib: number };
+  /** The image the machine boots (gvisor only; absent: the host's root). Kept for every restart. */
+  image?: BootImage;
   network?: {
     /** Name of the namespace under /run/netns. */
     netns: string;

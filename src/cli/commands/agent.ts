@@ -11,12 +11,23 @@ import { homedir } from "node:os";
 import { join, resolve as resolvePath } from "node:path";
 import { Command, InvalidArgumentError, Option } from "commander";
 import pino from "pino";
+import { parseBytes } from "../../core/bytes.js";
 
 function positiveInt(what: string) {
   return (v: string): number => {
     const n = Number(v);
     if (!Number.isSafeInteger(n) || n <= 0) throw new InvalidArgumentError(`${what} must be a positive integer`);
     return n;
+  };
+}
+
+function bytesArg(what: string) {
+  return (v: string): number => {
+    try {
+      return parseBytes(v, what);
+    } catch (e) {
+      throw new InvalidArgumentError((e as Error).message.replace(/^invalid_request: /, ""));
+    }
   };
 }
 
@@ -61,6 +72,13 @@ export function register(program: Command): void {
         .choices(["auto", "kvm", "systrap", "ptrace"])
         .default("auto"),
     )
+    .addOption(
+      new Option("--image-cache-max <size>", "most the image cache may hold, unpacked (e.g. 20G); an image or layer over it is refused")
+        .argParser(bytesArg("--image-cache-max"))
+        .default(20 * 2 ** 30, "20G"),
+    )
+    .option("--registry-auth <file>", "registry credentials, Docker's config.json shape ({\"auths\": {\"HOST:PORT\": {\"auth\": base64(user:password)}}}); mode 0600")
+    .option("--insecure-registry <host:port>", "reach this registry over plain HTTP (repeatable; loopback registries always are)", (v: string, acc: string[]) => [...acc, v], [] as string[])
     .option("--slots <n>", "machines this host offers", positiveInt("--slots"), 4)
     .option("--vcpu <n>", "vCPUs this host offers", positiveInt("--vcpu"), 2)
     .option("--memory-mb <n>", "memory this host offers, in MiB", positiveInt("--memory-mb"), 2048)
@@ -89,6 +107,9 @@ export function register(program: Command): void {
       runtime: "auto" | "process" | "gvisor";
       runsc?: string;
       runscPlatform: "auto" | "kvm" | "systrap" | "ptrace";
+      imageCacheMax: number;
+      registryAuth?: string;
+      insecureRegistry: string[];
       slots: number;
       vcpu: number;
       memoryMb: number;
@@ -130,6 +151,10 @@ export function register(program: Command): void {
           advertiseHost: o.advertiseHost,
           runtime: o.runtime,
           gvisor: { ...(o.runsc !== undefined ? { runsc: resolvePath(o.runsc) } : {}), platform: o.runscPlatform },
+          images: {
+            maxBytes: o.imageCacheMax,
+            registry: { ...(o.registryAuth !== undefined ? { authFile: resolvePath(o.registryAuth) } : {}), insecure: o.insecureRegistry },
+          },
           slots: o.slots,
           vcpu: o.vcpu,
           memoryMb: o.memoryMb,

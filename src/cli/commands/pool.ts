@@ -7,6 +7,7 @@ import { formatDuration } from "../../core/durations.js";
 import { clientFrom, durationArg, intArg, printJson, printTable, runCommand } from "../common.js";
 import type { Api } from "../api.js";
 import { makePolicy } from "../../core/network-policy.js";
+import { canonicalImage } from "../../core/image-ref.js";
 
 interface PoolView {
   name: string;
@@ -24,6 +25,9 @@ interface PoolView {
   claims?: { id: string; token: string; expiresAt: number }[];
   note?: string | null;
   network?: { mode: string; allow?: string[]; dns?: string[]; fingerprint: string };
+  image?: string | null;
+  /** pool show: the latest provisioning failure newer than the latest success. */
+  provisionError?: { machineId: string; at: number; state: "retrying" | "failed"; error: string } | null;
   /** pool show: each live machine's policy and last readiness evidence. */
   networks?: Array<{ id: string; state: string; generation: number; policyFingerprint: string; evidence: { result: string; policyFingerprint: string; generation: number; at: number; checks: Array<{ ok: boolean }> } | null }>;
 }
@@ -40,15 +44,19 @@ function clientOpts(c: Command): Command {
 }
 
 export async function waitReady(api: Api, name: string, want: number, timeoutMs: number, progress: (s: string) => void): Promise<PoolView> {
-  const deadline = Date.now() + timeoutMs;
+  const started = Date.now();
+  const deadline = started + timeoutMs;
   let last = "";
   for (;;) {
     const p = await api.call<PoolView>("GET", `/v1/pools/${name}`);
     const ready = p.counts?.ready ?? 0;
-    const line = `pool ${name}: ${ready} ready (waiting for ${want}), ${p.counts?.openClaims ?? 0} provisioning`;
+    const err = p.provisionError && p.provisionError.at >= started - 1000 ? p.provisionError : null;
+    const line = `pool ${name}: ${ready} ready (waiting for ${want}), ${p.counts?.openClaims ?? 0} provisioning${err ? `; provisioning ${err.state === "failed" ? "failed" : "is retrying"}: ${err.error}` : ""}`;
     if (line !== last) progress(line);
     last = line;
     if (ready >= want) return p;
+    // A provision the coordinator gave up on (a bad image, a refusal) will fail the same way again: say so now.
+    if (err && err.state === "failed" && ready === 0) throw new BerthError("operation_failed", `operation_failed: pool ${name}: provisioning failed: ${err.error}`);
     if (Date.now() >= deadline) throw new BerthError("pool_exhausted", `pool_exhausted: pool ${name} reached ${ready} of ${want} ready machines before the wait ran out`);
     await new Promise((r) => setTimeout(r, 200));
   }
@@ -71,16 +79,18 @@ export function register(program: Command): void {
       .option("--heartbeat <duration>", "borrow heartbeat interval", durationArg("--heartbeat"))
       .option("--keeper-key <file>", "public key file installed on keeper machines (the keeper's own key)")
       .option("--image-id <id>", "typed identity: provider-scoped immutable image id")
+      .option("--image <ref>", "what the machines boot: oci:DIR[:TAG], docker-archive:FILE, dir:PATH, REGISTRY/NAME:TAG or …@sha256:… (gvisor hosts), ami:ami-… (aws); docs/images.md")
       .addOption(new Option("--network <mode>", "none (default: gvisor machines have no network, process machines the host's) or egress (own namespace, allow list only)").choices(["none", "egress"]).default("none"))
       .option("--allow <entry>", "egress allow entry: CIDR, CIDR:PORT or NAME:PORT (repeatable; names are resolved and pinned by the agent)", (v: string, acc: string[]) => [...acc, v], [] as string[])
       .option("--dns <ip>", "a DNS resolver the machines may query (repeatable; none: pinned names only)", (v: string, acc: string[]) => [...acc, v], [] as string[])
       .option("--wait", "wait until min-ready machines are ready", false)
       .addOption(new Option("--timeout <duration>", "how long --wait waits").argParser(durationArg("--timeout")).default(300_000, "5m")),
   ).action(
-    (name: string, o: { minReady: number; maxReady: number; compatibilityKey: string; access: string; provider: string; hardTtl?: number; heartbeat?: number; keeperKey?: string; imageId?: string; network: "none" | "egress"; allow: string[]; dns: string[]; wait: boolean; timeout: number; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
+    (name: string, o: { minReady: number; maxReady: number; compatibilityKey: string; access: string; provider: string; hardTtl?: number; heartbeat?: number; keeperKey?: string; imageId?: string; image?: string; network: "none" | "egress"; allow: string[]; dns: string[]; wait: boolean; timeout: number; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
       runCommand(async () => {
         // Checked here too, so a typo is refused before any request.
         const network = makePolicy(o.network, o.allow, o.dns);
+        const image = o.image !== undefined ? canonicalImage(o.image) : null;
         const { api, config } = clientFrom(o);
         try {
           let keeperKey: string | null = null;
@@ -95,6 +105,7 @@ export function register(program: Command): void {
             ...(o.hardTtl ? { hardTtlMs: o.hardTtl } : {}),
             ...(o.heartbeat ? { heartbeatMs: o.heartbeat } : {}),
             ...(o.imageId ? { identity: { imageId: o.imageId } } : {}),
+            ...(image !== null ? { image } : {}),
             keeperKey,
             network,
           });
@@ -102,7 +113,7 @@ export function register(program: Command): void {
           if (o.wait) view = { ...res, ...(await waitReady(api, name, o.minReady, o.timeout, (s) => process.stderr.write(s + "\n"))) };
           if (o.json) printJson(view);
           else {
-            process.stdout.write(`pool ${res.name}: ${res.access}, ${res.provider}, min ${res.minReady} / max ${res.maxReady}, ready ${view.counts?.ready ?? 0}, network ${networkLine(res.network)}\n`);
+            process.stdout.write(`pool ${res.name}: ${res.access}, ${res.provider}, min ${res.minReady} / max ${res.maxReady}, ready ${view.counts?.ready ?? 0}, network ${networkLine(res.network)}${res.image ? `, image ${res.image}` : ""}\n`);
             for (const c of res.claims ?? []) process.stdout.write(`fill claim ${c.id} (expires ${new Date(c.expiresAt).toISOString()}): register with POST /v1/pools/${res.name}/machines\n`);
             if (res.note) process.stdout.write(`note: ${res.note}\n`);
           }
@@ -119,7 +130,7 @@ export function register(program: Command): void {
       try {
         const r = await api.call<{ pools: PoolView[] }>("GET", "/v1/pools");
         if (o.json) printJson(r.pools);
-        else printTable(["NAME", "ACCESS", "PROVIDER", "READY", "MACHINES", "MIN", "MAX", "KEY"], r.pools.map((p) => [p.name, p.access, p.provider, p.ready ?? 0, p.machines ?? 0, p.minReady, p.maxReady, p.compatibilityKey]));
+        else printTable(["NAME", "ACCESS", "PROVIDER", "READY", "MACHINES", "MIN", "MAX", "KEY", "IMAGE"], r.pools.map((p) => [p.name, p.access, p.provider, p.ready ?? 0, p.machines ?? 0, p.minReady, p.maxReady, p.compatibilityKey, p.image ?? "-"]));
         return 0;
       } finally {
         await api.close();
@@ -139,6 +150,11 @@ export function register(program: Command): void {
               `pool ${p.name}\n  access          ${p.access}\n  provider        ${p.provider}\n  compatibility   ${p.compatibilityKey}\n  capacity        min ${p.minReady}, max ${p.maxReady}\n  hard TTL        ${formatDuration(p.hardTtlMs)}\n  heartbeat       ${formatDuration(p.heartbeatMs)}\n  ready           ${p.counts?.ready ?? 0}\n  lent            ${p.counts?.lent ?? 0}\n  in cleanup      ${p.counts?.cleanup ?? 0}\n  claims open     ${p.counts?.openClaims ?? 0}\n`,
             );
             process.stdout.write(`  network         ${networkLine(p.network)}\n`);
+            process.stdout.write(`  image           ${p.image ?? "the host's root"}\n`);
+            if (p.provisionError) {
+              const e = p.provisionError;
+              process.stdout.write(`  provisioning    ${e.state === "failed" ? "FAILED" : "retrying"} (${new Date(e.at).toISOString()}, machine ${e.machineId}): ${e.error}\n`);
+            }
             const states = Object.entries(p.states ?? {});
             if (states.length) process.stdout.write(`  machines        ${states.map(([s, n]) => `${s} ${n}`).join(", ")}\n`);
             if (p.network && p.network.mode !== "none" && (p.networks ?? []).length > 0) {

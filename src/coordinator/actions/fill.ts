@@ -18,6 +18,7 @@ import { insertOp } from "../../store/operations.js";
 import { createHmac } from "node:crypto";
 import { policyFingerprint } from "../../core/network-policy.js";
 import { setMachineFingerprint } from "../../store/machine-network.js";
+import { setMachineImage } from "../../store/images.js";
 import type { Ctx } from "../context.js";
 
 export interface FillResult {
@@ -39,13 +40,15 @@ export async function fillPool(tx: Tx, ctx: Ctx, pool: PoolRecord, now: number, 
   const hostIds: string[] = [];
   if (provider?.capabilities.provision && !provider.selfPlaced) {
     // Reserve a host slot per claim; stop where the hosts are full.
+    // An image boots only in a gvisor sandbox: such a pool is placed on gvisor hosts.
+    const runtime = pool.image !== null ? "gvisor" : null;
     for (let i = 0; i < count; i++) {
-      const hostId = await takeHostSlot(tx, pool.org);
+      const hostId = await takeHostSlot(tx, pool.org, runtime);
       if (hostId === null) break;
       hostIds.push(hostId);
     }
     count = hostIds.length;
-    if (count === 0) return { pool, issued: [], why: "no enrolled host has a free slot" };
+    if (count === 0) return { pool, issued: [], why: runtime ? "no enrolled gvisor host has a free slot (the pool's image boots only on gvisor)" : "no enrolled host has a free slot" };
   }
   const issued = await insertClaims(tx, { org: pool.org, pool: pool.name, count, seed, now, ttlMs: ctx.config.claimTtlMs });
   // Counted on commit: this body may be re-run after a conflict.
@@ -61,8 +64,10 @@ export async function fillPool(tx: Tx, ctx: Ctx, pool: PoolRecord, now: number, 
       });
       await setClaimMachine(tx, claim.id, machineId);
       await setMachineFingerprint(tx, machineId, policyFingerprint(pool.network));
+      if (pool.image !== null) await setMachineImage(tx, machineId, pool.image);
       const network = pool.network.mode === "none" ? {} : { network: pool.network };
-      await insertOp(tx, { id: opId, kind: "provision", machineId, hostId: hostIds[i] ?? null, generation: 0, args: { claimId: claim.id, keeperKey: pool.keeperKey, ...network }, now });
+      const image = pool.image === null ? {} : { image: pool.image };
+      await insertOp(tx, { id: opId, kind: "provision", machineId, hostId: hostIds[i] ?? null, generation: 0, args: { claimId: claim.id, keeperKey: pool.keeperKey, ...network, ...image }, now });
       await audit(tx, { at: now, machineId, subject: claim.id, event: "provision", from: null, to: "provisioning", generation: 0, actor: ctx.actor });
     }
   }

@@ -17,6 +17,10 @@ import { poolMachineNetworks, staleReadyMachineIds, type MachineNetworkRow } fro
 import { lockMachine } from "../../store/machines.js";
 import { applyTransition } from "./transition.js";
 import { countCapacity, type IssuedClaim } from "./capacity.js";
+import { formatImageRef, imageProvider, parseImageRef } from "../../core/image-ref.js";
+import { lastProvisionError, staleImageReadyMachineIds, type ProvisionError } from "../../store/images.js";
+import { countHostsByRuntime } from "../../store/hosts.js";
+import type { Tx } from "../../store/store.js";
 
 export interface EnsureInput {
   name: string;
@@ -31,6 +35,8 @@ export interface EnsureInput {
   keeperKey: string | null;
   /** Network policy of the pool's machines; default `none`. */
   network?: NetworkPolicy;
+  /** The image its machines boot (core/image-ref.ts); default null: the host's root. */
+  image?: string | null;
 }
 
 export interface EnsureResult {
@@ -56,9 +62,13 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
   if (input.maxReady > CAPACITY_LIMIT) throw new BerthError("invalid_request", `invalid_request: maxReady is at most ${CAPACITY_LIMIT}`);
   if (!ctx.providers.get(input.provider)) throw new BerthError("invalid_request", `invalid_request: provider ${input.provider} is not configured on this coordinator`);
   if (input.access === "portable") checkPortable(ctx, input.provider);
-  const settings = { ...input, network: input.network ?? NO_NETWORK };
+  const image = checkImage(input);
+  const settings = { ...input, network: input.network ?? NO_NETWORK, image };
   if (settings.network.mode === "egress" && input.provider !== "hosts") {
     throw new BerthError("invalid_request", `invalid_request: network egress is enforced by berth agents; provider ${input.provider} cannot enforce it (use --provider hosts, or --network none)`);
+  }
+  if (image !== null && input.provider === "hosts" && settings.network.mode === "egress") {
+    throw new BerthError("invalid_request", `invalid_request: pool ${input.name}: an image machine cannot have network egress in this version (its readiness probe runs the agent's own Node inside the machine, which an image does not have); use --network none`);
   }
   const fingerprint = policyFingerprint(settings.network);
   const now = ctx.now();
@@ -66,6 +76,7 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
   const nonce = Buffer.from(ctx.randomBytes(8)).toString("hex");
   const result = await ctx.store.transaction(async (tx) => {
     // Insert-if-absent first, so concurrent first ensures of one pool serialize on its row.
+    if (image !== null && input.provider === "hosts") await checkImageHosts(tx, p.org, input.name);
     const created = await insertPoolIfAbsent(tx, p.org, input.name, settings, now);
     const existing = await lockPool(tx, p.org, input.name);
     if (!created && existing) {
@@ -84,6 +95,11 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
         const m = await lockMachine(tx, id);
         if (m && m.state === "ready") await applyTransition(tx, ctx, m, { kind: "drain", reason: `network policy changed to ${fingerprint}` }, now, { nonce: `${nonce}:${id}` });
       }
+      // So is the image: ready machines of another image go now, lent ones when they come back (executor.ts).
+      for (const id of await staleImageReadyMachineIds(tx, p.org, input.name, image)) {
+        const m = await lockMachine(tx, id);
+        if (m && m.state === "ready") await applyTransition(tx, ctx, m, { kind: "drain", reason: `image changed to ${image ?? "the host's root"}` }, now, { nonce: `${nonce}:img:${id}` });
+      }
     }
     const pool = (await lockPool(tx, p.org, input.name))!;
     const filled = await fillPool(tx, ctx, pool, now, seed);
@@ -98,7 +114,11 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
   return provider?.capabilities.provision ? { ...result, claims: [] } : result;
 }
 
-export async function getPool(ctx: Ctx, p: Principal, name: string): Promise<{ pool: PoolRecord; counts: CapacityCounts; states: Record<string, number>; machines: MachineNetworkRow[] }> {
+export async function getPool(
+  ctx: Ctx,
+  p: Principal,
+  name: string,
+): Promise<{ pool: PoolRecord; counts: CapacityCounts; states: Record<string, number>; machines: MachineNetworkRow[]; provisionError: ProvisionError | null }> {
   const now = ctx.now();
   return ctx.store.transaction(async (tx) => {
     const pool = await readPool(tx, p.org, name);
@@ -106,8 +126,43 @@ export async function getPool(ctx: Ctx, p: Principal, name: string): Promise<{ p
     const counts = await countCapacity(tx, p.org, name, now);
     const states: Record<string, number> = {};
     for (const r of await countMachinesByState(tx, p.org, name)) states[r.state] = r.n;
-    return { pool, counts, states, machines: await poolMachineNetworks(tx, p.org, name) };
+    return { pool, counts, states, machines: await poolMachineNetworks(tx, p.org, name), provisionError: await lastProvisionError(tx, p.org, name) };
   });
+}
+
+/**
+ * The image of an ensure, canonical, checked against the provider: agents
+ * boot OCI images and root directories, the aws provider AMIs, an outside
+ * keeper registers machines as they are.
+ */
+function checkImage(input: EnsureInput): string | null {
+  if (input.image === undefined || input.image === null || input.image === "") return null;
+  const ref = parseImageRef(input.image);
+  const needs = imageProvider(ref);
+  if (input.provider === "external") {
+    throw new BerthError("invalid_request", `invalid_request: pool ${input.name}: machines of an external keeper are registered as they are; --image needs --provider hosts (or aws for ami:)`);
+  }
+  if (needs !== input.provider) {
+    throw new BerthError(
+      "invalid_request",
+      needs === "aws"
+        ? `invalid_request: pool ${input.name}: ${input.image} is an AMI, which only --provider aws boots`
+        : `invalid_request: pool ${input.name}: provider ${input.provider} boots AMIs only (--image ami:ami-…); ${input.image} is booted by berth agents (--provider hosts)`,
+    );
+  }
+  return formatImageRef(ref);
+}
+
+/** An image pool of the hosts provider needs a gvisor host; refused where every enrolled host runs the process runtime. */
+async function checkImageHosts(tx: Tx, org: string, pool: string): Promise<void> {
+  const byRuntime = await countHostsByRuntime(tx, org);
+  const total = [...byRuntime.values()].reduce((a, b) => a + b, 0);
+  if (total > 0 && (byRuntime.get("gvisor") ?? 0) === 0) {
+    throw new BerthError(
+      "invalid_request",
+      `invalid_request: pool ${pool} names an image, which only the gvisor runtime boots; every enrolled host of this organisation runs the process runtime (its commands run in the host's own root). Enroll a host with berth agent --runtime gvisor`,
+    );
+  }
 }
 
 export async function listPools(ctx: Ctx, p: Principal): Promise<Array<{ pool: PoolRecord; ready: number; total: number }>> {

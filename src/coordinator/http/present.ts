@@ -20,6 +20,7 @@ export function presentPool(p: PoolRecord) {
     heartbeatMs: p.heartbeatMs,
     keeperKey: p.keeperKey !== null,
     network: { ...p.network, fingerprint: policyFingerprint(p.network) },
+    image: p.image,
   };
 }
 

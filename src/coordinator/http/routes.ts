@@ -23,6 +23,7 @@ import type { PortableApi } from "../actions/portable-api.js";
 import { registerAllocationRoutes } from "./allocation-routes.js";
 import type { AllocationAgent } from "../allocation-agent.js";
 import { registerHostRoutes } from "./host-routes.js";
+import { registerImageRoutes } from "./image-routes.js";
 
 export interface RouteDeps {
   ctx: Ctx;
@@ -53,7 +54,7 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
   }));
   app.get("/v1/pools/:pool", auth(), async (req) => {
     const x = await getPool(ctx, req.auth, req.params.pool!);
-    return { ...presentPool(x.pool), counts: x.counts, states: x.states, networks: x.machines.map(presentMachineNetwork) };
+    return { ...presentPool(x.pool), counts: x.counts, states: x.states, networks: x.machines.map(presentMachineNetwork), provisionError: x.provisionError };
   });
   app.post("/v1/pools/:pool/ensure", { ...auth("operator"), body: ensureSchema }, async (req) => {
     const res = await ensurePool(ctx, req.auth, { name: req.params.pool!, ...req.body, network: parsePolicy(req.body.network) });
@@ -109,5 +110,6 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
   app.get("/v1/hosts", auth(), async (req) => ({ hosts: (await listHosts(ctx, req.auth)).map(presentHost) }));
   app.post("/v1/hosts/enroll", { ...auth(), body: enrollSchema }, async (req) => enrollHost(ctx, req.auth, req.body, d.secret));
   registerHostRoutes(app, { ctx, secret: d.secret, auth });
+  if (d.allocationAgent) registerImageRoutes(app, { ctx, auth, agent: d.allocationAgent });
   registerAllocationRoutes(app, { ctx: { ...ctx, onRefusal: (reason) => ctx.metrics.allocationRefusals.inc({ reason }) }, auth, ...(d.allocationAgent ? { agent: d.allocationAgent } : {}) });
 }

@@ -18,6 +18,8 @@ export const ensureSchema = z.strictObject({
   hardTtlMs: int(60_000, 30 * 86_400_000).default(86_400_000),
   heartbeatMs: int(1_000, 3_600_000).default(60_000),
   keeperKey: text(2000).nullable().default(null),
+  /** The image the pool's machines boot (docs/images.md); checked and canonicalised by core/image-ref. */
+  image: z.string().min(1).max(1024).nullable().default(null),
   /** Network policy (docs/network.md); canonicalised and checked by core/network-policy. */
   network: z
     .strictObject({ mode: z.enum(["none", "egress"]), allow: z.array(text(300)).max(64).default([]), dns: z.array(text(15)).max(16).default([]) })

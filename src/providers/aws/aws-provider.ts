@@ -28,7 +28,7 @@ import { EC2Client, type EC2ClientConfig, type Instance } from "@aws-sdk/client-
 import { SSMClient, DescribeInstanceInformationCommand } from "@aws-sdk/client-ssm";
 import type { OperationOutcome, OperationRequest, Provider, ProviderCapabilities } from "../provider.js";
 import { parsePublicKey } from "../../core/ssh-public-key.js";
-import { poolConfig, type AwsConfig, type AwsPoolConfig } from "./config.js";
+import { poolConfig, withImage, type AwsConfig, type AwsPoolConfig } from "./config.js";
 import { boundInstances, byClientToken, byId, boundTo, launch, reboot, stateOf, terminate, type Binding } from "./ec2.js";
 import { errorName, errorText, runGuest, type Clock, type GuestOutcome } from "./ssm.js";
 import type { GuestStep } from "./guest.js";
@@ -118,7 +118,7 @@ export class AwsProvider implements Provider {
     const { ec2 } = x.c;
     // A retry (or a lost reply) is resolved by looking the token up first, never by a blind second launch.
     let inst = await byClientToken(ec2, x.op.opId);
-    if (!inst) inst = await launch(ec2, x.pc, x.b, x.op.opId);
+    if (!inst) inst = await launch(ec2, withImage(x.pc, x.op.args.image), x.b, x.op.opId);
     if (!boundTo(inst, x.b)) return { kind: "failed", error: `instance ${inst.InstanceId} launched under op ${x.op.opId} is not tagged for machine ${x.b.machineId}`, retryable: false };
     const id = inst.InstanceId!;
     const running = await this.#waitFor(async () => {

@@ -8,6 +8,7 @@
 import { readFileSync } from "node:fs";
 import { z } from "zod";
 import { BerthError } from "../../core/errors.js";
+import { parseImageRef } from "../../core/image-ref.js";
 
 const poolSchema = z
   .object({
@@ -61,4 +62,18 @@ export function loadAwsConfig(file: string): AwsConfig {
 
 export function poolConfig(c: AwsConfig, org: string, pool: string): AwsPoolConfig | undefined {
   return c.pools[`${org}/${pool}`] ?? c.pools[pool];
+}
+
+/**
+ * The pool's configuration with the AMI its image names (`berth pool ensure
+ * --image ami:ami-…`, carried in the provision's arguments) in place of the
+ * file's `imageId`; without one, the file's. Anything but an AMI is refused.
+ */
+export function withImage(pc: AwsPoolConfig, image: unknown): AwsPoolConfig {
+  if (image === undefined || image === null) return pc;
+  const ref = typeof image === "string" ? parseImageRef(image) : null;
+  if (ref === null || ref.kind !== "ami") {
+    throw new BerthError("invalid_request", `invalid_request: the aws provider boots AMIs only (ami:ami-…), not ${JSON.stringify(image).slice(0, 120)}`);
+  }
+  return { ...pc, imageId: ref.amiId };
 }
