@@ -27,7 +27,7 @@ import type { Principal } from "../auth.js";
 import { requireRole } from "../auth.js";
 import { poolRef, setDue } from "../../store/due.js";
 import { deleteHostCredentials, setIdentityState } from "../../store/host-identity.js";
-import { insertHost, listHosts as listHostRows, lockHostByName, updateHost, type HostRow } from "../../store/hosts.js";
+import { insertHost, listHosts as listHostRows, lockHostByName, updateHost, type HostRow, type HostRuntimeDetail } from "../../store/hosts.js";
 import { setHostAddressOfMachines } from "../../store/machines.js";
 import { poolNamesOfProvider } from "../../store/pools.js";
 import { accountEnrolledHost } from "./alloc-owners.js";
@@ -37,6 +37,7 @@ export interface EnrollInput {
   name: string;
   url: string;
   runtime: "process" | "gvisor";
+  runtimeDetail?: HostRuntimeDetail;
   capacity: { vcpu: number; memoryMb: number; slots: number };
   ssh: { host: string; port: number; hostKey: string; fingerprint: string };
   identity?: { publicKey: string; challenge: string; signature: string };
