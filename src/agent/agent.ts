@@ -36,7 +36,7 @@ import { AgentKeys } from "./keys.js";
 import { errorMessage, silentLog, type AgentLog } from "./log.js";
 import { AgentOps } from "./ops.js";
 import { recover, type RecoveryReport } from "./recovery.js";
-import { createRuntime, type RuntimeChoice } from "./runtime/index.js";
+import { createRuntime, type GvisorChoice, type RuntimeChoice } from "./runtime/index.js";
 import type { Runtime } from "./runtime/types.js";
 import { sqliteSessionStore } from "./sessions/store.js";
 import { AgentStore } from "./store.js";
@@ -79,6 +79,8 @@ export interface AgentOptions {
   /** Host name the coordinator and clients should use, when the listen address is a wildcard. */
   advertiseHost?: string;
   runtime?: RuntimeChoice;
+  /** The runsc binary and gVisor platform of the gvisor runtime (default: runsc on PATH, the fastest platform). */
+  gvisor?: GvisorChoice;
   slots?: number;
   vcpu?: number;
   memoryMb?: number;
@@ -154,10 +156,11 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     // An agent built before the floor this state directory claimed would use the enroll token again.
     checkFloor(opts.stateDir, AGENT_VERSION);
     if (opts.hostCallToken !== undefined) store.setMeta(META_TOKEN_HASH, hashToken("host-call", opts.hostCallToken));
-    const runtime = createRuntime(opts.runtime ?? "auto", opts.stateDir);
+    const runtime = createRuntime(opts.runtime ?? "auto", opts.stateDir, opts.gvisor);
     if (runtime.kind === "process") {
       log.warn({ runtime: runtime.kind }, "runtime: process (plain child processes in a directory, NO isolation)");
     }
+    if (runtime.detail.warning) log.warn({ runtime: runtime.kind, runsc: runtime.detail.runsc }, runtime.detail.warning);
     const keys = new AgentKeys({ store, now, log });
     cleanups.push(() => keys.close());
     // Machine networks: the agent's own ports are known once its listeners run.
@@ -198,7 +201,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     const sshHost = opts.advertiseHost ?? (isWildcard(sshListen.host) ? hostname() : sshListen.host);
     const ssh = { host: sshHost, port: gateway.port, hostKey: gateway.hostKey, fingerprint: gateway.fingerprint };
     let url = "";
-    const description = () => ({ url, runtime: runtime.kind, capacity: { vcpu, memoryMb, slots }, ssh });
+    const description = () => ({ url, runtime: runtime.kind, runtimeDetail: runtime.detail, capacity: { vcpu, memoryMb, slots }, ssh });
 
     // ---- host identity ------------------------------------------------------
     // The enroll token: given, or read from its file only when needed.
@@ -379,6 +382,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         ssh: `${ssh.host}:${ssh.port}`,
         hostId,
         runtime: runtime.kind,
+        ...runtime.detail,
         machines: store.listMachines().length,
         hostKeyFingerprint: ssh.fingerprint,
       },

@@ -1,5 +1,5 @@
 /**
- * An operator's recovery of a host (migration 8, docs/host-identity.md
+ * An operator's recovery of a host (migration 9, docs/host-identity.md
  * "Recovery by an operator"): `reset_token_id` names the one-time enroll
  * token `berth host reset-identity` issued (the only token that binds the
  * awaiting host a key again), `removing_since` marks a host `berth host rm`
@@ -10,7 +10,7 @@ import type { Migration } from "./migrate.js";
 import type { Tx } from "./store.js";
 
 export const HOST_REMOVAL_MIGRATION: Migration = {
-  version: 8,
+  version: 9,
   name: "host removal and identity reset",
   sql: `
 ALTER TABLE hosts ADD COLUMN reset_token_id TEXT;

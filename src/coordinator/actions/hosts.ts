@@ -27,7 +27,7 @@ import { audit } from "../../store/audit.js";
 import { poolRef, setDue } from "../../store/due.js";
 import { setIdentityState } from "../../store/host-identity.js";
 import { revokeTokenById, setResetToken } from "../../store/host-removal.js";
-import { insertHost, listHosts as listHostRows, lockHostByName, updateHost, type HostRow } from "../../store/hosts.js";
+import { insertHost, listHosts as listHostRows, lockHostByName, updateHost, type HostRow, type HostRuntimeDetail } from "../../store/hosts.js";
 import { setHostAddressOfMachines } from "../../store/machines.js";
 import { poolNamesOfProvider } from "../../store/pools.js";
 import type { Tx } from "../../store/store.js";
@@ -38,6 +38,7 @@ export interface EnrollInput {
   name: string;
   url: string;
   runtime: "process" | "gvisor";
+  runtimeDetail?: HostRuntimeDetail;
   capacity: { vcpu: number; memoryMb: number; slots: number };
   ssh: { host: string; port: number; hostKey: string; fingerprint: string };
   identity?: { publicKey: string; challenge: string; signature: string };
