@@ -222,6 +222,16 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
             },
             hostId: () => hostId,
             description,
+            rebind: async () => {
+              // The reset's one-time token, read afresh (the switch forgot the old one; its file may hold the new one).
+              const fresh = opts.enrollTokenFile !== undefined ? readEnrollToken(opts.enrollTokenFile, {}) : (opts.enrollToken ?? null);
+              if (fresh === null || opts.coordinatorUrl === undefined) {
+                log.warn({ hostId }, "identity: an operator reset this host's identity; start the agent with the one-time enroll token `berth host reset-identity` printed (--enroll-token-file) to bind its key again");
+                return false;
+              }
+              await enrollOnce(fresh, opts.coordinatorUrl, true);
+              return true;
+            },
             version: AGENT_VERSION,
             hooks: opts.identityHooks ?? envHooks(process.env),
             log,
@@ -256,11 +266,29 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     });
     const body = (): EnrollRequest => ({ name, ...description() });
     const legacyEnroll = opts.legacyEnroll ?? (process.env.BERTH_TEST_HOOKS === "1" && process.env.BERTH_TEST_LEGACY_ENROLL === "1");
-    /** One enrollment with the enroll token: with an identity proof, unless told to enroll the old way. */
-    const enrollOnce = async (raw: string, coordinator: string): Promise<void> => {
-      if (identity !== null && !identity.authority.mayUseToken()) return;
-      const proof = identity !== null && !legacyEnroll ? await proofIfKnown(identity, name, log) : undefined;
-      const got = await enroll(coordinator, raw, body(), proof);
+    /**
+     * One enrollment with the enroll token: with an identity proof, unless told to enroll the old way.
+     * `rebind`: the host's identity was reset by an operator and the token is the reset's one-time
+     * token; the enrollment binds this agent's key (it is made whatever the switch record says).
+     */
+    const enrollOnce = async (raw: string, coordinator: string, rebind = false): Promise<void> => {
+      if (!rebind && identity !== null && !identity.authority.mayUseToken()) return;
+      const proof = identity !== null && (rebind || !legacyEnroll) ? await proofIfKnown(identity, name, log) : undefined;
+      let got;
+      try {
+        got = await enroll(coordinator, raw, body(), proof);
+      } catch (e) {
+        if (!rebind && e instanceof EnrollRefusedError && e.code === "host_exists" && hostId !== null && store.getMeta(META_TOKEN_HASH) !== null) {
+          // The enroll token only creates hosts: this one exists, and this state directory holds its enrollment.
+          log.warn(
+            { hostId, name },
+            "the coordinator already has this host; keeping the enrollment this state directory holds (the enroll token only creates new hosts). " +
+              "The coordinator calls the host at the address it enrolled with: if that changed, an operator runs `berth host reset-identity` and the agent starts with the one-time enroll token it prints",
+          );
+          return;
+        }
+        throw e;
+      }
       if (hostId !== null && got.hostId !== hostId) {
         throw new EnrollRefusedError(
           409,
@@ -274,9 +302,9 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         store.meta.set(META_TOKEN_HASH, hashToken("host-call", got.hostCallToken));
       });
       hostId = got.hostId;
-      log.info({ hostId, coordinator: new URL(coordinator).origin, identity: got.identity ?? "legacy" }, "enrolled with the coordinator");
+      log.info({ hostId, coordinator: new URL(coordinator).origin, identity: got.identity ?? "legacy", rebind }, "enrolled with the coordinator");
       // The coordinator recorded this host's identity key: it is active from the start.
-      if (got.identity === "active" && identity !== null) await identity.authority.enrolledActive();
+      if (got.identity === "active" && identity !== null && !rebind) await identity.authority.enrolledActive();
     };
 
     let enrolled: Promise<void> = Promise.resolve();

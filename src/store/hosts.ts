@@ -1,8 +1,9 @@
 /** The `hosts` table: enrolled agents, their gateway address and slots. */
 import type { Store, Tx } from "./store.js";
 import type { HostIdentityColumns } from "./host-identity.js";
+import type { HostRemovalColumns } from "./host-removal.js";
 
-export interface HostRow extends HostIdentityColumns {
+export interface HostRow extends HostIdentityColumns, HostRemovalColumns {
   id: string;
   org: string;
   name: string;
@@ -76,11 +77,12 @@ export async function updateHost(tx: Tx, id: string, d: HostDescription, now: nu
 
 /**
  * Takes a slot on the org's least-used host with one free; resolves to its id, or null when every host is full.
- * A host switching to its identity key takes none (only `legacy` and `active` hosts do).
+ * A host switching to its identity key, awaiting its agent after a reset, or being removed takes none
+ * (only `legacy` and `active` hosts do, unless removed).
  */
 export async function takeHostSlot(tx: Tx, org: string): Promise<string | null> {
   const host = await tx.get<{ id: string }>(
-    `SELECT id FROM hosts WHERE org = ? AND used_slots < slots AND identity_state IN ('legacy', 'active') ORDER BY used_slots, id LIMIT 1${tx.forUpdate}`,
+    `SELECT id FROM hosts WHERE org = ? AND used_slots < slots AND identity_state IN ('legacy', 'active') AND removing_since IS NULL ORDER BY used_slots, id LIMIT 1${tx.forUpdate}`,
     [org],
   );
   if (!host) return null;
