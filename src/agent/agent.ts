@@ -278,7 +278,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       try {
         got = await enroll(coordinator, raw, body(), proof);
       } catch (e) {
-        if (!rebind && e instanceof EnrollRefusedError && e.code === "host_exists" && hostId !== null && store.getMeta(META_TOKEN_HASH) !== null) {
+        if (!rebind && e instanceof EnrollRefusedError && e.code === "host_exists" && hostId !== null && store.meta.get(META_TOKEN_HASH) !== null) {
           // The enroll token only creates hosts: this one exists, and this state directory holds its enrollment.
           log.warn(
             { hostId, name },

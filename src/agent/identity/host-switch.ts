@@ -123,7 +123,7 @@ export function createHostSwitch(p: HostSwitchParts): HostSwitch {
     claimFloor: () => claimFloor(p.stateDir, p.store, p.version),
     proveForPrepare: (challenge) => {
       const hostId = p.hostId();
-      const tokenHash = p.store.getMeta(META_TOKEN_HASH);
+      const tokenHash = p.store.meta.get(META_TOKEN_HASH);
       if (hostId === null || tokenHash === null) throw new BerthError("conflict", "conflict: this agent never enrolled; it has no host to switch");
       // The key vouched for by the host's current credential: the coordinator records it only with both proofs.
       return { publicKey: key.publicKey, signature: key.prove("prepare", hostId, challenge), callProof: callProof(tokenHash, "prepare", hostId, challenge, key.publicKey) };
