@@ -168,6 +168,7 @@ describe("enrollment", () => {
       name: "enr",
       url: a.url,
       runtime: "process",
+      runtimeDetail: {},
       capacity: { vcpu: 4, memoryMb: 4096, slots: 2 },
       ssh: { host: "127.0.0.1", port: a.ssh.port, hostKey: a.ssh.hostKey, fingerprint: a.ssh.fingerprint },
     });

@@ -122,7 +122,7 @@ describe("agent crash recovery", () => {
     // --- second life ------------------------------------------------------
     agent = await startAgentProcess(stateDir, coordinator, tokenFile);
     assert.equal(enrollments().length, 2);
-    assert.deepEqual(Object.keys(enrollments()[1]!.body).sort(), ["capacity", "name", "runtime", "ssh", "url"]);
+    assert.deepEqual(Object.keys(enrollments()[1]!.body).sort(), ["capacity", "name", "runtime", "runtimeDetail", "ssh", "url"]);
     assert.equal((await call(agent, "/v1/agent/health")).json.hostId, "h_rec", "the same host after the restart");
 
     // The retried operations answer with their first results, acting on nothing.
