@@ -34,14 +34,11 @@ import { startGateway, type Gateway } from "./ssh/gateway.js";
 import { startHttp, type AgentHttp } from "./http.js";
 import { AgentKeys } from "./keys.js";
 import { errorMessage, silentLog, type AgentLog } from "./log.js";
-import { AgentOps } from "./ops.js";
+import { AgentOperations } from "./operations/dispatch.js";
 import { recover, type RecoveryReport } from "./recovery.js";
-import { createRuntime, type RuntimeChoice } from "./runtime/index.js";
+import { createRuntime, type GvisorChoice, type RuntimeChoice } from "./runtime/index.js";
 import type { Runtime } from "./runtime/types.js";
-import { sqliteSessionStore } from "./sessions/store.js";
-import { AgentStore } from "./store.js";
-import { AllocStore } from "./alloc-store.js";
-import { AllocationOps } from "./allocations.js";
+import { AgentStore } from "./store/store.js";
 import { registerAllocRoutes } from "./alloc-http.js";
 import { enforcementOf } from "./runtime/limits.js";
 import { Volumes } from "./volumes.js";
@@ -79,6 +76,8 @@ export interface AgentOptions {
   /** Host name the coordinator and clients should use, when the listen address is a wildcard. */
   advertiseHost?: string;
   runtime?: RuntimeChoice;
+  /** The runsc binary and gVisor platform of the gvisor runtime (default: runsc on PATH, the fastest platform). */
+  gvisor?: GvisorChoice;
   slots?: number;
   vcpu?: number;
   memoryMb?: number;
@@ -109,9 +108,9 @@ export interface RunningAgent {
   recovery: RecoveryReport;
   store: AgentStore;
   keys: AgentKeys;
-  ops: AgentOps;
-  /** Allocation holds and workspace volumes. */
-  allocs: AllocStore;
+  /** The operations the coordinator runs (src/agent/operations/). */
+  ops: AgentOperations;
+  /** Allocation workspace volumes. */
   volumes: Volumes;
   sessions: SessionRegistry;
   /** Machine networks, or why this agent has none. */
@@ -153,11 +152,12 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
   try {
     // An agent built before the floor this state directory claimed would use the enroll token again.
     checkFloor(opts.stateDir, AGENT_VERSION);
-    if (opts.hostCallToken !== undefined) store.setMeta(META_TOKEN_HASH, hashToken("host-call", opts.hostCallToken));
-    const runtime = createRuntime(opts.runtime ?? "auto", opts.stateDir);
+    if (opts.hostCallToken !== undefined) store.meta.set(META_TOKEN_HASH, hashToken("host-call", opts.hostCallToken));
+    const runtime = createRuntime(opts.runtime ?? "auto", opts.stateDir, opts.gvisor);
     if (runtime.kind === "process") {
       log.warn({ runtime: runtime.kind }, "runtime: process (plain child processes in a directory, NO isolation)");
     }
+    if (runtime.detail.warning) log.warn({ runtime: runtime.kind, runsc: runtime.detail.runsc }, runtime.detail.warning);
     const keys = new AgentKeys({ store, now, log });
     cleanups.push(() => keys.close());
     // Machine networks: the agent's own ports are known once its listeners run.
@@ -165,7 +165,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     const coordinator = opts.coordinatorUrl !== undefined ? await coordinatorServices(opts.coordinatorUrl) : [];
     const avail = opts.network === false ? { ok: false as const, why: "disabled on this agent" } : networkAvailability();
     const network: MachineNetworks | { unavailable: string } = avail.ok
-      ? new MachineNetworks({ db: store.db, stateDir: opts.stateDir, log, now, agentPorts: () => ports, coordinator: () => coordinator }, opts.network || {})
+      ? new MachineNetworks({ records: store.networks, stateDir: opts.stateDir, log, now, agentPorts: () => ports, coordinator: () => coordinator }, opts.network || {})
       : { unavailable: avail.why };
     const recovery = await recover({ store, runtime, keys, now, log, network: network instanceof MachineNetworks ? network : null });
 
@@ -176,29 +176,25 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       runtime,
       now,
       log,
-      sessionStore: sqliteSessionStore(store.db),
+      sessionStore: store.sessions,
     });
     cleanups.push(() => gateway.close());
     const sessions = gateway.sessions;
 
     ports.push({ port: gateway.port, why: "agent SSH gateway" });
-    const ops = new AgentOps({ store, keys, runtime, sessions, now, log, network });
-    const allocs = new AllocStore(store.db);
-    const volumes = new Volumes({ stateDir: opts.stateDir, allocs, now, log });
+    const volumes = new Volumes({ stateDir: opts.stateDir, records: store.volumes, now, log });
     volumes.recover();
-    ops.attachAllocations(
-      new AllocationOps({
-        store, allocs, volumes, ops, runtime, now, log,
-        workspacePath: (machineId) => join(opts.stateDir, "machines", machineId, "workspace"),
-        enforcement: (vcpu, memoryMib) => enforcementOf(runtime, vcpu, memoryMib),
-      }),
-    );
-    let hostId = store.getMeta(META_HOST_ID);
+    const ops = new AgentOperations({
+      store, keys, runtime, sessions, network, volumes, now, log,
+      workspacePath: (machineId) => join(opts.stateDir, "machines", machineId, "workspace"),
+      enforcement: (vcpu, memoryMib) => enforcementOf(runtime, vcpu, memoryMib),
+    });
+    let hostId = store.meta.get(META_HOST_ID);
     const advertised = opts.advertiseHost ?? (isWildcard(listen.host) ? hostname() : listen.host);
     const sshHost = opts.advertiseHost ?? (isWildcard(sshListen.host) ? hostname() : sshListen.host);
     const ssh = { host: sshHost, port: gateway.port, hostKey: gateway.hostKey, fingerprint: gateway.fingerprint };
     let url = "";
-    const description = () => ({ url, runtime: runtime.kind, capacity: { vcpu, memoryMb, slots }, ssh });
+    const description = () => ({ url, runtime: runtime.kind, runtimeDetail: runtime.detail, capacity: { vcpu, memoryMb, slots }, ssh });
 
     // ---- host identity ------------------------------------------------------
     // The enroll token: given, or read from its file only when needed.
@@ -226,6 +222,16 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
             },
             hostId: () => hostId,
             description,
+            rebind: async () => {
+              // The reset's one-time token, read afresh (the switch forgot the old one; its file may hold the new one).
+              const fresh = opts.enrollTokenFile !== undefined ? readEnrollToken(opts.enrollTokenFile, {}) : (opts.enrollToken ?? null);
+              if (fresh === null || opts.coordinatorUrl === undefined) {
+                log.warn({ hostId }, "identity: an operator reset this host's identity; start the agent with the one-time enroll token `berth host reset-identity` printed (--enroll-token-file) to bind its key again");
+                return false;
+              }
+              await enrollOnce(fresh, opts.coordinatorUrl, true);
+              return true;
+            },
             version: AGENT_VERSION,
             hooks: opts.identityHooks ?? envHooks(process.env),
             log,
@@ -239,10 +245,10 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         keys,
         sessions,
         identity: () => ({ hostId, name, runtime: runtime.kind, slots, version: AGENT_VERSION }),
-        tokenHash: () => store.getMeta(META_TOKEN_HASH),
+        tokenHash: () => store.meta.get(META_TOKEN_HASH),
         unrecorded: () => recovery.unrecorded,
         log,
-        extraRoutes: (app, auth) => registerAllocRoutes(app, auth, { allocs, volumes }),
+        extraRoutes: (app, auth) => registerAllocRoutes(app, auth, { holds: store.holds, records: store.volumes, volumes }),
       },
       listen,
     );
@@ -260,11 +266,29 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     });
     const body = (): EnrollRequest => ({ name, ...description() });
     const legacyEnroll = opts.legacyEnroll ?? (process.env.BERTH_TEST_HOOKS === "1" && process.env.BERTH_TEST_LEGACY_ENROLL === "1");
-    /** One enrollment with the enroll token: with an identity proof, unless told to enroll the old way. */
-    const enrollOnce = async (raw: string, coordinator: string): Promise<void> => {
-      if (identity !== null && !identity.authority.mayUseToken()) return;
-      const proof = identity !== null && !legacyEnroll ? await proofIfKnown(identity, name, log) : undefined;
-      const got = await enroll(coordinator, raw, body(), proof);
+    /**
+     * One enrollment with the enroll token: with an identity proof, unless told to enroll the old way.
+     * `rebind`: the host's identity was reset by an operator and the token is the reset's one-time
+     * token; the enrollment binds this agent's key (it is made whatever the switch record says).
+     */
+    const enrollOnce = async (raw: string, coordinator: string, rebind = false): Promise<void> => {
+      if (!rebind && identity !== null && !identity.authority.mayUseToken()) return;
+      const proof = identity !== null && (rebind || !legacyEnroll) ? await proofIfKnown(identity, name, log) : undefined;
+      let got;
+      try {
+        got = await enroll(coordinator, raw, body(), proof);
+      } catch (e) {
+        if (!rebind && e instanceof EnrollRefusedError && e.code === "host_exists" && hostId !== null && store.meta.get(META_TOKEN_HASH) !== null) {
+          // The enroll token only creates hosts: this one exists, and this state directory holds its enrollment.
+          log.warn(
+            { hostId, name },
+            "the coordinator already has this host; keeping the enrollment this state directory holds (the enroll token only creates new hosts). " +
+              "The coordinator calls the host at the address it enrolled with: if that changed, an operator runs `berth host reset-identity` and the agent starts with the one-time enroll token it prints",
+          );
+          return;
+        }
+        throw e;
+      }
       if (hostId !== null && got.hostId !== hostId) {
         throw new EnrollRefusedError(
           409,
@@ -274,13 +298,13 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         );
       }
       store.transaction(() => {
-        store.setMeta(META_HOST_ID, got.hostId);
-        store.setMeta(META_TOKEN_HASH, hashToken("host-call", got.hostCallToken));
+        store.meta.set(META_HOST_ID, got.hostId);
+        store.meta.set(META_TOKEN_HASH, hashToken("host-call", got.hostCallToken));
       });
       hostId = got.hostId;
-      log.info({ hostId, coordinator: new URL(coordinator).origin, identity: got.identity ?? "legacy" }, "enrolled with the coordinator");
+      log.info({ hostId, coordinator: new URL(coordinator).origin, identity: got.identity ?? "legacy", rebind }, "enrolled with the coordinator");
       // The coordinator recorded this host's identity key: it is active from the start.
-      if (got.identity === "active" && identity !== null) await identity.authority.enrolledActive();
+      if (got.identity === "active" && identity !== null && !rebind) await identity.authority.enrolledActive();
     };
 
     let enrolled: Promise<void> = Promise.resolve();
@@ -293,7 +317,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       } else {
         const raw = enrollToken();
         if (raw === null) {
-          if (store.getMeta(META_TOKEN_HASH) === null) {
+          if (store.meta.get(META_TOKEN_HASH) === null) {
             throw new Error(
               "no enroll token: give --enroll-token-file FILE or set BERTH_ENROLL_TOKEN (the agent never enrolled from this state directory)",
             );
@@ -351,7 +375,8 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         ssh: `${ssh.host}:${ssh.port}`,
         hostId,
         runtime: runtime.kind,
-        machines: store.listMachines().length,
+        ...runtime.detail,
+        machines: store.machines.list().length,
         hostKeyFingerprint: ssh.fingerprint,
       },
       "berth agent ready",
@@ -370,7 +395,6 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       store,
       keys,
       ops,
-      allocs,
       volumes,
       sessions,
       network,
