@@ -368,7 +368,7 @@ export class BerthClient {
       if (returnError && failure instanceof Error) (failure as Error & { returnError?: unknown }).returnError = returnError;
       throw failure;
     }
-    const res = outcome ?? { code: null, signal: null, cut: true, status: 124 };
+    const res = outcome ?? { code: null, signal: null, cut: true, outputClosed: false, status: 124 };
     return { ...res, status: expired ? 124 : res.status, borrowId: b.id, machineId: b.machine.id, expired, returned, returnError };
   }
 
