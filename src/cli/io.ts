@@ -84,3 +84,15 @@ function fatal(e: unknown): void {
   }
   process.exit(1);
 }
+
+let commandPath = "berth";
+
+/** The command being run ("berth pool ls"), for the pointer after a usage error. */
+export function setCommandPath(path: string): void {
+  commandPath = path;
+}
+
+/** The line after a usage error: where the command's help is. */
+export function helpPointer(): string {
+  return `(see: ${commandPath} --help)`;
+}

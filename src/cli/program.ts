@@ -5,6 +5,7 @@
  */
 import { Command } from "commander";
 import { VERSION } from "../core/version.js";
+import { setCommandPath } from "./io.js";
 
 interface CommandModule {
   register(program: Command): void;
@@ -80,6 +81,12 @@ went away); \`berth run\` exits with the command's own status (see its --help).`
   const modules: CommandModule[] = await Promise.all(wanted.map((k) => MODULES[k]()));
   for (const m of modules) m.register(program);
   pointToHelp(program, "berth");
+  // Usage errors found by a command's own action point to that command's help.
+  program.hook("preAction", (_top, action) => {
+    const names: string[] = [];
+    for (let c: Command | null = action; c && c !== program; c = c.parent) names.unshift(c.name());
+    setCommandPath(["berth", ...names].join(" "));
+  });
   await program.parseAsync(argv);
 }
 
