@@ -36,7 +36,7 @@ import { AgentKeys } from "./keys.js";
 import { errorMessage, silentLog, type AgentLog } from "./log.js";
 import { AgentOps } from "./ops.js";
 import { recover, type RecoveryReport } from "./recovery.js";
-import { createRuntime, type RuntimeChoice } from "./runtime/index.js";
+import { createRuntime, type GvisorChoice, type RuntimeChoice } from "./runtime/index.js";
 import type { Runtime } from "./runtime/types.js";
 import { sqliteSessionStore } from "./sessions/store.js";
 import { AgentStore } from "./store.js";
@@ -79,6 +79,8 @@ export interface AgentOptions {
   /** Host name the coordinator and clients should use, when the listen address is a wildcard. */
   advertiseHost?: string;
   runtime?: RuntimeChoice;
+  /** The runsc binary and gVisor platform of the gvisor runtime (default: runsc on PATH, the fastest platform). */
+  gvisor?: GvisorChoice;
   slots?: number;
   vcpu?: number;
   memoryMb?: number;
@@ -154,10 +156,11 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     // An agent built before the floor this state directory claimed would use the enroll token again.
     checkFloor(opts.stateDir, AGENT_VERSION);
     if (opts.hostCallToken !== undefined) store.setMeta(META_TOKEN_HASH, hashToken("host-call", opts.hostCallToken));
-    const runtime = createRuntime(opts.runtime ?? "auto", opts.stateDir);
+    const runtime = createRuntime(opts.runtime ?? "auto", opts.stateDir, opts.gvisor);
     if (runtime.kind === "process") {
       log.warn({ runtime: runtime.kind }, "runtime: process (plain child processes in a directory, NO isolation)");
     }
+    if (runtime.detail.warning) log.warn({ runtime: runtime.kind, runsc: runtime.detail.runsc }, runtime.detail.warning);
     const keys = new AgentKeys({ store, now, log });
     cleanups.push(() => keys.close());
     // Machine networks: the agent's own ports are known once its listeners run.
@@ -198,7 +201,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     const sshHost = opts.advertiseHost ?? (isWildcard(sshListen.host) ? hostname() : sshListen.host);
     const ssh = { host: sshHost, port: gateway.port, hostKey: gateway.hostKey, fingerprint: gateway.fingerprint };
     let url = "";
-    const description = () => ({ url, runtime: runtime.kind, capacity: { vcpu, memoryMb, slots }, ssh });
+    const description = () => ({ url, runtime: runtime.kind, runtimeDetail: runtime.detail, capacity: { vcpu, memoryMb, slots }, ssh });
 
     // ---- host identity ------------------------------------------------------
     // The enroll token: given, or read from its file only when needed.
@@ -226,6 +229,16 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
             },
             hostId: () => hostId,
             description,
+            rebind: async () => {
+              // The reset's one-time token, read afresh (the switch forgot the old one; its file may hold the new one).
+              const fresh = opts.enrollTokenFile !== undefined ? readEnrollToken(opts.enrollTokenFile, {}) : (opts.enrollToken ?? null);
+              if (fresh === null || opts.coordinatorUrl === undefined) {
+                log.warn({ hostId }, "identity: an operator reset this host's identity; start the agent with the one-time enroll token `berth host reset-identity` printed (--enroll-token-file) to bind its key again");
+                return false;
+              }
+              await enrollOnce(fresh, opts.coordinatorUrl, true);
+              return true;
+            },
             version: AGENT_VERSION,
             hooks: opts.identityHooks ?? envHooks(process.env),
             log,
@@ -260,11 +273,29 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     });
     const body = (): EnrollRequest => ({ name, ...description() });
     const legacyEnroll = opts.legacyEnroll ?? (process.env.BERTH_TEST_HOOKS === "1" && process.env.BERTH_TEST_LEGACY_ENROLL === "1");
-    /** One enrollment with the enroll token: with an identity proof, unless told to enroll the old way. */
-    const enrollOnce = async (raw: string, coordinator: string): Promise<void> => {
-      if (identity !== null && !identity.authority.mayUseToken()) return;
-      const proof = identity !== null && !legacyEnroll ? await proofIfKnown(identity, name, log) : undefined;
-      const got = await enroll(coordinator, raw, body(), proof);
+    /**
+     * One enrollment with the enroll token: with an identity proof, unless told to enroll the old way.
+     * `rebind`: the host's identity was reset by an operator and the token is the reset's one-time
+     * token; the enrollment binds this agent's key (it is made whatever the switch record says).
+     */
+    const enrollOnce = async (raw: string, coordinator: string, rebind = false): Promise<void> => {
+      if (!rebind && identity !== null && !identity.authority.mayUseToken()) return;
+      const proof = identity !== null && (rebind || !legacyEnroll) ? await proofIfKnown(identity, name, log) : undefined;
+      let got;
+      try {
+        got = await enroll(coordinator, raw, body(), proof);
+      } catch (e) {
+        if (!rebind && e instanceof EnrollRefusedError && e.code === "host_exists" && hostId !== null && store.getMeta(META_TOKEN_HASH) !== null) {
+          // The enroll token only creates hosts: this one exists, and this state directory holds its enrollment.
+          log.warn(
+            { hostId, name },
+            "the coordinator already has this host; keeping the enrollment this state directory holds (the enroll token only creates new hosts). " +
+              "The coordinator calls the host at the address it enrolled with: if that changed, an operator runs `berth host reset-identity` and the agent starts with the one-time enroll token it prints",
+          );
+          return;
+        }
+        throw e;
+      }
       if (hostId !== null && got.hostId !== hostId) {
         throw new EnrollRefusedError(
           409,
@@ -278,9 +309,9 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         store.setMeta(META_TOKEN_HASH, hashToken("host-call", got.hostCallToken));
       });
       hostId = got.hostId;
-      log.info({ hostId, coordinator: new URL(coordinator).origin, identity: got.identity ?? "legacy" }, "enrolled with the coordinator");
+      log.info({ hostId, coordinator: new URL(coordinator).origin, identity: got.identity ?? "legacy", rebind }, "enrolled with the coordinator");
       // The coordinator recorded this host's identity key: it is active from the start.
-      if (got.identity === "active" && identity !== null) await identity.authority.enrolledActive();
+      if (got.identity === "active" && identity !== null && !rebind) await identity.authority.enrolledActive();
     };
 
     let enrolled: Promise<void> = Promise.resolve();
@@ -351,6 +382,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         ssh: `${ssh.host}:${ssh.port}`,
         hostId,
         runtime: runtime.kind,
+        ...runtime.detail,
         machines: store.listMachines().length,
         hostKeyFingerprint: ssh.fingerprint,
       },

@@ -3,7 +3,8 @@
  *
  *   POST {coordinator}/v1/hosts/enroll
  *   Authorization: Bearer <enroll token>
- *   {name, url, runtime, capacity: {vcpu, memoryMb, slots}, ssh: {host, port, hostKey, fingerprint},
+ *   {name, url, runtime, runtimeDetail: {runsc?: {version, platform}, warning?},
+ *    capacity: {vcpu, memoryMb, slots}, ssh: {host, port, hostKey, fingerprint},
  *    identity?: {publicKey, challenge, signature}}
  *   -> {hostId, hostCallToken, identity?: "active"}
  *
@@ -24,11 +25,13 @@ import { readFileSync, statSync } from "node:fs";
 import { z } from "zod";
 import { BerthError } from "../core/errors.js";
 import { parseId, type Id } from "../core/ids.js";
+import type { RuntimeDetail } from "./runtime/types.js";
 
 export interface EnrollRequest {
   name: string;
   url: string;
   runtime: string;
+  runtimeDetail: RuntimeDetail;
   capacity: { vcpu: number; memoryMb: number; slots: number };
   ssh: { host: string; port: number; hostKey: string; fingerprint: string };
 }

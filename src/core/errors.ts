@@ -32,6 +32,8 @@ export type ErrorCode =
   | "budget_exhausted"
   | "no_capacity"
   | "host_activated"
+  | "host_exists"
+  | "host_awaiting"
   | "host_busy"
   | "host_switching"
   | "internal";
@@ -65,6 +67,8 @@ const STATUS: Record<ErrorCode, number> = {
   budget_exhausted: 409,
   no_capacity: 503,
   host_activated: 403,
+  host_exists: 409,
+  host_awaiting: 401,
   host_busy: 409,
   host_switching: 409,
   internal: 500,

@@ -1,8 +1,9 @@
 /** The `hosts` table: enrolled agents, their gateway address and slots. */
 import type { Store, Tx } from "./store.js";
 import type { HostIdentityColumns } from "./host-identity.js";
+import type { HostRemovalColumns } from "./host-removal.js";
 
-export interface HostRow extends HostIdentityColumns {
+export interface HostRow extends HostIdentityColumns, HostRemovalColumns {
   id: string;
   org: string;
   name: string;
@@ -17,11 +18,28 @@ export interface HostRow extends HostIdentityColumns {
   host_key: string;
   fingerprint: string;
   enrolled_at: number;
+  /** JSON of HostRuntimeDetail (migration 8); null for a host that reported none. */
+  runtime_detail?: string | null;
+}
+
+/** What an agent reports of its runtime beside the kind: the runsc release and gVisor platform, and a warning. */
+export interface HostRuntimeDetail {
+  runsc?: { version: string; platform: string };
+  warning?: string;
+}
+
+export function runtimeDetailOf(h: Pick<HostRow, "runtime_detail">): HostRuntimeDetail | null {
+  return h.runtime_detail ? (JSON.parse(h.runtime_detail) as HostRuntimeDetail) : null;
+}
+
+function detailColumn(d: HostRuntimeDetail | undefined): string | null {
+  return d === undefined || Object.keys(d).length === 0 ? null : JSON.stringify(d);
 }
 
 export interface HostDescription {
   url: string;
   runtime: string;
+  runtimeDetail?: HostRuntimeDetail;
   capacity: { vcpu: number; memoryMb: number; slots: number };
   ssh: { host: string; port: number; hostKey: string; fingerprint: string };
 }
@@ -46,24 +64,25 @@ export async function listHosts(tx: Tx, org: string): Promise<HostRow[]> {
 /** A new host; `identityKey` given: recorded straight into identity mode (`active`), else on the shared token (`legacy`). */
 export async function insertHost(tx: Tx, id: string, org: string, name: string, d: HostDescription, now: number, identityKey: string | null = null): Promise<void> {
   await tx.run(
-    "INSERT INTO hosts (id, org, name, url, runtime, vcpu, memory_mb, slots, used_slots, ssh_host, ssh_port, host_key, fingerprint, enrolled_at, identity_state, identity_key, identity_since) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
-    [id, org, name, d.url, d.runtime, d.capacity.vcpu, d.capacity.memoryMb, d.capacity.slots, d.ssh.host, d.ssh.port, d.ssh.hostKey, d.ssh.fingerprint, now, identityKey === null ? "legacy" : "active", identityKey, identityKey === null ? null : now],
+    "INSERT INTO hosts (id, org, name, url, runtime, runtime_detail, vcpu, memory_mb, slots, used_slots, ssh_host, ssh_port, host_key, fingerprint, enrolled_at, identity_state, identity_key, identity_since) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
+    [id, org, name, d.url, d.runtime, detailColumn(d.runtimeDetail), d.capacity.vcpu, d.capacity.memoryMb, d.capacity.slots, d.ssh.host, d.ssh.port, d.ssh.hostKey, d.ssh.fingerprint, now, identityKey === null ? "legacy" : "active", identityKey, identityKey === null ? null : now],
   );
 }
 
 export async function updateHost(tx: Tx, id: string, d: HostDescription, now: number): Promise<void> {
-  await tx.run("UPDATE hosts SET url = ?, runtime = ?, vcpu = ?, memory_mb = ?, slots = ?, ssh_host = ?, ssh_port = ?, host_key = ?, fingerprint = ?, enrolled_at = ? WHERE id = ?", [
-    d.url, d.runtime, d.capacity.vcpu, d.capacity.memoryMb, d.capacity.slots, d.ssh.host, d.ssh.port, d.ssh.hostKey, d.ssh.fingerprint, now, id,
+  await tx.run("UPDATE hosts SET url = ?, runtime = ?, runtime_detail = ?, vcpu = ?, memory_mb = ?, slots = ?, ssh_host = ?, ssh_port = ?, host_key = ?, fingerprint = ?, enrolled_at = ? WHERE id = ?", [
+    d.url, d.runtime, detailColumn(d.runtimeDetail), d.capacity.vcpu, d.capacity.memoryMb, d.capacity.slots, d.ssh.host, d.ssh.port, d.ssh.hostKey, d.ssh.fingerprint, now, id,
   ]);
 }
 
 /**
  * Takes a slot on the org's least-used host with one free; resolves to its id, or null when every host is full.
- * A host switching to its identity key takes none (only `legacy` and `active` hosts do).
+ * A host switching to its identity key, awaiting its agent after a reset, or being removed takes none
+ * (only `legacy` and `active` hosts do, unless removed).
  */
 export async function takeHostSlot(tx: Tx, org: string): Promise<string | null> {
   const host = await tx.get<{ id: string }>(
-    `SELECT id FROM hosts WHERE org = ? AND used_slots < slots AND identity_state IN ('legacy', 'active') ORDER BY used_slots, id LIMIT 1${tx.forUpdate}`,
+    `SELECT id FROM hosts WHERE org = ? AND used_slots < slots AND identity_state IN ('legacy', 'active') AND removing_since IS NULL ORDER BY used_slots, id LIMIT 1${tx.forUpdate}`,
     [org],
   );
   if (!host) return null;

@@ -11,6 +11,8 @@ import { ALLOCATIONS_MIGRATION, ALLOCATION_LAUNCHES_MIGRATION } from "./allocati
 import { UI_SESSIONS_MIGRATION } from "./ui-sessions.js";
 import { NETWORK_MIGRATION } from "./machine-network.js";
 import { HOST_IDENTITY_MIGRATION } from "./host-identity.js";
+import { IMAGES_MIGRATION } from "./images.js";
+import { HOST_REMOVAL_MIGRATION } from "./host-removal.js";
 
 export const MIGRATIONS: readonly Migration[] = [
   {
@@ -182,4 +184,6 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
   NETWORK_MIGRATION,
   UI_SESSIONS_MIGRATION,
   ALLOCATION_LAUNCHES_MIGRATION,
+  IMAGES_MIGRATION,
+  HOST_REMOVAL_MIGRATION,
 ];

@@ -8,7 +8,7 @@ import { closeSync, fsyncSync, openSync, unlinkSync } from "node:fs";
 import { dirname } from "node:path";
 import { Counter, Registry } from "prom-client";
 import { BerthError } from "../../core/errors.js";
-import type { StoppedReport } from "../../core/host-identity.js";
+import { callProof, type StoppedReport } from "../../core/host-identity.js";
 import { hashToken } from "../../core/tokens.js";
 import type { SessionRegistry } from "../contracts.js";
 import type { EnrollRequest } from "../enroll.js";
@@ -39,6 +39,12 @@ export interface HostSwitchParts {
   hostId: () => string | null;
   /** What the coordinator should know of this host (its enrollment body less the name). */
   description: () => Omit<EnrollRequest, "name">;
+  /**
+   * An operator reset this host's identity (the coordinator answers
+   * `host_awaiting`): enroll again with the one-time enroll token, proving the
+   * key. Resolves true once the key is bound; false while no token is given.
+   */
+  rebind: () => Promise<boolean>;
   version: string;
   hooks: TestHooks;
   log: AgentLog;
@@ -116,8 +122,10 @@ export function createHostSwitch(p: HostSwitchParts): HostSwitch {
     claimFloor: () => claimFloor(p.stateDir, p.store, p.version),
     proveForPrepare: (challenge) => {
       const hostId = p.hostId();
-      if (hostId === null) throw new BerthError("conflict", "conflict: this agent never enrolled; it has no host to switch");
-      return { publicKey: key.publicKey, signature: key.prove("prepare", hostId, challenge) };
+      const tokenHash = p.store.getMeta(META_TOKEN_HASH);
+      if (hostId === null || tokenHash === null) throw new BerthError("conflict", "conflict: this agent never enrolled; it has no host to switch");
+      // The key vouched for by the host's current credential: the coordinator records it only with both proofs.
+      return { publicKey: key.publicKey, signature: key.prove("prepare", hostId, challenge), callProof: callProof(tokenHash, "prepare", hostId, challenge, key.publicKey) };
     },
     confirmPrepared: async () => {
       await client.renew();
@@ -205,6 +213,17 @@ export function createHostSwitch(p: HostSwitchParts): HostSwitch {
     metrics,
     async tick() {
       await authority.advance();
+      if (client.awaitingReset && authority.step() !== null) {
+        try {
+          if (await p.rebind()) {
+            client.awaitingReset = false;
+            client.forget();
+            await authority.rebound();
+          }
+        } catch (e) {
+          p.log.warn({ error: errorMessage(e) }, "identity: binding the key again after the reset failed; retrying on the next tick");
+        }
+      }
       if (authority.mode() === "active") {
         try {
           await client.credential();

@@ -6,10 +6,11 @@
  * No machine records here; gvisor.ts owns those and their ordering.
  */
 import { closeSync, existsSync, openSync } from "node:fs";
-import { execFile, spawn } from "node:child_process";
+import { execFile, spawn, spawnSync } from "node:child_process";
 import { delimiter, join } from "node:path";
 import { BerthError } from "../../core/errors.js";
 import { allPids, isDead, readCmdline, readStat, safeRead } from "./procfs.js";
+import { choosePlatform, parsePlatforms, parseRunscVersion, runscWarning, type GvisorPlatform, type PlatformChoice, type RunscInfo } from "./gvisor-platform.js";
 
 export interface RunscResult {
   code: number;
@@ -26,7 +27,7 @@ export class Runsc {
   constructor(
     readonly bin: string,
     readonly root: string,
-    private readonly platform: "ptrace" | "kvm",
+    private readonly platform: GvisorPlatform,
   ) {}
 
   /**
@@ -129,4 +130,35 @@ export function findRunsc(): string | null {
     if (existsSync(p)) return p;
   }
   return null;
+}
+
+/** Whether /dev/kvm exists and this process can open it read-write (what runsc's kvm platform needs). */
+export function kvmUsable(): boolean {
+  try {
+    closeSync(openSync("/dev/kvm", "r+"));
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * What runsc `bin` is (`runsc --version`), which platforms it offers
+ * (`runsc flags`), and the platform its sandboxes will use; two short runs of
+ * runsc when the agent starts.
+ */
+export function probeRunsc(bin: string, choice: PlatformChoice): RunscInfo {
+  // `runsc flags` prints its list on stderr; both streams are read.
+  const run = (args: string[]): string => {
+    const r = spawnSync(bin, args, { encoding: "utf8", timeout: 15_000, stdio: ["ignore", "pipe", "pipe"], maxBuffer: 4 << 20 });
+    const out = `${r.stdout ?? ""}${r.stderr ?? ""}`;
+    if (r.error || r.status !== 0) {
+      throw new BerthError("provider_unavailable", `provider_unavailable: could not run ${bin} ${args.join(" ")}: ${(r.error?.message ?? out).trim().slice(0, 200)}`);
+    }
+    return out;
+  };
+  const version = parseRunscVersion(run(["--version"]));
+  const platforms = parsePlatforms(run(["flags"]));
+  const { platform, why } = choosePlatform(platforms, kvmUsable(), choice);
+  return { path: bin, ...version, platforms, platform, platformWhy: why, warning: runscWarning(version, platforms) };
 }

@@ -16,7 +16,8 @@
  *     the machine through the agent's SSH gateway, which execs via runsc.
  *   - init: a shell loop that only sleeps and reaps; every borrower command is a
  *     separate `runsc exec`, so it is never in init's process group (pgid 1).
- *   - platform: ptrace by default (works everywhere); `platform: "kvm"` optional.
+ *   - platform: the fastest this runsc and host offer (kvm, systrap, ptrace;
+ *     gvisor-platform.ts), or the one the operator named.
  *   - cgroups: ignored (`--ignore-cgroups`); capacity is enforced by slots, not
  *     by kernel limits, in this version.
  * Commands run as root *inside* the sandbox; the sandbox is the boundary.
@@ -59,9 +60,10 @@ import { isDead, matches, readStat, signalExact, sleep, waitUntil } from "./proc
 import { fromChild, fromPty, type Plumbing } from "./streams.js";
 import { COUNT_SCRIPT, PATH_IN, SIGNAL_SCRIPT, execProcessSpec, sandboxSpec } from "./gvisor-oci.js";
 import { awaitExecIdentity } from "./gvisor-identity.js";
-import { Runsc, findRunsc } from "./gvisor-runsc.js";
+import { Runsc, findRunsc, probeRunsc } from "./gvisor-runsc.js";
+import type { PlatformChoice, RunscInfo } from "./gvisor-platform.js";
 import { gvisorExecHandle } from "./gvisor-handle.js";
-import type { CreateOptions, ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeMachine } from "./types.js";
+import type { CreateOptions, ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeDetail, RuntimeMachine } from "./types.js";
 import { cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
 import { KeyedLock } from "../keyed-lock.js";
 
@@ -91,12 +93,14 @@ export interface GvisorRuntimeOptions {
   stateDir: string;
   /** runsc binary; default: found on PATH. */
   runsc?: string;
-  /** gVisor platform; default "ptrace". */
-  platform?: "ptrace" | "kvm";
+  /** gVisor platform; default "auto": the fastest this runsc and host offer (gvisor-platform.ts). */
+  platform?: PlatformChoice;
 }
 
 export class GvisorRuntime implements Runtime {
   readonly kind = "gvisor" as const;
+  /** The runsc release, its platforms and the one new sandboxes use. */
+  readonly runscInfo: RunscInfo;
   private readonly stateDir: string;
   private readonly machinesDir: string;
   private readonly runsc: Runsc;
@@ -121,7 +125,13 @@ export class GvisorRuntime implements Runtime {
     mkdirSync(runscRoot, { recursive: true, mode: 0o700 });
     const bin = opts.runsc ?? findRunsc();
     if (!bin) throw new BerthError("provider_unavailable", "provider_unavailable: runsc is not installed; install the runsc package or use --runtime process");
-    this.runsc = new Runsc(bin, runscRoot, opts.platform ?? "ptrace");
+    this.runscInfo = probeRunsc(bin, opts.platform ?? "auto");
+    this.runsc = new Runsc(bin, runscRoot, this.runscInfo.platform);
+  }
+
+  get detail(): RuntimeDetail {
+    const i = this.runscInfo;
+    return { runsc: { version: i.version, platform: i.platform }, ...(i.warning ? { warning: i.warning } : {}) };
   }
 
   // ---- records -------------------------------------------------------------

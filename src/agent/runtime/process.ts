@@ -78,6 +78,7 @@ export interface ProcessRuntimeOptions {
 
 export class ProcessRuntime implements Runtime {
   readonly kind = "process" as const;
+  readonly detail = {};
   private readonly stateDir: string;
   private readonly machinesDir: string;
   private readonly cgroupBase: string | null;

@@ -13,6 +13,14 @@ import type { Readable, Writable } from "node:stream";
 
 export type RuntimeKind = "process" | "gvisor";
 
+/** What a host reports of its runtime beside the kind (enrollment, `berth host ls`, the dashboard). */
+export interface RuntimeDetail {
+  /** gvisor: the runsc release and the platform its sandboxes use. */
+  runsc?: { version: string; platform: string };
+  /** One line naming what does not work with this runtime here (an old runsc), if anything. */
+  warning?: string;
+}
+
 /** What the agent records about a started machine, enough to recognise it exactly after a restart. */
 export interface RuntimeMachine {
   machineId: string;
@@ -116,6 +124,8 @@ export interface FenceProof {
 
 export interface Runtime {
   readonly kind: RuntimeKind;
+  /** Reported with the kind when the agent enrolls. */
+  readonly detail: RuntimeDetail;
   /** Create (or find, if it already exists with the same id) and start the machine; `opts` are kept for every restart. */
   create(machineId: string, opts?: CreateOptions): Promise<RuntimeMachine>;
   /** Run a command inside a started machine. */

@@ -8,7 +8,7 @@
  * --enroll-token-file or BERTH_ENROLL_TOKEN.
  */
 import { homedir } from "node:os";
-import { join } from "node:path";
+import { join, resolve as resolvePath } from "node:path";
 import { Command, InvalidArgumentError, Option } from "commander";
 import pino from "pino";
 
@@ -55,6 +55,12 @@ export function register(program: Command): void {
     .option("--ssh-listen <host:port>", "address of the SSH gateway", "127.0.0.1:0")
     .option("--advertise-host <host>", "host name the coordinator and clients use to reach this agent (default: the listen host)")
     .addOption(new Option("--runtime <kind>", "sandbox runtime").choices(["auto", "process", "gvisor"]).default("auto"))
+    .option("--runsc <path>", "the runsc binary of the gvisor runtime (default: runsc on PATH)")
+    .addOption(
+      new Option("--runsc-platform <platform>", "gVisor platform: auto picks the fastest this runsc and host offer (kvm where /dev/kvm exists, else systrap, else ptrace)")
+        .choices(["auto", "kvm", "systrap", "ptrace"])
+        .default("auto"),
+    )
     .option("--slots <n>", "machines this host offers", positiveInt("--slots"), 4)
     .option("--vcpu <n>", "vCPUs this host offers", positiveInt("--vcpu"), 2)
     .option("--memory-mb <n>", "memory this host offers, in MiB", positiveInt("--memory-mb"), 2048)
@@ -69,7 +75,9 @@ export function register(program: Command): void {
       "after",
       "\nExit codes: 0 stopped by SIGTERM/SIGINT, 1 could not start, 2 usage, 3 another agent holds the state directory,\n" +
         "4 the state directory switched to host identity and needs a newer agent.\n" +
-        "Once ready it prints one line to stdout: `berth agent ready api=URL ssh=HOST:PORT host=ID runtime=KIND`.",
+        "Once ready it prints one line to stdout: `berth agent ready api=URL ssh=HOST:PORT host=ID runtime=KIND`\n" +
+        "(gvisor adds `runsc=VERSION platform=PLATFORM`). A runsc older than 0.0~20240729 still runs sandboxes, with\n" +
+        "one warning on stderr naming what breaks (docs/runtimes.md).",
     )
     .action(async (o: {
       stateDir: string;
@@ -79,6 +87,8 @@ export function register(program: Command): void {
       sshListen: string;
       advertiseHost?: string;
       runtime: "auto" | "process" | "gvisor";
+      runsc?: string;
+      runscPlatform: "auto" | "kvm" | "systrap" | "ptrace";
       slots: number;
       vcpu: number;
       memoryMb: number;
@@ -119,6 +129,7 @@ export function register(program: Command): void {
           sshListen: o.sshListen,
           advertiseHost: o.advertiseHost,
           runtime: o.runtime,
+          gvisor: { ...(o.runsc !== undefined ? { runsc: resolvePath(o.runsc) } : {}), platform: o.runscPlatform },
           slots: o.slots,
           vcpu: o.vcpu,
           memoryMb: o.memoryMb,
@@ -138,8 +149,12 @@ export function register(program: Command): void {
         };
         if (signalled !== null) onSignal(signalled);
         else {
+          const d = agent.runtime.detail;
+          // The one line an operator must not miss, whatever the log level.
+          if (d.warning) process.stderr.write(`berth agent: warning: ${d.warning}\n`);
+          const runsc = d.runsc ? ` runsc=${d.runsc.version} platform=${d.runsc.platform}` : "";
           process.stdout.write(
-            `berth agent ready api=${agent.url} ssh=${agent.ssh.host}:${agent.ssh.port} host=${agent.hostId ?? "-"} runtime=${agent.runtime.kind}\n`,
+            `berth agent ready api=${agent.url} ssh=${agent.ssh.host}:${agent.ssh.port} host=${agent.hostId ?? "-"} runtime=${agent.runtime.kind}${runsc}\n`,
           );
         }
       });

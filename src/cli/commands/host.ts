@@ -16,6 +16,8 @@ interface HostView {
   name: string;
   url: string;
   runtime: string;
+  runsc: { version: string; platform: string } | null;
+  runtimeWarning: string | null;
   capacity: { vcpu: number; memoryMb: number; slots: number };
   usedSlots: number;
   identity: { state: string; keyFingerprint: string | null; since: number | null; agentStep: string | null; owedReports: number; agentVersion: string | null };
@@ -31,6 +33,11 @@ interface Activated {
 
 function clientOpts(c: Command): Command {
   return c.option("--url <url>", "coordinator URL (or BERTH_URL)").option("--token-file <file>", "API token file (or BERTH_TOKEN_FILE)").option("--config <file>", "client config file").option("--json", "print JSON", false);
+}
+
+/** `gvisor systrap (runsc 0.0~20240729.0)`, or the bare kind. */
+function runtimeCell(h: HostView): string {
+  return h.runsc ? `${h.runtime} ${h.runsc.platform} (runsc ${h.runsc.version})` : h.runtime;
 }
 
 async function listHosts(api: Api): Promise<HostView[]> {
@@ -54,7 +61,7 @@ async function waitActive(api: Api, names: string[], timeoutMs: number, say: (s:
 export function register(program: Command): void {
   const host = program.command("host").description("Enrolled hosts: credential state, and the switch to per-host identity keys");
 
-  clientOpts(host.command("ls").description("List hosts: credential state, switch step, owed reports, agent version")).action(
+  clientOpts(host.command("ls").description("List hosts: runtime (runsc release and gVisor platform), credential state, switch step, owed reports, agent version")).action(
     (o: { json: boolean; url?: string; tokenFile?: string; config?: string }) =>
       runCommand(async () => {
         const { api } = clientFrom(o);
@@ -63,9 +70,10 @@ export function register(program: Command): void {
           if (o.json) printJson(hosts);
           else
             printTable(
-              ["NAME", "ID", "CREDENTIAL", "STEP", "OWED", "AGENT", "SLOTS", "KEY", "SINCE"],
-              hosts.map((h) => [h.name, h.id, h.identity.state === "legacy" ? "enroll-token" : `key (${h.identity.state})`, h.identity.agentStep, h.identity.owedReports, h.identity.agentVersion, `${h.usedSlots}/${h.capacity.slots}`, h.identity.keyFingerprint, iso(h.identity.since)]),
+              ["NAME", "ID", "RUNTIME", "CREDENTIAL", "STEP", "OWED", "AGENT", "SLOTS", "KEY", "SINCE"],
+              hosts.map((h) => [h.name, h.id, runtimeCell(h), h.identity.state === "legacy" ? "enroll-token" : `key (${h.identity.state})`, h.identity.agentStep, h.identity.owedReports, h.identity.agentVersion, `${h.usedSlots}/${h.capacity.slots}`, h.identity.keyFingerprint, iso(h.identity.since)]),
             );
+          for (const h of hosts) if (!o.json && h.runtimeWarning) process.stderr.write(`warning: host ${h.name}: ${h.runtimeWarning}\n`);
           return 0;
         } finally {
           await api.close();

@@ -33,6 +33,8 @@ interface UpOptions {
   stateDir: string;
   listen: string;
   runtime: "auto" | "process" | "gvisor";
+  runsc?: string;
+  runscPlatform: string;
   minReady: number;
   slots: number;
   quiet: boolean;
@@ -51,7 +53,7 @@ function startAgentProcess(o: UpOptions, dir: string, url: string, enrollToken: 
   const bin = process.argv[1]!;
   const child = spawn(
     process.execPath,
-    [bin, "agent", "--state-dir", join(dir, "agent"), "--coordinator", url, "--runtime", o.runtime, "--slots", String(o.slots), "--name", "local", "--log-level", process.env.BERTH_LOG_LEVEL ?? "error"],
+    [bin, "agent", "--state-dir", join(dir, "agent"), "--coordinator", url, "--runtime", o.runtime, ...(o.runsc !== undefined ? ["--runsc", resolve(o.runsc)] : []), "--runsc-platform", o.runscPlatform, "--slots", String(o.slots), "--name", "local", "--log-level", process.env.BERTH_LOG_LEVEL ?? "error"],
     { env: { ...process.env, BERTH_ENROLL_TOKEN: enrollToken }, stdio: ["ignore", "pipe", "pipe"] },
   );
   child.stderr!.on("data", (d: Buffer) => {
@@ -112,6 +114,8 @@ export function register(program: Command): void {
     .option("--state-dir <dir>", "where everything is kept", ".berth")
     .option("--listen <host:port>", "coordinator address", "127.0.0.1:7420")
     .addOption(new Option("--runtime <kind>", "sandbox runtime for the agent").choices(["auto", "process", "gvisor"]).default("auto"))
+    .option("--runsc <path>", "the agent's runsc binary (gvisor; default: runsc on PATH)")
+    .addOption(new Option("--runsc-platform <platform>", "gVisor platform (auto: the fastest available)").choices(["auto", "kvm", "systrap", "ptrace"]).default("auto"))
     .option("--min-ready <n>", "ready machines the default pool keeps", intArg("--min-ready", 0, 64), 2)
     .option("--slots <n>", "machines the local agent offers", intArg("--slots", 1, 256), 4)
     .option("--portable", "also enable portable access and a portable pool `agents` (per-borrow keys, two-phase ack); `-- CMD` then runs there", false)

@@ -5,7 +5,7 @@ import { policyFingerprint } from "../../core/network-policy.js";
 import { evidenceSummary, type ReadinessEvidence } from "../../core/network-evidence.js";
 import type { MachineNetworkRow } from "../../store/machine-network.js";
 import type { BorrowRow } from "../../store/borrows.js";
-import type { HostRow } from "../../store/hosts.js";
+import { runtimeDetailOf, type HostRow } from "../../store/hosts.js";
 
 export function presentPool(p: PoolRecord) {
   return {
@@ -53,11 +53,15 @@ export function presentBorrow(b: BorrowRow & { machine_state: string | null }) {
 }
 
 export function presentHost(h: HostRow) {
+  const detail = runtimeDetailOf(h);
   return {
     id: h.id,
     name: h.name,
     url: h.url,
     runtime: h.runtime,
+    /** gvisor: the runsc release and the platform its sandboxes use (null: not reported, or the process runtime). */
+    runsc: detail?.runsc ?? null,
+    runtimeWarning: detail?.warning ?? null,
     capacity: { vcpu: h.vcpu, memoryMb: h.memory_mb, slots: h.slots },
     usedSlots: h.used_slots,
     ssh: { host: h.ssh_host, port: h.ssh_port, fingerprint: h.fingerprint },

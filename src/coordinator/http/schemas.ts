@@ -88,6 +88,10 @@ export const reportSchema = z.strictObject({
 const hostDescription = {
   url: z.string().url().max(500),
   runtime: z.enum(["process", "gvisor"]),
+  /** The runsc release and gVisor platform (gvisor hosts), and a warning naming what an old runsc breaks. */
+  runtimeDetail: z
+    .strictObject({ runsc: z.strictObject({ version: text(64), platform: z.enum(["kvm", "systrap", "ptrace"]) }).optional(), warning: text(500).optional() })
+    .optional(),
   capacity: z.strictObject({ vcpu: int(1, 4096), memoryMb: int(64, 64 * 1024 * 1024), slots: int(0, 10_000) }),
   ssh: z.strictObject({ host: text(255), port: int(1, 65535), hostKey: text(2000), fingerprint: text(200) }),
 };
