@@ -34,17 +34,14 @@ import { startGateway, type Gateway } from "./ssh/gateway.js";
 import { startHttp, type AgentHttp } from "./http.js";
 import { AgentKeys } from "./keys.js";
 import { errorMessage, silentLog, type AgentLog } from "./log.js";
-import { AgentOps } from "./ops.js";
+import { AgentOperations } from "./operations/dispatch.js";
 import { recover, type RecoveryReport } from "./recovery.js";
 import { createRuntime, GvisorRuntime, type GvisorChoice, type RuntimeChoice } from "./runtime/index.js";
 import { ImageCache } from "./images/cache.js";
 import { registerImageRoutes } from "./images/http.js";
 import type { RegistryOptions } from "./images/registry.js";
 import type { Runtime } from "./runtime/types.js";
-import { sqliteSessionStore } from "./sessions/store.js";
-import { AgentStore } from "./store.js";
-import { AllocStore } from "./alloc-store.js";
-import { AllocationOps } from "./allocations.js";
+import { AgentStore } from "./store/store.js";
 import { registerAllocRoutes } from "./alloc-http.js";
 import { enforcementOf } from "./runtime/limits.js";
 import { Volumes } from "./volumes.js";
@@ -119,9 +116,9 @@ export interface RunningAgent {
   recovery: RecoveryReport;
   store: AgentStore;
   keys: AgentKeys;
-  ops: AgentOps;
-  /** Allocation holds and workspace volumes. */
-  allocs: AllocStore;
+  /** The operations the coordinator runs (src/agent/operations/). */
+  ops: AgentOperations;
+  /** Allocation workspace volumes. */
   volumes: Volumes;
   sessions: SessionRegistry;
   /** Machine networks, or why this agent has none. */
@@ -165,7 +162,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
   try {
     // An agent built before the floor this state directory claimed would use the enroll token again.
     checkFloor(opts.stateDir, AGENT_VERSION);
-    if (opts.hostCallToken !== undefined) store.setMeta(META_TOKEN_HASH, hashToken("host-call", opts.hostCallToken));
+    if (opts.hostCallToken !== undefined) store.meta.set(META_TOKEN_HASH, hashToken("host-call", opts.hostCallToken));
     const runtime = createRuntime(opts.runtime ?? "auto", opts.stateDir, opts.gvisor);
     if (runtime.kind === "process") {
       log.warn({ runtime: runtime.kind }, "runtime: process (plain child processes in a directory, NO isolation)");
@@ -186,7 +183,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     const coordinator = opts.coordinatorUrl !== undefined ? await coordinatorServices(opts.coordinatorUrl) : [];
     const avail = opts.network === false ? { ok: false as const, why: "disabled on this agent" } : networkAvailability();
     const network: MachineNetworks | { unavailable: string } = avail.ok
-      ? new MachineNetworks({ db: store.db, stateDir: opts.stateDir, log, now, agentPorts: () => ports, coordinator: () => coordinator }, opts.network || {})
+      ? new MachineNetworks({ records: store.networks, stateDir: opts.stateDir, log, now, agentPorts: () => ports, coordinator: () => coordinator }, opts.network || {})
       : { unavailable: avail.why };
     const recovery = await recover({ store, runtime, keys, now, log, network: network instanceof MachineNetworks ? network : null });
 
@@ -197,24 +194,20 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       runtime,
       now,
       log,
-      sessionStore: sqliteSessionStore(store.db),
+      sessionStore: store.sessions,
     });
     cleanups.push(() => gateway.close());
     const sessions = gateway.sessions;
 
     ports.push({ port: gateway.port, why: "agent SSH gateway" });
-    const ops = new AgentOps({ store, keys, runtime, sessions, now, log, network, images });
-    const allocs = new AllocStore(store.db);
-    const volumes = new Volumes({ stateDir: opts.stateDir, allocs, now, log });
+    const volumes = new Volumes({ stateDir: opts.stateDir, records: store.volumes, now, log });
     volumes.recover();
-    ops.attachAllocations(
-      new AllocationOps({
-        store, allocs, volumes, ops, runtime, now, log,
-        workspacePath: (machineId) => join(opts.stateDir, "machines", machineId, "workspace"),
-        enforcement: (vcpu, memoryMib) => enforcementOf(runtime, vcpu, memoryMib),
-      }),
-    );
-    let hostId = store.getMeta(META_HOST_ID);
+    const ops = new AgentOperations({
+      store, keys, runtime, sessions, network, volumes, images, now, log,
+      workspacePath: (machineId) => join(opts.stateDir, "machines", machineId, "workspace"),
+      enforcement: (vcpu, memoryMib) => enforcementOf(runtime, vcpu, memoryMib),
+    });
+    let hostId = store.meta.get(META_HOST_ID);
     const advertised = opts.advertiseHost ?? (isWildcard(listen.host) ? hostname() : listen.host);
     const sshHost = opts.advertiseHost ?? (isWildcard(sshListen.host) ? hostname() : sshListen.host);
     const ssh = { host: sshHost, port: gateway.port, hostKey: gateway.hostKey, fingerprint: gateway.fingerprint };
@@ -247,6 +240,16 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
             },
             hostId: () => hostId,
             description,
+            rebind: async () => {
+              // The reset's one-time token, read afresh (the switch forgot the old one; its file may hold the new one).
+              const fresh = opts.enrollTokenFile !== undefined ? readEnrollToken(opts.enrollTokenFile, {}) : (opts.enrollToken ?? null);
+              if (fresh === null || opts.coordinatorUrl === undefined) {
+                log.warn({ hostId }, "identity: an operator reset this host's identity; start the agent with the one-time enroll token `berth host reset-identity` printed (--enroll-token-file) to bind its key again");
+                return false;
+              }
+              await enrollOnce(fresh, opts.coordinatorUrl, true);
+              return true;
+            },
             version: AGENT_VERSION,
             hooks: opts.identityHooks ?? envHooks(process.env),
             log,
@@ -260,11 +263,11 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         keys,
         sessions,
         identity: () => ({ hostId, name, runtime: runtime.kind, slots, version: AGENT_VERSION }),
-        tokenHash: () => store.getMeta(META_TOKEN_HASH),
+        tokenHash: () => store.meta.get(META_TOKEN_HASH),
         unrecorded: () => recovery.unrecorded,
         log,
         extraRoutes: (app, auth) => {
-          registerAllocRoutes(app, auth, { allocs, volumes });
+          registerAllocRoutes(app, auth, { holds: store.holds, records: store.volumes, volumes });
           registerImageRoutes(app, auth, images);
         },
       },
@@ -284,11 +287,29 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     });
     const body = (): EnrollRequest => ({ name, ...description() });
     const legacyEnroll = opts.legacyEnroll ?? (process.env.BERTH_TEST_HOOKS === "1" && process.env.BERTH_TEST_LEGACY_ENROLL === "1");
-    /** One enrollment with the enroll token: with an identity proof, unless told to enroll the old way. */
-    const enrollOnce = async (raw: string, coordinator: string): Promise<void> => {
-      if (identity !== null && !identity.authority.mayUseToken()) return;
-      const proof = identity !== null && !legacyEnroll ? await proofIfKnown(identity, name, log) : undefined;
-      const got = await enroll(coordinator, raw, body(), proof);
+    /**
+     * One enrollment with the enroll token: with an identity proof, unless told to enroll the old way.
+     * `rebind`: the host's identity was reset by an operator and the token is the reset's one-time
+     * token; the enrollment binds this agent's key (it is made whatever the switch record says).
+     */
+    const enrollOnce = async (raw: string, coordinator: string, rebind = false): Promise<void> => {
+      if (!rebind && identity !== null && !identity.authority.mayUseToken()) return;
+      const proof = identity !== null && (rebind || !legacyEnroll) ? await proofIfKnown(identity, name, log) : undefined;
+      let got;
+      try {
+        got = await enroll(coordinator, raw, body(), proof);
+      } catch (e) {
+        if (!rebind && e instanceof EnrollRefusedError && e.code === "host_exists" && hostId !== null && store.meta.get(META_TOKEN_HASH) !== null) {
+          // The enroll token only creates hosts: this one exists, and this state directory holds its enrollment.
+          log.warn(
+            { hostId, name },
+            "the coordinator already has this host; keeping the enrollment this state directory holds (the enroll token only creates new hosts). " +
+              "The coordinator calls the host at the address it enrolled with: if that changed, an operator runs `berth host reset-identity` and the agent starts with the one-time enroll token it prints",
+          );
+          return;
+        }
+        throw e;
+      }
       if (hostId !== null && got.hostId !== hostId) {
         throw new EnrollRefusedError(
           409,
@@ -298,13 +319,13 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         );
       }
       store.transaction(() => {
-        store.setMeta(META_HOST_ID, got.hostId);
-        store.setMeta(META_TOKEN_HASH, hashToken("host-call", got.hostCallToken));
+        store.meta.set(META_HOST_ID, got.hostId);
+        store.meta.set(META_TOKEN_HASH, hashToken("host-call", got.hostCallToken));
       });
       hostId = got.hostId;
-      log.info({ hostId, coordinator: new URL(coordinator).origin, identity: got.identity ?? "legacy" }, "enrolled with the coordinator");
+      log.info({ hostId, coordinator: new URL(coordinator).origin, identity: got.identity ?? "legacy", rebind }, "enrolled with the coordinator");
       // The coordinator recorded this host's identity key: it is active from the start.
-      if (got.identity === "active" && identity !== null) await identity.authority.enrolledActive();
+      if (got.identity === "active" && identity !== null && !rebind) await identity.authority.enrolledActive();
     };
 
     let enrolled: Promise<void> = Promise.resolve();
@@ -317,7 +338,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       } else {
         const raw = enrollToken();
         if (raw === null) {
-          if (store.getMeta(META_TOKEN_HASH) === null) {
+          if (store.meta.get(META_TOKEN_HASH) === null) {
             throw new Error(
               "no enroll token: give --enroll-token-file FILE or set BERTH_ENROLL_TOKEN (the agent never enrolled from this state directory)",
             );
@@ -376,7 +397,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         hostId,
         runtime: runtime.kind,
         ...runtime.detail,
-        machines: store.listMachines().length,
+        machines: store.machines.list().length,
         hostKeyFingerprint: ssh.fingerprint,
       },
       "berth agent ready",
@@ -395,7 +416,6 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       store,
       keys,
       ops,
-      allocs,
       volumes,
       sessions,
       network,

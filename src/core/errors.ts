@@ -32,6 +32,8 @@ export type ErrorCode =
   | "budget_exhausted"
   | "no_capacity"
   | "host_activated"
+  | "host_exists"
+  | "host_awaiting"
   | "host_busy"
   | "host_switching"
   | "image_invalid"
@@ -68,6 +70,8 @@ const STATUS: Record<ErrorCode, number> = {
   budget_exhausted: 409,
   no_capacity: 503,
   host_activated: 403,
+  host_exists: 409,
+  host_awaiting: 401,
   host_busy: 409,
   host_switching: 409,
   /** The image is malformed, fails its digests, escapes its root, or is for another platform: retrying will not help. */

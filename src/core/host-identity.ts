@@ -12,7 +12,7 @@
  * coordinator records each one used so that a proof is never taken twice.
  */
 import { createHmac, createHash, createPublicKey, verify, type KeyObject } from "node:crypto";
-import { sameHash } from "./tokens.js";
+import { hashToken, sameHash } from "./tokens.js";
 
 /** The agent's durable record steps; `legacy` is no record at all. */
 export type SwitchStep = "local" | "cloud" | "active";
@@ -23,11 +23,16 @@ export const SWITCH_STEPS: readonly SwitchStep[] = ["local", "cloud", "active"];
  *   legacy     the shared enroll token still admits it (the agent's old way);
  *   preparing  an operator asked for the switch; nothing recorded of the agent yet;
  *   prepared   the agent's identity key is recorded: the coordinator honours its commit;
- *   committed  the floor is recorded: the enroll token is refused for this host;
- *   active     the agent purged the token and advertises itself active.
+ *   committed  the floor is recorded: the host's key is its only way in;
+ *   active     the agent purged the token and advertises itself active;
+ *   awaiting   an operator reset the host's identity (`berth host reset-identity`):
+ *              no credential is honoured and no call is made to it until its
+ *              agent binds a key again, enrolling with the one-time enroll
+ *              token the reset issued.
+ * The shared enroll token never admits an existing host, whatever its state.
  */
-export type HostIdentityState = "legacy" | "preparing" | "prepared" | "committed" | "active";
-export const HOST_IDENTITY_STATES: readonly HostIdentityState[] = ["legacy", "preparing", "prepared", "committed", "active"];
+export type HostIdentityState = "legacy" | "preparing" | "prepared" | "committed" | "active" | "awaiting";
+export const HOST_IDENTITY_STATES: readonly HostIdentityState[] = ["legacy", "preparing", "prepared", "committed", "active", "awaiting"];
 
 /** The floor is recorded: the host's identity key is the only way in. */
 export function floorRecorded(s: HostIdentityState): boolean {
@@ -40,6 +45,24 @@ export function takesMachines(s: HostIdentityState): boolean {
 }
 
 export type ProofPurpose = "enroll" | "prepare" | "session";
+
+/**
+ * The proof of a host's current host-call token (an agent enrolled on the
+ * shared token, or one still switching): an HMAC keyed by the token's hash
+ * (what the agent keeps; the coordinator derives the token, so it knows the
+ * hash too) over the purpose, the host id, the coordinator's challenge and
+ * the identity key the proof vouches for. The switch records a key only
+ * with this proof (docs/host-identity.md).
+ */
+export function callProof(tokenHash: string, purpose: "prepare", hostId: string, challenge: string, publicKey: string): string {
+  return createHmac("sha256", Buffer.from(tokenHash, "utf8")).update(`berth.host-call-proof.v1\0${purpose}\0${hostId}\0${challenge}\0${publicKey}`).digest("base64url");
+}
+
+/** Whether `proof` proves the host-call token `callToken` for this purpose, host, challenge and key. */
+export function verifyCallProof(callToken: string, proof: unknown, purpose: "prepare", hostId: string, challenge: string, publicKey: string): boolean {
+  if (typeof proof !== "string" || !/^[A-Za-z0-9_-]{43}$/.test(proof)) return false;
+  return sameHash(callProof(hashToken("host-call", callToken), purpose, hostId, challenge, publicKey), proof);
+}
 
 /** What an identity key signs: purpose, host (its name for `enroll`, its id for `prepare` and `session`), challenge. */
 export function proofMessage(purpose: ProofPurpose, host: string, challenge: string): Buffer {

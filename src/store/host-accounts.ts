@@ -36,11 +36,12 @@ export function hostAccountFromRow(r: HostAccountRow): HostAccount & { org: stri
 
 /**
  * A host in the middle of its identity switch (docs/host-identity.md: from
- * prepare until it is active) takes no new allocation: its account reads as
+ * prepare until it is active), awaiting its agent after an identity reset,
+ * or being removed takes no new allocation: its account reads as
  * `not_ready` while its recorded standing is `ready` (an operator's own
  * standing is kept as it is).
  */
-const SWITCHING = "EXISTS (SELECT 1 FROM hosts h WHERE h.id = a.host_id AND h.identity_state NOT IN ('legacy', 'active'))";
+const SWITCHING = "EXISTS (SELECT 1 FROM hosts h WHERE h.id = a.host_id AND (h.identity_state NOT IN ('legacy', 'active') OR h.removing_since IS NOT NULL))";
 const ACCOUNT_COLUMNS = `a.host_id, a.org, a.name, CASE WHEN a.standing = 'ready' AND ${SWITCHING} THEN 'not_ready' ELSE a.standing END AS standing,
   a.vcpu, a.memory_mib, a.slots, a.used_vcpu, a.used_memory_mib, a.used_slots, a.standing_since`;
 

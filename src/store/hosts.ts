@@ -1,8 +1,9 @@
 /** The `hosts` table: enrolled agents, their gateway address and slots. */
 import type { Store, Tx } from "./store.js";
 import type { HostIdentityColumns } from "./host-identity.js";
+import type { HostRemovalColumns } from "./host-removal.js";
 
-export interface HostRow extends HostIdentityColumns {
+export interface HostRow extends HostIdentityColumns, HostRemovalColumns {
   id: string;
   org: string;
   name: string;
@@ -83,11 +84,12 @@ export async function countHostsByRuntime(tx: Tx, org: string): Promise<Map<stri
 /**
  * Takes a slot on the org's least-used host with one free (of `runtime`, when given: an image pool needs gvisor);
  * resolves to its id, or null when every such host is full.
- * A host switching to its identity key takes none (only `legacy` and `active` hosts do).
+ * A host switching to its identity key, awaiting its agent after a reset, or being removed takes none
+ * (only `legacy` and `active` hosts do, unless removed).
  */
 export async function takeHostSlot(tx: Tx, org: string, runtime: string | null = null): Promise<string | null> {
   const host = await tx.get<{ id: string }>(
-    `SELECT id FROM hosts WHERE org = ? AND used_slots < slots AND identity_state IN ('legacy', 'active')${runtime === null ? "" : " AND runtime = ?"} ORDER BY used_slots, id LIMIT 1${tx.forUpdate}`,
+    `SELECT id FROM hosts WHERE org = ? AND used_slots < slots AND identity_state IN ('legacy', 'active') AND removing_since IS NULL${runtime === null ? "" : " AND runtime = ?"} ORDER BY used_slots, id LIMIT 1${tx.forUpdate}`,
     runtime === null ? [org] : [org, runtime],
   );
   if (!host) return null;

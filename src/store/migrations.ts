@@ -12,6 +12,7 @@ import { UI_SESSIONS_MIGRATION } from "./ui-sessions.js";
 import { NETWORK_MIGRATION } from "./machine-network.js";
 import { HOST_IDENTITY_MIGRATION } from "./host-identity.js";
 import { IMAGES_MIGRATION } from "./images.js";
+import { HOST_REMOVAL_MIGRATION } from "./host-removal.js";
 
 export const MIGRATIONS: readonly Migration[] = [
   {
@@ -184,4 +185,5 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
   UI_SESSIONS_MIGRATION,
   ALLOCATION_LAUNCHES_MIGRATION,
   IMAGES_MIGRATION,
+  HOST_REMOVAL_MIGRATION,
 ];

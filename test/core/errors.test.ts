@@ -17,6 +17,8 @@ const STATUS: Record<ErrorCode, number> = {
   budget_exhausted: 409,
   no_capacity: 503,
   host_activated: 403,
+  host_exists: 409,
+  host_awaiting: 401,
   host_busy: 409,
   host_switching: 409,
   image_invalid: 422,

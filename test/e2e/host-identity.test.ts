@@ -94,8 +94,9 @@ describe("host identity: the switch while serving (SQLite)", () => {
     // The enroll token under the host's name: refused, nothing changes (every table).
     const dump = await f.dump();
     const raw = await post(f.coord!.url, "/v1/hosts/enroll", f.agentToken, ENROLL_BODY("old"));
-    assert.equal(raw.status, 403);
-    assert.equal(raw.body.error.code, "host_activated");
+    assert.equal(raw.status, 409);
+    assert.equal(raw.body.error.code, "host_exists");
+    assert.equal(raw.body.hostCallToken, undefined);
     const { challenge } = (await post(f.coord!.url, "/v1/hosts/challenge", null, {})).body as { challenge: string };
     const { generateKeyPairSync, sign } = await import("node:crypto");
     const other = generateKeyPairSync("ed25519");
@@ -104,8 +105,8 @@ describe("host identity: the switch while serving (SQLite)", () => {
       ...ENROLL_BODY("old"),
       identity: { publicKey: other.publicKey.export({ format: "der", type: "spki" }).toString("base64"), challenge, signature: sign(null, proofMessage("enroll", "old", challenge), other.privateKey).toString("base64") },
     });
-    assert.equal(withOtherKey.status, 403, "another key is no better than none");
-    assert.equal(withOtherKey.body.error.code, "host_activated");
+    assert.equal(withOtherKey.status, 409, "another key is no better than none");
+    assert.equal(withOtherKey.body.error.code, "host_exists");
     assert.deepEqual(await f.dump(), dump, "a refused enrollment changes no table");
     // A new name still enrolls with the token.
     assert.equal((await post(f.coord!.url, "/v1/hosts/enroll", f.agentToken, ENROLL_BODY("newbie"))).status, 200);
@@ -217,8 +218,8 @@ describe("host identity on PostgreSQL", { skip: PG_SKIP }, () => {
       const dump = await f.dump();
       for (const name of ["fresh", "legacy"]) {
         const r = await post(f.coord!.url, "/v1/hosts/enroll", f.agentToken, ENROLL_BODY(name));
-        assert.equal(r.status, 403);
-        assert.equal(r.body.error.code, "host_activated");
+        assert.equal(r.status, 409);
+        assert.equal(r.body.error.code, "host_exists");
       }
       assert.deepEqual(await f.dump(), dump);
       // Restarted, an identity host re-describes itself with its key (new ports), never the token.

@@ -44,6 +44,8 @@ export interface IdentityClientDeps {
 export class IdentityClient {
   readonly #d: IdentityClientDeps;
   #credential: { value: string; issuedAt: number; expiresAt: number } | null = null;
+  /** The coordinator last said an operator reset this host's identity (`host_awaiting`): no key is recorded for it. */
+  awaitingReset = false;
 
   constructor(deps: IdentityClientDeps) {
     this.#d = deps;
@@ -62,11 +64,18 @@ export class IdentityClient {
     const hostId = this.#d.hostId();
     if (hostId === null) throw new Error("this agent has no host id yet: it has never enrolled");
     const { challenge } = await this.challenge();
-    const got = await this.#post<{ credential: string; expiresAt: number }>("/v1/hosts/session", null, {
-      hostId,
-      challenge,
-      signature: this.#d.key.prove("session", hostId, challenge),
-    });
+    let got: { credential: string; expiresAt: number };
+    try {
+      got = await this.#post<{ credential: string; expiresAt: number }>("/v1/hosts/session", null, {
+        hostId,
+        challenge,
+        signature: this.#d.key.prove("session", hostId, challenge),
+      });
+    } catch (e) {
+      if (e instanceof CoordinatorRefusal && e.code === "host_awaiting") this.awaitingReset = true;
+      throw e;
+    }
+    this.awaitingReset = false;
     if (typeof got.credential !== "string" || typeof got.expiresAt !== "number") throw new Error("the coordinator's session answer is not {credential, expiresAt}");
     this.#credential = { value: got.credential, issuedAt: this.#d.now(), expiresAt: got.expiresAt };
     return got.credential;

@@ -52,8 +52,8 @@ export interface SwitchDeps {
   floorClaimed: () => boolean;
   /** Claim the floor: no older agent runs on this state directory again. Idempotent. */
   claimFloor: () => void;
-  /** This agent's public key and a signature over the coordinator's prepare challenge. */
-  proveForPrepare: (challenge: string) => { publicKey: string; signature: string };
+  /** This agent's public key, a signature over the coordinator's prepare challenge, and the proof of its host-call token. */
+  proveForPrepare: (challenge: string) => { publicKey: string; signature: string; callProof: string };
   /** The coordinator recorded the prepare: a session against the key is granted. Rejects while it is not. */
   confirmPrepared: () => Promise<void>;
   /** Admit no new machine or key; resolves `drained` once the operations under way are done. */
@@ -141,10 +141,26 @@ export class SwitchAuthority {
   }
 
   /**
+   * An operator reset this host's identity and the agent bound its key again
+   * (an enrollment with the reset's one-time token and a proof of the key):
+   * the coordinator drained the host's machines, so what the local step had
+   * left to retire goes through their normal destroy; owed reports stay owed.
+   * The record is `active`; the agent advertises itself again.
+   */
+  async rebound(): Promise<void> {
+    this.#preparing = null;
+    this.#plan = null;
+    this.#write({ step: "active", stopped: this.owed() });
+    this.#announced = false;
+    this.#d.onStep("active", { rebound: true });
+    await this.advance();
+  }
+
+  /**
    * The coordinator's prepare. Answers with the proof (or refuses with the
    * blockers); the local commit follows once the coordinator recorded it.
    */
-  async prepare(input: { challenge: string; force: boolean; generations: Record<string, number> }): Promise<{ publicKey: string; signature: string; step: string }> {
+  async prepare(input: { challenge: string; force: boolean; generations: Record<string, number> }): Promise<{ publicKey: string; signature: string; callProof: string; step: string }> {
     const d = this.#d;
     if (d.record.record !== null) {
       // Past the local commit already: the coordinator may be asking again after losing track.

@@ -94,7 +94,7 @@ export function register(program: Command): void {
       runCommand(async () => {
         const want = id.replace(/^sha256:/, "");
         if (o.stateDir !== undefined) {
-          const [{ AgentStore, AgentLockedError }] = await Promise.all([import("../../agent/store.js")]);
+          const [{ AgentStore, AgentLockedError }] = await Promise.all([import("../../agent/store/store.js")]);
           let store: ReturnType<typeof AgentStore.open>;
           try {
             // Holding the agent's lock: no agent starts a machine of it meanwhile.

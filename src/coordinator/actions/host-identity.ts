@@ -4,9 +4,12 @@
  *   activateHost   an operator asks a host to switch: lent machines block
  *                  unless forced (then their borrows end, with the reason);
  *                  the host is `preparing` (it takes no new machine); the
- *                  agent prepares and answers with its key's proof; the key
- *                  is recorded `prepared`: from here the coordinator honours
- *                  the host's commit, whatever happens later.
+ *                  agent prepares and answers with its key's proof and a
+ *                  proof of the host's current host-call token (the key is
+ *                  never recorded without both); the key is recorded
+ *                  `prepared`: from here the coordinator honours the host's
+ *                  commit, whatever happens later (nothing the enroll token
+ *                  can do changes an existing host).
  *   openSession    a signed challenge -> a short-lived host credential
  *                  (hash stored, `host_credentials`), for a `prepared`
  *                  host's pending key or a committed host's key.
@@ -26,6 +29,7 @@ import {
   floorRecorded,
   newChallenge,
   stoppedReportVerdict,
+  verifyCallProof,
   verifyProof,
   type ProofPurpose,
   type StoppedReport,
@@ -100,6 +104,12 @@ export async function openSession(
   const expiresAt = now + ctx.config.hostCredentialTtlMs;
   await ctx.store.transaction(async (tx) => {
     const h = await readHost(tx, input.hostId);
+    if (h?.identity_state === "awaiting") {
+      throw new BerthError(
+        "host_awaiting",
+        `host_awaiting: an operator reset the identity of host ${h.name}; no key is recorded for it until its agent enrolls again with the one-time enroll token \`berth host reset-identity\` printed`,
+      );
+    }
     const key = h ? sessionKey(h) : null;
     if (!h || key === null) {
       throw new BerthError("unauthorized", `unauthorized: host ${input.hostId} has no identity key recorded here; an operator switches it with \`berth host activate\``);
@@ -258,6 +268,10 @@ export async function activateHost(ctx: Ctx, p: Principal, name: string, force: 
   const before = await ctx.store.transaction(async (tx) => {
     const h = await lockHostByName(tx, p.org, name);
     if (!h) throw new BerthError("not_found", `not_found: no host named ${name} in this organisation (see \`berth host ls\`)`);
+    if (h.removing_since !== null) throw new BerthError("conflict", `conflict: host ${name} is being removed; nothing to switch`);
+    if (h.identity_state === "awaiting") {
+      throw new BerthError("conflict", `conflict: host ${name} awaits its agent after an identity reset; start the agent with the one-time enroll token \`berth host reset-identity\` printed (it binds its key itself)`);
+    }
     if (floorRecorded(h.identity_state)) return { h, machines: [] as MachineRow[], ended: 0, done: true };
     const machines = await liveMachinesOfHost<MachineRow>(tx, h.id);
     const lent = machines.filter((m) => LENT.has(m.state));
@@ -302,12 +316,24 @@ export async function activateHost(ctx: Ctx, p: Principal, name: string, force: 
     const cur = await readHostForUpdate(tx, h.id);
     if (floorRecorded(cur.identity_state)) return;
     if (cur.identity_state !== "preparing" && cur.identity_state !== "prepared") {
-      throw new BerthError("conflict", `conflict: host ${name} went back to ${cur.identity_state} while it prepared (it enrolled with the shared token again); activate it again`);
+      throw new BerthError("conflict", `conflict: host ${name} became ${cur.identity_state} while it prepared; nothing was recorded (see \`berth host ls\`)`);
+    }
+    // The key is the host's only if the answer proves the host's current credential (its host-call token) too.
+    if (!verifyCallProof(callTokenFor(secret, cur), reply.body.callProof, "prepare", cur.id, challenge, publicKey)) {
+      ctx.metrics.hostIdentityRefusals.inc({ code: "proof_invalid" });
+      throw new BerthError(
+        "unauthorized",
+        `unauthorized: the agent of host ${name} answered the prepare without a proof of the host's current host-call token; no key was recorded. ` +
+          "An agent built before this proof cannot switch: upgrade it and activate again",
+      );
     }
     await takeProof(tx, ctx, secret, { key: publicKey, purpose: "prepare", host: cur.id, challenge, signature });
     await setIdentityState(tx, cur.id, { state: "prepared", pendingKey: publicKey }, now);
     await setAgentReport(tx, cur.id, { step: "prepared" });
     tx.afterCommit(() => ctx.metrics.hostIdentitySteps.inc({ step: "prepared" }));
+  }).catch(async (e: unknown) => {
+    await backToLegacy(ctx, h.id);
+    throw e;
   });
   ctx.log.info({ host: name, hostId: h.id, machines: before.machines.length, force }, "host identity: prepared; the agent commits and retires its machines");
   return { host: name, hostId: h.id, state: "prepared", machines: before.machines.length, endedBorrows: before.ended };

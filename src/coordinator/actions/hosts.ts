@@ -5,31 +5,32 @@
  * coordinator's secret (`hostCallToken` in src/core/tokens.ts), so the
  * database holds no credential at all; the agent stores only its hash.
  *
- * Host identity (docs/host-identity.md) decides what the enroll token may do:
+ * The enroll token only ever creates a host that does not exist
+ * (docs/host-identity.md):
  *   - a new name with an identity proof: the host is recorded with its key,
  *     `active` at once, answered `identity: "active"`;
  *   - a new name without one (an agent built before host identity): a
- *     `legacy` host, re-enrolled by name with the token until it switches;
- *   - an existing legacy (or preparing/prepared) host: updated, and back on
- *     the token (`legacy`): an agent that enrolls with the token has not
- *     committed its switch;
- *   - an existing host whose floor is recorded: refused `host_activated`,
- *     changing nothing, unless the request proves the host's own key (an
- *     agent that crashed between its enrollment and its record).
+ *     `legacy` host, on its host-call token from then on;
+ *   - an existing name, in every identity state: refused `host_exists`,
+ *     nothing changed, no token in the answer. The one exception is a host
+ *     an operator reset (`awaiting`): the one-time enroll token the reset
+ *     issued binds it the key its enrollment proves, once.
  */
 import { BerthError } from "../../core/errors.js";
-import { floorRecorded } from "../../core/host-identity.js";
 import { newId } from "../../core/ids.js";
 import { hostCallToken } from "../../core/tokens.js";
 import { callTokenFor } from "../../providers/hosts/agent-call.js";
 import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
 import { requireRole } from "../auth.js";
+import { audit } from "../../store/audit.js";
 import { poolRef, setDue } from "../../store/due.js";
-import { deleteHostCredentials, setIdentityState } from "../../store/host-identity.js";
+import { setIdentityState } from "../../store/host-identity.js";
+import { revokeTokenById, setResetToken } from "../../store/host-removal.js";
 import { insertHost, listHosts as listHostRows, lockHostByName, updateHost, type HostRow, type HostRuntimeDetail } from "../../store/hosts.js";
 import { setHostAddressOfMachines } from "../../store/machines.js";
 import { poolNamesOfProvider } from "../../store/pools.js";
+import type { Tx } from "../../store/store.js";
 import { accountEnrolledHost } from "./alloc-owners.js";
 import { takeProof } from "./host-identity.js";
 
@@ -56,27 +57,13 @@ export async function enrollHost(ctx: Ctx, p: Principal, input: EnrollInput, sec
   const { identity, ...description } = input;
   const r = await ctx.store.transaction(async (tx): Promise<EnrollAnswer> => {
     const existing = await lockHostByName(tx, p.org, input.name);
-    if (existing && floorRecorded(existing.identity_state)) {
-      if (identity === undefined || identity.publicKey !== existing.identity_key) {
-        ctx.metrics.hostIdentityRefusals.inc({ code: "host_activated" }); // a refusal commits nothing: counted here
-        throw new BerthError(
-          "host_activated",
-          `host_activated: host ${input.name} proves itself with its own identity key; the enroll token no longer admits it. ` +
-            "A new machine enrolls under a new name; a host that lost its key is removed and enrolled again by an operator",
-        );
-      }
-      await takeProof(tx, ctx, secret, { key: existing.identity_key, purpose: "enroll", host: input.name, challenge: identity.challenge, signature: identity.signature });
-      await describe(tx, ctx, existing, description, now);
-      return { hostId: existing.id, hostCallToken: callTokenFor(secret, existing), identity: "active" };
-    }
     if (existing) {
-      await describe(tx, ctx, existing, description, now);
-      if (existing.identity_state !== "legacy") {
-        // Back on the token: the pending key's credentials go too (a new prepare records the key again).
-        await setIdentityState(tx, existing.id, { state: "legacy", pendingKey: null }, now);
-        await deleteHostCredentials(tx, existing.id);
+      const why = refusalOfExisting(existing, p, identity !== undefined);
+      if (why !== null) {
+        ctx.metrics.hostIdentityRefusals.inc({ code: "host_exists" }); // a refusal commits nothing: counted here
+        throw new BerthError("host_exists", `host_exists: ${why}`);
       }
-      return { hostId: existing.id, hostCallToken: hostCallToken(secret, existing.id) };
+      return bindAwaiting(tx, ctx, p, existing, input, secret, now);
     }
     if (identity !== undefined) {
       await takeProof(tx, ctx, secret, { key: identity.publicKey, purpose: "enroll", host: input.name, challenge: identity.challenge, signature: identity.signature });
@@ -97,11 +84,39 @@ export async function enrollHost(ctx: Ctx, p: Principal, input: EnrollInput, sec
   return r;
 }
 
-async function describe(tx: Parameters<typeof updateHost>[0], ctx: Ctx, h: HostRow, d: Omit<EnrollInput, "identity" | "name">, now: number): Promise<void> {
+/** Why an enrollment under an existing host's name is refused; null only for the reset's own token with a key proof. */
+function refusalOfExisting(h: HostRow, p: Principal, proven: boolean): string | null {
+  const taken =
+    `a host named ${h.name} is already enrolled (${h.id}); the enroll token only creates hosts that do not exist. ` +
+    "Start a new machine under a new --name; to give this host a new identity key, an operator runs `berth host reset-identity " +
+    `${h.name}\` and starts its agent with the one-time enroll token it prints`;
+  if (h.removing_since !== null) return `host ${h.name} is being removed (\`berth host rm\`); enroll a new host under another name once it is gone`;
+  if (h.identity_state !== "awaiting") return taken;
+  if (h.reset_token_id !== p.tokenId) {
+    return `host ${h.name} awaits its agent after an identity reset; only the one-time enroll token \`berth host reset-identity ${h.name}\` printed admits it`;
+  }
+  if (!proven) return `host ${h.name} binds only an identity key, and this enrollment carries no identity proof (an agent built before host identity); upgrade the agent`;
+  return null;
+}
+
+/** A reset host's agent proves its key with the reset's one-time token: the key is the host's, `active`, and the token is spent. */
+async function bindAwaiting(tx: Tx, ctx: Ctx, p: Principal, h: HostRow, input: EnrollInput, secret: Uint8Array, now: number): Promise<EnrollAnswer> {
+  const { identity, ...d } = input;
+  if (identity === undefined) throw new Error("bindAwaiting needs an identity proof");
+  await takeProof(tx, ctx, secret, { key: identity.publicKey, purpose: "enroll", host: h.name, challenge: identity.challenge, signature: identity.signature });
   await updateHost(tx, h.id, d, now);
-  // Machines on this host learn its (possibly new) gateway address.
   await setHostAddressOfMachines(tx, h.id, d.ssh);
   await accountEnrolledHost(tx, ctx.actor, { id: h.id, org: h.org, name: h.name, ...d.capacity }, now);
+  await setIdentityState(tx, h.id, { state: "active", key: identity.publicKey, pendingKey: null }, now);
+  await setResetToken(tx, h.id, null);
+  await revokeTokenById(tx, p.tokenId, now);
+  await audit(tx, { at: now, machineId: h.id, subject: p.tokenId, event: "host_identity_bound", from: "awaiting", to: "active", generation: 0, actor: ctx.actor });
+  for (const pool of await poolNamesOfProvider(tx, h.org, "hosts")) await setDue(tx, "fill", poolRef(h.org, pool), now);
+  tx.afterCommit(() => {
+    ctx.metrics.hostIdentitySteps.inc({ step: "bound" });
+    ctx.log.info({ host: h.name, hostId: h.id }, "host identity: the reset host's agent bound its key; the one-time enroll token is spent");
+  });
+  return { hostId: h.id, hostCallToken: callTokenFor(secret, { id: h.id, url: d.url, identity_state: "active", identity_key: identity.publicKey }), identity: "active" };
 }
 
 export async function listHosts(ctx: Ctx, p: Principal): Promise<HostRow[]> {

@@ -37,11 +37,15 @@ export interface RouteDeps {
 
 export function addRoutes(app: HttpServer, d: RouteDeps): void {
   const { ctx } = d;
-  /** Authentication, then the role if one is needed: both before the body is read. */
-  const auth = (role?: Role) => ({
+  /**
+   * Authentication, then the role: both before the body is read. Every route
+   * needs a member at least, except the enrollment, the one route the enroll
+   * token (the `agent` role) may call (docs/api.md, roles).
+   */
+  const auth = (role: Role = "member") => ({
     auth: async (req: IncomingMessage): Promise<Principal> => {
       const p = await authenticate(ctx.store, req.headers.authorization, ctx.now());
-      if (role) requireRole(p, role);
+      requireRole(p, role);
       return p;
     },
   });
@@ -108,7 +112,7 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
     return { recorded: true };
   });
   app.get("/v1/hosts", auth(), async (req) => ({ hosts: (await listHosts(ctx, req.auth)).map(presentHost) }));
-  app.post("/v1/hosts/enroll", { ...auth(), body: enrollSchema }, async (req) => enrollHost(ctx, req.auth, req.body, d.secret));
+  app.post("/v1/hosts/enroll", { ...auth("agent"), body: enrollSchema }, async (req) => enrollHost(ctx, req.auth, req.body, d.secret));
   registerHostRoutes(app, { ctx, secret: d.secret, auth });
   if (d.allocationAgent) registerImageRoutes(app, { ctx, auth, agent: d.allocationAgent });
   registerAllocationRoutes(app, { ctx: { ...ctx, onRefusal: (reason) => ctx.metrics.allocationRefusals.inc({ reason }) }, auth, ...(d.allocationAgent ? { agent: d.allocationAgent } : {}) });

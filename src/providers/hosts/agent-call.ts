@@ -1,7 +1,8 @@
 /**
  * The coordinator's calls to an enrolled agent: the token it presents (the
  * host-call token, bound to the host's identity key once the floor is
- * recorded; docs/host-identity.md) and one JSON request.
+ * recorded; docs/host-identity.md) and one JSON request. A host awaiting
+ * its agent after an identity reset is never called.
  */
 import { request } from "undici";
 import { floorRecorded, identityFingerprint, type HostIdentityState } from "../../core/host-identity.js";
@@ -26,6 +27,8 @@ export interface AgentReply {
 }
 
 export async function callAgent(secret: Uint8Array, host: AgentAddress, method: "GET" | "POST", path: string, body: unknown, timeoutMs: number): Promise<AgentReply> {
+  // No credential goes to the address of a host whose identity was reset: nothing proven stands behind it.
+  if (host.identity_state === "awaiting") throw new Error(`host ${host.id} awaits its agent after an identity reset; it is not called until its agent binds a key again`);
   const r = await request(`${host.url}${path}`, {
     method,
     headers: { "content-type": "application/json", authorization: `Bearer ${callTokenFor(secret, host)}` },
