@@ -57,7 +57,7 @@ describe("pulling from a registry", { skip: missing ?? false, timeout: 180_000 }
   test("anonymous: pulled and verified once, then from the cache; by digest even with the registry gone", async () => {
     const reg = await startRegistry(join(base, "reg-anon"));
     try {
-      reg.push(layoutDir, "v1", "team/base:1");
+      await reg.push(layoutDir, "v1", "team/base:1");
       const c = cacheWith();
       const boot = await c.ensure(`${reg.host}/team/base:1`);
       assert.equal(boot.id, img.configDigest.slice(7));
@@ -79,7 +79,7 @@ describe("pulling from a registry", { skip: missing ?? false, timeout: 180_000 }
   test("basic authentication: credentials from a 0600 file; none, wrong ones, or a file others can read are refused", async () => {
     const reg = await startRegistry(join(base, "reg-basic"), "basic");
     try {
-      reg.push(layoutDir, "v1", "team/base:1");
+      await reg.push(layoutDir, "v1", "team/base:1");
       const ref = `${reg.host}/team/base:1`;
       assert.equal((await cacheWith({ authFile: authFile(reg) }).ensure(ref)).id, img.configDigest.slice(7));
       await refused(cacheWith(), ref, "image_unavailable", /asks for credentials and the agent has none for it/);
@@ -93,7 +93,7 @@ describe("pulling from a registry", { skip: missing ?? false, timeout: 180_000 }
   test("token authentication: a token from the registry's realm, fetched with the file's credentials", async () => {
     const reg = await startRegistry(join(base, "reg-token"), "token");
     try {
-      reg.push(layoutDir, "v1", "team/base:1");
+      await reg.push(layoutDir, "v1", "team/base:1");
       const before = reg.tokenRequests;
       const boot = await cacheWith({ authFile: authFile(reg) }).ensure(`${reg.host}/team/base:1`);
       assert.equal(boot.id, img.configDigest.slice(7));
@@ -110,7 +110,7 @@ describe("pulling from a registry", { skip: missing ?? false, timeout: 180_000 }
     let how: "none" | "flip" | "truncate" = "flip";
     const proxy = await startBlobProxy(reg.host, () => how);
     try {
-      reg.push(layoutDir, "v1", "team/base:1");
+      await reg.push(layoutDir, "v1", "team/base:1");
       const ref = `${proxy.host}/team/base:1`;
       await refused(cacheWith(), ref, "image_invalid", /(does not match its digest|not valid gzip)/);
       how = "truncate";
@@ -130,12 +130,12 @@ describe("pulling from a registry", { skip: missing ?? false, timeout: 180_000 }
       const arm = buildImage({ layers: [await busyboxLayer()], architecture: "arm64" });
       const armDir = join(base, "arm-layout");
       writeLayout(armDir, arm, "arm");
-      reg.push(armDir, "arm", "team/multi:arm");
+      await reg.push(armDir, "arm", "team/multi:arm");
       const index = indexOf(arm, ["linux/arm64", "linux/riscv64"]);
       assert.equal(await reg.putManifest("team/multi", "all", index, "application/vnd.oci.image.index.v1+json"), 201);
       await refused(cacheWith({ authFile: authFile(reg) }), `${reg.host}/team/multi:all`, "image_invalid", /has no image for linux\/amd64 \(it has: linux\/arm64, linux\/riscv64\)/);
 
-      reg.push(layoutDir, "v1", "team/huge:real");
+      await reg.push(layoutDir, "v1", "team/huge:real");
       const huge = JSON.parse(img.manifest.toString()) as { layers: Array<{ size: number }> };
       huge.layers[0]!.size = 10 * 2 ** 30;
       const body = Buffer.from(JSON.stringify(huge));

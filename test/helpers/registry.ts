@@ -7,7 +7,7 @@
  * pushed with skopeo from OCI layouts the tests write. Plus a loopback proxy
  * in front of it that can damage blob bodies (a fault injector).
  */
-import { spawn, spawnSync, execFileSync, type ChildProcess } from "node:child_process";
+import { spawn, spawnSync, execFile, execFileSync, type ChildProcess } from "node:child_process";
 import { createServer, request, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { createServer as netServer, type AddressInfo } from "node:net";
 import { createSign, randomBytes, X509Certificate } from "node:crypto";
@@ -33,8 +33,8 @@ export interface TestRegistry {
   host: string;
   user: string;
   password: string;
-  /** Pushes an OCI layout's tag to REPO:TAG with skopeo. */
-  push(layoutDir: string, tag: string, repoTag: string): void;
+  /** Pushes an OCI layout's tag to REPO:TAG with skopeo (asynchronously: the token service runs in this process). */
+  push(layoutDir: string, tag: string, repoTag: string): Promise<void>;
   /** PUTs a document (a manifest or index) under REPO:REF, with push credentials. */
   putManifest(repo: string, ref: string, body: Buffer, mediaType: string): Promise<number>;
   /** Token requests the token service answered (auth "token"). */
@@ -55,7 +55,7 @@ export async function startRegistry(dir: string, auth: "none" | "basic" | "token
   const state = { tokenRequests: 0 };
   let authYaml = "";
   if (auth === "basic") {
-    const hash = execFileSync("/usr/bin/python3", ["-W", "ignore", "-c", "import crypt,sys; print(crypt.crypt(sys.argv[1], crypt.mksalt(crypt.METHOD_BLOWFISH)))", password], { encoding: "utf8" }).trim();
+    const hash = execFileSync("/usr/bin/python3", ["-W", "ignore", "-c", "import crypt,sys; print(crypt.crypt(sys.argv[1], crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16)))", password], { encoding: "utf8" }).trim();
     writeFileSync(join(dir, "htpasswd"), `${user}:${hash}\n`);
     authYaml = `auth:\n  htpasswd:\n    realm: berth-test\n    path: ${join(dir, "htpasswd")}\n`;
   } else if (auth === "token") {
@@ -92,6 +92,13 @@ export async function startRegistry(dir: string, auth: "none" | "basic" | "token
     `version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: ${join(dir, "data")}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:${port}\n${authYaml}`,
   );
   const child: ChildProcess = spawn("docker-registry", ["serve", config], { stdio: ["ignore", "ignore", "pipe"] });
+  let exited = false;
+  const gone = new Promise<void>((r) =>
+    child.once("exit", () => {
+      exited = true;
+      r();
+    }),
+  );
   let err = "";
   child.stderr!.on("data", (d: Buffer) => (err += d.toString()));
   const host = `127.0.0.1:${port}`;
@@ -115,7 +122,11 @@ export async function startRegistry(dir: string, auth: "none" | "basic" | "token
       return state.tokenRequests;
     },
     push(layoutDir, tag, repoTag) {
-      execFileSync("skopeo", ["copy", "--quiet", "--dest-tls-verify=false", ...creds, `oci:${layoutDir}:${tag}`, `docker://${host}/${repoTag}`], { stdio: ["ignore", "ignore", "pipe"] });
+      return new Promise((resolve, reject) => {
+        execFile("skopeo", ["copy", "--quiet", "--dest-tls-verify=false", ...creds, `oci:${layoutDir}:${tag}`, `docker://${host}/${repoTag}`], { timeout: 120_000 }, (e, _out, stderr) =>
+          e ? reject(new Error(`skopeo push failed: ${String(stderr).slice(-400)}`)) : resolve(),
+        );
+      });
     },
     async putManifest(repo, ref, body, mediaType) {
       const headers: Record<string, string> = { "content-type": mediaType };
@@ -126,10 +137,11 @@ export async function startRegistry(dir: string, auth: "none" | "basic" | "token
       return r.status;
     },
     async close() {
-      if (child.exitCode === null) {
-        const gone = new Promise((r) => child.once("exit", r));
+      if (!exited) {
         child.kill("SIGTERM");
+        const t = setTimeout(() => child.kill("SIGKILL"), 5_000);
         await gone;
+        clearTimeout(t);
       }
       if (tokenServer) await new Promise((r) => tokenServer!.close(r));
     },
