@@ -14,11 +14,13 @@ const RESERVED = new Set(["PATH", "HOME", "USER", "SHELL", "BERTH_MACHINE", "BER
 /**
  * The whole environment of a command: the runtime's base variables plus the
  * request's (already allow-listed by the agent), minus anything reserved,
- * over the image's `defaults`.
- * LANG defaults to C.UTF-8; TERM comes from the PTY request.
+ * over the image's Env when the machine boots one.
+ * LANG defaults to C.UTF-8 on the host's root; TERM comes from the PTY request.
  */
-export function cleanEnv(requested: Record<string, string>, base: Record<string, string>, defaults: Record<string, string> = {}): Record<string, string> {
-  const env: Record<string, string> = { LANG: "C.UTF-8" };
+export function cleanEnv(requested: Record<string, string>, base: Record<string, string>, image: Record<string, string> | null = null): Record<string, string> {
+  // The host root has C.UTF-8; an image sets its own locale (or none), as docker leaves it.
+  const env: Record<string, string> = image === null ? { LANG: "C.UTF-8" } : {};
+  const defaults = image ?? {};
   // An image's own environment: below the request, above LANG's default.
   for (const [k, v] of Object.entries(defaults)) if (!RESERVED.has(k) && !v.includes("\0")) env[k] = v;
   for (const [k, v] of Object.entries(requested)) {

@@ -178,7 +178,9 @@ export class GvisorRuntime implements Runtime {
     const inc = newIncarnation();
     const cid = `${this.containerPrefix(rec.machineId)}.${inc.slice(0, 12)}`;
     const bundle = join(this.dir(rec.machineId), `bundle-${inc.slice(0, 12)}`);
-    mkdirSync(join(bundle, "run"), { recursive: true, mode: 0o700 });
+    mkdirSync(bundle, { recursive: true, mode: 0o700 });
+    // /run/berth inside: readable by an image's non-root user too (it holds only the boot id).
+    mkdirSync(join(bundle, "run"), { mode: 0o755 });
     mkdirSync(join(this.dir(rec.machineId), "workspace"), { recursive: true, mode: 0o700 });
     writeFileSync(join(bundle, "run", "incarnation"), inc + "\n", { mode: 0o644 });
     const res = rec.resources ? { ...rec.resources, cgroupsPath: `/berth/${cid}` } : undefined;
@@ -322,7 +324,7 @@ export class GvisorRuntime implements Runtime {
             BERTH_MACHINE: machineId,
             BERTH_INCARNATION: rec.incarnation as string,
           },
-          image?.env ?? {},
+          image?.env ?? null,
         );
         const argv = req.argv && req.argv.length > 0 ? req.argv : [shell, "-l"];
         const execDir = join(this.dir(machineId), "exec");

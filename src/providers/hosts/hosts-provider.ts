@@ -65,8 +65,8 @@ export class HostsProvider implements Provider {
   }
 
   async #provision(host: HostRow, op: OperationRequest): Promise<OperationOutcome> {
-    // The machine's network policy goes with its provision (absent: none, as before).
-    const args = op.args.network !== undefined ? { network: op.args.network } : {};
+    // The machine's network policy and image go with its provision (absent: none and the host's root, as before).
+    const args = { ...(op.args.network !== undefined ? { network: op.args.network } : {}), ...(typeof op.args.image === "string" ? { image: op.args.image } : {}) };
     const created = await this.#call(host, { opId: op.opId, kind: "provision", machineId: op.machine.resource_id, generation: 0, args });
     if (created.kind !== "done") return created;
     const keeperKey = typeof op.args.keeperKey === "string" ? op.args.keeperKey : null;
@@ -85,7 +85,9 @@ function answerOf<K extends OperationKind>(kind: K, reply: AgentReply): Answer<K
     if (result === null) return { kind: "ambiguous", error: `the agent's ${kind} result does not match the operation contract` };
     return { kind: "done", result };
   }
-  const err = reply.body.error ? `${reply.body.error.code}: ${reply.body.error.message}` : `agent answered ${reply.status}`;
+  const e = reply.body.error;
+  // Messages start with their code already (core/errors.ts); say it once.
+  const err = e ? (e.message.startsWith(`${e.code}: `) ? e.message : `${e.code}: ${e.message}`) : `agent answered ${reply.status}`;
   if (reply.status >= 500) return { kind: "ambiguous", error: err };
   // 4xx: the agent refused and changed nothing (stale generation, bad request).
   return { kind: "failed", error: err, retryable: reply.status === 429 || reply.status === 423 };
