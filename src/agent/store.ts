@@ -19,7 +19,8 @@
  * agent add theirs by appending to `AGENT_MIGRATIONS` (or, in tests, passing
  * `migrations` to `AgentStore.open`).
  */
-import { chmodSync, mkdirSync } from "node:fs";
+import { privateDatabaseFile } from "../store/private-file.js";
+import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import Database from "better-sqlite3";
 import type { InstalledKey } from "./contracts.js";
@@ -248,6 +249,8 @@ export class AgentStore {
   static open(stateDir: string, opts: OpenOptions = {}): AgentStore {
     mkdirSync(stateDir, { recursive: true, mode: 0o700 });
     const path = join(stateDir, STORE_FILE);
+    // 0600 before SQLite opens it: its -wal file takes the database file's mode.
+    privateDatabaseFile(path);
     // timeout 0: a held lock is a refusal now, not a wait.
     const db = new Database(path, { timeout: 0 });
     try {
@@ -265,7 +268,6 @@ export class AgentStore {
       if (isBusy(e)) throw new AgentLockedError(stateDir);
       throw e;
     }
-    chmodSync(path, 0o600); // hashes only, but nobody else's business
     const store = new AgentStore(stateDir, db, path);
     store.#migrate([...AGENT_MIGRATIONS, ...(opts.migrations ?? [])]);
     return store;
