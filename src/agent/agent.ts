@@ -34,14 +34,11 @@ import { startGateway, type Gateway } from "./ssh/gateway.js";
 import { startHttp, type AgentHttp } from "./http.js";
 import { AgentKeys } from "./keys.js";
 import { errorMessage, silentLog, type AgentLog } from "./log.js";
-import { AgentOps } from "./ops.js";
+import { AgentOperations } from "./operations/dispatch.js";
 import { recover, type RecoveryReport } from "./recovery.js";
 import { createRuntime, type GvisorChoice, type RuntimeChoice } from "./runtime/index.js";
 import type { Runtime } from "./runtime/types.js";
-import { sqliteSessionStore } from "./sessions/store.js";
-import { AgentStore } from "./store.js";
-import { AllocStore } from "./alloc-store.js";
-import { AllocationOps } from "./allocations.js";
+import { AgentStore } from "./store/store.js";
 import { registerAllocRoutes } from "./alloc-http.js";
 import { enforcementOf } from "./runtime/limits.js";
 import { Volumes } from "./volumes.js";
@@ -111,9 +108,9 @@ export interface RunningAgent {
   recovery: RecoveryReport;
   store: AgentStore;
   keys: AgentKeys;
-  ops: AgentOps;
-  /** Allocation holds and workspace volumes. */
-  allocs: AllocStore;
+  /** The operations the coordinator runs (src/agent/operations/). */
+  ops: AgentOperations;
+  /** Allocation workspace volumes. */
   volumes: Volumes;
   sessions: SessionRegistry;
   /** Machine networks, or why this agent has none. */
@@ -155,7 +152,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
   try {
     // An agent built before the floor this state directory claimed would use the enroll token again.
     checkFloor(opts.stateDir, AGENT_VERSION);
-    if (opts.hostCallToken !== undefined) store.setMeta(META_TOKEN_HASH, hashToken("host-call", opts.hostCallToken));
+    if (opts.hostCallToken !== undefined) store.meta.set(META_TOKEN_HASH, hashToken("host-call", opts.hostCallToken));
     const runtime = createRuntime(opts.runtime ?? "auto", opts.stateDir, opts.gvisor);
     if (runtime.kind === "process") {
       log.warn({ runtime: runtime.kind }, "runtime: process (plain child processes in a directory, NO isolation)");
@@ -168,7 +165,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     const coordinator = opts.coordinatorUrl !== undefined ? await coordinatorServices(opts.coordinatorUrl) : [];
     const avail = opts.network === false ? { ok: false as const, why: "disabled on this agent" } : networkAvailability();
     const network: MachineNetworks | { unavailable: string } = avail.ok
-      ? new MachineNetworks({ db: store.db, stateDir: opts.stateDir, log, now, agentPorts: () => ports, coordinator: () => coordinator }, opts.network || {})
+      ? new MachineNetworks({ records: store.networks, stateDir: opts.stateDir, log, now, agentPorts: () => ports, coordinator: () => coordinator }, opts.network || {})
       : { unavailable: avail.why };
     const recovery = await recover({ store, runtime, keys, now, log, network: network instanceof MachineNetworks ? network : null });
 
@@ -179,24 +176,20 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       runtime,
       now,
       log,
-      sessionStore: sqliteSessionStore(store.db),
+      sessionStore: store.sessions,
     });
     cleanups.push(() => gateway.close());
     const sessions = gateway.sessions;
 
     ports.push({ port: gateway.port, why: "agent SSH gateway" });
-    const ops = new AgentOps({ store, keys, runtime, sessions, now, log, network });
-    const allocs = new AllocStore(store.db);
-    const volumes = new Volumes({ stateDir: opts.stateDir, allocs, now, log });
+    const volumes = new Volumes({ stateDir: opts.stateDir, records: store.volumes, now, log });
     volumes.recover();
-    ops.attachAllocations(
-      new AllocationOps({
-        store, allocs, volumes, ops, runtime, now, log,
-        workspacePath: (machineId) => join(opts.stateDir, "machines", machineId, "workspace"),
-        enforcement: (vcpu, memoryMib) => enforcementOf(runtime, vcpu, memoryMib),
-      }),
-    );
-    let hostId = store.getMeta(META_HOST_ID);
+    const ops = new AgentOperations({
+      store, keys, runtime, sessions, network, volumes, now, log,
+      workspacePath: (machineId) => join(opts.stateDir, "machines", machineId, "workspace"),
+      enforcement: (vcpu, memoryMib) => enforcementOf(runtime, vcpu, memoryMib),
+    });
+    let hostId = store.meta.get(META_HOST_ID);
     const advertised = opts.advertiseHost ?? (isWildcard(listen.host) ? hostname() : listen.host);
     const sshHost = opts.advertiseHost ?? (isWildcard(sshListen.host) ? hostname() : sshListen.host);
     const ssh = { host: sshHost, port: gateway.port, hostKey: gateway.hostKey, fingerprint: gateway.fingerprint };
@@ -252,10 +245,10 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         keys,
         sessions,
         identity: () => ({ hostId, name, runtime: runtime.kind, slots, version: AGENT_VERSION }),
-        tokenHash: () => store.getMeta(META_TOKEN_HASH),
+        tokenHash: () => store.meta.get(META_TOKEN_HASH),
         unrecorded: () => recovery.unrecorded,
         log,
-        extraRoutes: (app, auth) => registerAllocRoutes(app, auth, { allocs, volumes }),
+        extraRoutes: (app, auth) => registerAllocRoutes(app, auth, { holds: store.holds, records: store.volumes, volumes }),
       },
       listen,
     );
@@ -285,7 +278,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       try {
         got = await enroll(coordinator, raw, body(), proof);
       } catch (e) {
-        if (!rebind && e instanceof EnrollRefusedError && e.code === "host_exists" && hostId !== null && store.getMeta(META_TOKEN_HASH) !== null) {
+        if (!rebind && e instanceof EnrollRefusedError && e.code === "host_exists" && hostId !== null && store.meta.get(META_TOKEN_HASH) !== null) {
           // The enroll token only creates hosts: this one exists, and this state directory holds its enrollment.
           log.warn(
             { hostId, name },
@@ -305,8 +298,8 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         );
       }
       store.transaction(() => {
-        store.setMeta(META_HOST_ID, got.hostId);
-        store.setMeta(META_TOKEN_HASH, hashToken("host-call", got.hostCallToken));
+        store.meta.set(META_HOST_ID, got.hostId);
+        store.meta.set(META_TOKEN_HASH, hashToken("host-call", got.hostCallToken));
       });
       hostId = got.hostId;
       log.info({ hostId, coordinator: new URL(coordinator).origin, identity: got.identity ?? "legacy", rebind }, "enrolled with the coordinator");
@@ -324,7 +317,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       } else {
         const raw = enrollToken();
         if (raw === null) {
-          if (store.getMeta(META_TOKEN_HASH) === null) {
+          if (store.meta.get(META_TOKEN_HASH) === null) {
             throw new Error(
               "no enroll token: give --enroll-token-file FILE or set BERTH_ENROLL_TOKEN (the agent never enrolled from this state directory)",
             );
@@ -383,7 +376,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         hostId,
         runtime: runtime.kind,
         ...runtime.detail,
-        machines: store.listMachines().length,
+        machines: store.machines.list().length,
         hostKeyFingerprint: ssh.fingerprint,
       },
       "berth agent ready",
@@ -402,7 +395,6 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       store,
       keys,
       ops,
-      allocs,
       volumes,
       sessions,
       network,

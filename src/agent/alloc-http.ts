@@ -17,11 +17,14 @@ import { BerthError } from "../core/errors.js";
 import { parseId } from "../core/ids.js";
 import type { HttpServer } from "../http/server.js";
 import type { IncomingMessage } from "node:http";
-import type { AllocStore, VolumeRecord } from "./alloc-store.js";
+import type { HoldTable } from "./store/holds.js";
+import type { VolumeRecord, VolumeTable } from "./store/volumes.js";
 import type { Volumes } from "./volumes.js";
 
 export interface AllocHttpDeps {
-  allocs: AllocStore;
+  holds: HoldTable;
+  /** The volume records. */
+  records: VolumeTable;
   volumes: Volumes;
 }
 
@@ -29,17 +32,17 @@ export function registerAllocRoutes(app: HttpServer, auth: { auth: (req: Incomin
   // The marker token stays on the host: it proves the directory, it is not shown.
   const view = ({ marker: _marker, ...v }: VolumeRecord) => ({ ...v, check: v.state === "ready" ? d.volumes.verify(v.allocationId) : null });
   const volumeOf = (raw: string): VolumeRecord => {
-    const v = d.allocs.getVolume(parseId(raw, "allocation id"));
+    const v = d.records.get(parseId(raw, "allocation id"));
     if (!v) throw new BerthError("not_found", `not_found: allocation ${raw} has no workspace volume on this host`);
     return v;
   };
-  app.get("/v1/agent/holds", auth, async () => ({ holds: d.allocs.listHolds(), held: d.allocs.countHeld() }));
+  app.get("/v1/agent/holds", auth, async () => ({ holds: d.holds.list(), held: d.holds.countHeld() }));
   app.get("/v1/agent/holds/:allocation", auth, async (req) => {
-    const h = d.allocs.getHold(parseId(req.params.allocation!, "allocation id"));
+    const h = d.holds.get(parseId(req.params.allocation!, "allocation id"));
     if (!h) throw new BerthError("not_found", `not_found: allocation ${req.params.allocation!} never held a slot on this host`);
     return h;
   });
-  app.get("/v1/agent/volumes", auth, async () => ({ volumes: d.allocs.listVolumes().map(view) }));
+  app.get("/v1/agent/volumes", auth, async () => ({ volumes: d.records.list().map(view) }));
   app.get("/v1/agent/volumes/:allocation", auth, async (req) => view(volumeOf(req.params.allocation!)));
   app.post("/v1/agent/volumes/:allocation/verify", auth, async (req) => d.volumes.verify(volumeOf(req.params.allocation!).allocationId));
   app.post("/v1/agent/volumes/:allocation/reset", auth, async (req) => d.volumes.reset(volumeOf(req.params.allocation!).allocationId));

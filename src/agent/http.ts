@@ -26,9 +26,9 @@ import { zodRefusal } from "../core/refusal.js";
 import type { SessionRegistry } from "./contracts.js";
 import type { AgentKeys } from "./keys.js";
 import type { AgentLog } from "./log.js";
-import type { AgentOps } from "./ops.js";
+import type { AgentOperations } from "./operations/dispatch.js";
 import { operationRequestSchema as opEnvelope } from "../protocol/operations.js";
-import type { AgentStore, MachineRecord } from "./store.js";
+import type { AgentStore, MachineRecord } from "./store/store.js";
 import type { HostSwitch } from "./identity/host-switch.js";
 import { z } from "zod";
 import { Reply } from "../http/server.js";
@@ -45,7 +45,7 @@ export interface AgentIdentity {
 
 export interface AgentHttpDeps {
   /** Runs the coordinator's operations (gated while the host switches its identity). */
-  ops: Pick<AgentOps, "run">;
+  ops: Pick<AgentOperations, "run">;
   /** The host identity switch; null for an agent without a coordinator. */
   identitySwitch?: HostSwitch | null;
   /** Machine records, operation records. */
@@ -99,7 +99,7 @@ export async function startHttp(deps: AgentHttpDeps, listen_: { host: string; po
 
   app.get("/v1/agent/health", auth, async () => {
     const ident = deps.identity();
-    const machines = deps.store.listMachines();
+    const machines = deps.store.machines.list();
     return {
       hostId: ident.hostId,
       name: ident.name,
@@ -120,21 +120,21 @@ export async function startHttp(deps: AgentHttpDeps, listen_: { host: string; po
     return sw.authority.prepare(parsed.data);
   });
   app.get("/v1/agent/metrics", auth, async () => new Reply(200, (await deps.identitySwitch?.metrics.metrics()) ?? "", "text/plain; version=0.0.4"));
-  app.get("/v1/agent/machines", auth, async () => ({ machines: deps.store.listMachines().map((m) => view(deps, m)), unrecorded: deps.unrecorded() }));
+  app.get("/v1/agent/machines", auth, async () => ({ machines: deps.store.machines.list().map((m) => view(deps, m)), unrecorded: deps.unrecorded() }));
   app.get("/v1/agent/machines/:machineId", auth, async (req) => {
-    const m = deps.store.getMachine(req.params.machineId!);
+    const m = deps.store.machines.get(req.params.machineId!);
     if (m === null) throw new BerthError("not_found", `not_found: machine ${req.params.machineId!} is not on this host`);
     return view(deps, m);
   });
   app.get("/v1/agent/ops/:opId", auth, async (req) => {
-    const op = deps.store.getOp(req.params.opId!);
+    const op = deps.store.operations.get(req.params.opId!);
     if (op === null) throw new BerthError("not_found", `not_found: operation ${req.params.opId!} was never started on this host`);
     return {
       opId: op.opId, kind: op.kind, machineId: op.machineId, generation: op.generation,
       status: op.status, result: op.status === "done" ? op.result : null, error: op.error,
     };
   });
-  // The envelope is checked here (its refusal says what to send); the operation checks its ids and arguments.
+  // The envelope is checked here (its refusal says what to send); the dispatcher checks the arguments.
   app.post("/v1/agent/ops", auth, async (req) => {
     const parsed = opEnvelope.safeParse(req.body ?? {});
     if (!parsed.success) throw zodRefusal(parsed.error, { hint: "send {opId, kind, machineId, generation, args}" });

@@ -24,7 +24,7 @@
  */
 import type { InstalledKey, KeyAuthority } from "./contracts.js";
 import { errorMessage, type AgentLog } from "./log.js";
-import type { AgentStore, StoredKey } from "./store.js";
+import type { AgentStore, StoredKey } from "./store/store.js";
 
 /** Node's timers take at most 2^31-1 ms; longer expiries re-arm in steps. */
 const MAX_TIMER_MS = 2_147_483_647;
@@ -85,7 +85,7 @@ export class AgentKeys implements KeyAuthority {
   /** Installed keys of a machine (attached or not), from memory when attached. */
   list(machineId: string): StoredKey[] {
     const m = this.#index.get(machineId);
-    return m ? [...m.values()] : this.#deps.store.listKeys(machineId);
+    return m ? [...m.values()] : this.#deps.store.keys.list(machineId);
   }
 
   generationOf(machineId: string): number | undefined {
@@ -99,11 +99,11 @@ export class AgentKeys implements KeyAuthority {
    */
   attach(machineId: string, generation: number): StoredKey[] {
     const now = this.#deps.now();
-    const stored = this.#deps.store.listKeys(machineId);
+    const stored = this.#deps.store.keys.list(machineId);
     const dropped = stored.filter((k) => supersededAt(k, generation) || (k.expiresAt !== null && now >= k.expiresAt));
     if (dropped.length > 0) {
       this.#deps.store.transaction(() => {
-        for (const k of dropped) this.#deps.store.deleteKey(machineId, k.fingerprint);
+        for (const k of dropped) this.#deps.store.keys.delete(machineId, k.fingerprint);
       });
     }
     this.#generation.set(machineId, generation);
@@ -128,8 +128,8 @@ export class AgentKeys implements KeyAuthority {
     }
     const older = this.list(machineId).filter((k) => supersededAt(k, generation));
     this.#deps.store.transaction(() => {
-      for (const k of older) this.#deps.store.deleteKey(machineId, k.fingerprint);
-      this.#deps.store.pruneRemoved(machineId, generation);
+      for (const k of older) this.#deps.store.keys.delete(machineId, k.fingerprint);
+      this.#deps.store.removedKeys.prune(machineId, generation);
       within?.();
     });
     this.#generation.set(machineId, generation);
@@ -153,9 +153,9 @@ export class AgentKeys implements KeyAuthority {
     const older = this.list(key.machineId).filter((k) => supersededAt(k, key.generation));
     const replaced = this.#index.get(key.machineId)?.get(key.fingerprint);
     this.#deps.store.transaction(() => {
-      for (const k of older) this.#deps.store.deleteKey(key.machineId, k.fingerprint);
-      this.#deps.store.pruneRemoved(key.machineId, key.generation);
-      this.#deps.store.putKey(key);
+      for (const k of older) this.#deps.store.keys.delete(key.machineId, k.fingerprint);
+      this.#deps.store.removedKeys.prune(key.machineId, key.generation);
+      this.#deps.store.keys.put(key);
       within?.();
     });
     this.#generation.set(key.machineId, key.generation);
@@ -184,10 +184,10 @@ export class AgentKeys implements KeyAuthority {
     const matches = this.list(machineId).filter((k) => selects(which, k));
     this.#deps.store.transaction(() => {
       for (const k of matches) {
-        this.#deps.store.deleteKey(machineId, k.fingerprint);
-        this.#deps.store.recordRemoved(machineId, k.generation, k.grantId, k.fingerprint, now);
+        this.#deps.store.keys.delete(machineId, k.fingerprint);
+        this.#deps.store.removedKeys.record(machineId, k.generation, k.grantId, k.fingerprint, now);
       }
-      this.#deps.store.recordRemoved(machineId, generation, which.grantId ?? null, which.fingerprint ?? null, now);
+      this.#deps.store.removedKeys.record(machineId, generation, which.grantId ?? null, which.fingerprint ?? null, now);
       within?.();
     });
     this.#forget(matches, "removed");
@@ -198,7 +198,7 @@ export class AgentKeys implements KeyAuthority {
   drop(machineId: string, within?: () => void): StoredKey[] {
     const all = this.list(machineId);
     this.#deps.store.transaction(() => {
-      for (const k of all) this.#deps.store.deleteKey(machineId, k.fingerprint);
+      for (const k of all) this.#deps.store.keys.delete(machineId, k.fingerprint);
       within?.();
     });
     this.#forget(all, "destroyed");
@@ -237,7 +237,7 @@ export class AgentKeys implements KeyAuthority {
       return;
     }
     try {
-      this.#deps.store.deleteKey(key.machineId, key.fingerprint);
+      this.#deps.store.keys.delete(key.machineId, key.fingerprint);
     } catch (e) {
       // The index still refuses it (now >= expiresAt); the next start drops it.
       this.#deps.log.error({ machineId: key.machineId, fingerprint: key.fingerprint, error: errorMessage(e) }, "could not delete an expired key from the store");

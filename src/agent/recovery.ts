@@ -31,7 +31,7 @@
 import type { AgentKeys } from "./keys.js";
 import { errorMessage, type AgentLog } from "./log.js";
 import type { Runtime } from "./runtime/types.js";
-import type { AgentStore, MachineRecord } from "./store.js";
+import type { AgentStore, MachineRecord } from "./store/store.js";
 import type { MachineNetworks, SweepReport } from "./network/manager.js";
 
 export interface RecoveryDeps {
@@ -66,16 +66,16 @@ export async function recover(deps: RecoveryDeps): Promise<RecoveryReport> {
     reattached: [], pending: [], mismatched: [], unrecorded: [], droppedKeys: 0,
     staleNetworks: { records: 0, netns: 0, links: 0, tables: 0, leases: 0 },
   };
-  const records = store.listMachines(true);
+  const records = store.machines.list(true);
 
   for (const m of records) {
     if (m.state === "destroyed") continue;
-    const unfinished = store.unfinishedOps(m.id);
+    const unfinished = store.operations.unfinished(m.id);
     const pending = (): void => {
       report.pending.push({ machineId: m.id, ops: unfinished.map((o) => o.opId) });
     };
     const mismatch = (why: string): void => {
-      store.putMachine({ ...m, state: "mismatch", mismatch: why, updatedAt: deps.now() });
+      store.machines.put({ ...m, state: "mismatch", mismatch: why, updatedAt: deps.now() });
       report.mismatched.push({ machineId: m.id, why });
       log.warn({ machineId: m.id, why }, "machine does not match its record: it is left untouched and reported");
     };
@@ -128,7 +128,7 @@ export async function recover(deps: RecoveryDeps): Promise<RecoveryReport> {
     const network = deps.network;
     try {
       report.staleNetworks = await network.sweep((id) => {
-        const m = store.getMachine(id);
+        const m = store.machines.get(id);
         return m !== null && (m.state === "running" || m.state === "mismatch");
       });
     } catch (e) {

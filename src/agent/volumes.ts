@@ -8,7 +8,7 @@
  * a symlink to data/, made before the runtime starts the sandbox, so every
  * restart of the sandbox (fence, agent restart) binds the same directory.
  *
- * Durable order (records in alloc-store.ts):
+ * Durable order (records in src/agent/store/volumes.ts):
  *   create:  record `intent` (path, marker) → mkdir data/, write marker
  *            (whole file, fsync) → stat data/ → record `ready` with the
  *            exact identity (st_dev, st_ino).
@@ -27,7 +27,7 @@ import { BerthError } from "../core/errors.js";
 import { parseId } from "../core/ids.js";
 import { writeFileDurable } from "../store/durable-file.js";
 import { wipeDirectory } from "./runtime/durable.js";
-import type { AllocStore, VolumeRecord } from "./alloc-store.js";
+import type { VolumeRecord, VolumeTable } from "./store/volumes.js";
 import type { AgentLog } from "./log.js";
 
 export interface VolumeCheck {
@@ -41,7 +41,7 @@ export interface VolumeCheck {
 export interface VolumesDeps {
   stateDir: string;
   /** The volume records. */
-  allocs: AllocStore;
+  records: VolumeTable;
   now: () => number;
   log: AgentLog;
 }
@@ -59,8 +59,8 @@ export class Volumes {
 
   /** The allocation's volume, created if needed (intent first, identity after). Idempotent. */
   ensure(allocationId: string): VolumeRecord {
-    const { allocs, now } = this.d;
-    let v = allocs.getVolume(allocationId);
+    const { records, now } = this.d;
+    let v = records.get(allocationId);
     if (v?.state === "ready") {
       const c = this.verify(allocationId);
       if (!c.ok) throw new BerthError("conflict", `conflict: the workspace volume of allocation ${allocationId} does not match its record (${c.problems.join("; ")}); it is left untouched; see berth volume verify`);
@@ -69,13 +69,13 @@ export class Volumes {
     if (v && v.state !== "intent") throw new BerthError("conflict", `conflict: the workspace volume of allocation ${allocationId} was released (${v.state}); a released allocation is never launched again`);
     if (!v) {
       v = { allocationId, state: "intent", path: this.pathOf(allocationId), dev: null, ino: null, marker: randomBytes(16).toString("hex"), createdAt: now(), updatedAt: now() };
-      allocs.putVolume(v); // intent, before anything exists on disk
+      records.put(v); // intent, before anything exists on disk
     }
     mkdirSync(join(v.path, "data"), { recursive: true, mode: 0o755 });
     writeFileDurable(join(v.path, "marker"), `${allocationId} ${v.marker}\n`, 0o600);
     const st = statSync(join(v.path, "data"), { bigint: true });
     const ready: VolumeRecord = { ...v, state: "ready", dev: String(st.dev), ino: String(st.ino), updatedAt: now() };
-    allocs.putVolume(ready);
+    records.put(ready);
     return ready;
   }
 
@@ -98,7 +98,7 @@ export class Volumes {
 
   /** Structural check: record ready, directory present with the recorded identity, marker intact. */
   verify(allocationId: string): VolumeCheck {
-    const v = this.d.allocs.getVolume(allocationId);
+    const v = this.d.records.get(allocationId);
     if (!v) throw new BerthError("not_found", `not_found: allocation ${allocationId} has no workspace volume on this host`);
     const problems: string[] = [];
     if (v.state !== "ready") problems.push(`record is ${v.state}, not ready`);
@@ -125,7 +125,7 @@ export class Volumes {
   reset(allocationId: string): { removed: number } {
     const c = this.verify(allocationId);
     if (!c.ok) throw new BerthError("conflict", `conflict: the workspace volume of allocation ${allocationId} failed verification (${c.problems.join("; ")}); it is not reset; an operator must inspect it`);
-    const v = this.d.allocs.getVolume(allocationId)!;
+    const v = this.d.records.get(allocationId)!;
     return { removed: wipeDirectory(join(v.path, "data")) };
   }
 
@@ -134,11 +134,11 @@ export class Volumes {
    * `ready`) or wipe in order (release_intent → removed → absent proven → clean).
    */
   release(allocationId: string, keep: boolean): "kept" | "wiped" | "none" {
-    const { allocs, now } = this.d;
-    const v = allocs.getVolume(allocationId);
+    const { records, now } = this.d;
+    const v = records.get(allocationId);
     if (!v || v.state === "clean") return "none";
     if (keep && v.state === "ready") return "kept";
-    allocs.putVolume({ ...v, state: "release_intent", updatedAt: now() });
+    records.put({ ...v, state: "release_intent", updatedAt: now() });
     this.#remove(v);
     return "wiped";
   }
@@ -146,12 +146,12 @@ export class Volumes {
   #remove(v: VolumeRecord): void {
     rmSync(v.path, { recursive: true, force: true, maxRetries: 3 });
     if (existsSync(v.path)) throw new BerthError("operation_failed", `operation_failed: volume ${v.path} still exists after removal`);
-    this.d.allocs.putVolume({ ...v, state: "clean", updatedAt: this.d.now() });
+    this.d.records.put({ ...v, state: "clean", updatedAt: this.d.now() });
   }
 
   /** Start-up: finish removals a crash interrupted (release_intent → clean). */
   recover(): void {
-    for (const v of this.d.allocs.listVolumes()) {
+    for (const v of this.d.records.list()) {
       if (v.state !== "release_intent") continue;
       try {
         this.#remove(v);

@@ -14,14 +14,30 @@ import { parseDuration } from "../core/durations.js";
 import type { Store } from "../store/store.js";
 import { Api, ApiError } from "../client/http.js";
 import { BerthClient } from "../client/client.js";
-import { loadConfig, type ClientConfig, type ConfigFlags } from "../client/config.js";
+import { ConfigError, loadConfig, type ClientConfig, type ConfigFlags } from "../client/config.js";
 import { writeFileDurable } from "../store/durable-file.js";
+import { debugEnabled, helpPointer } from "./io.js";
 
-export const EXIT = { ok: 0, error: 1, usage: 2, unavailable: 69, cleanup: 75, expired: 124 } as const;
+export const EXIT = { ok: 0, error: 1, usage: 2, unavailable: 69, cleanup: 75, expired: 124, pipe: 141 } as const;
+
+/** The command was asked for something it cannot be asked (missing target, wrong directory): exit 2, with the help pointer. */
+export class UsageError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "UsageError";
+  }
+}
+
+/** A usage error (ours, or the client's own configuration): exit 2 and a pointer to the command's help. */
+export function isUsageError(e: unknown): boolean {
+  return e instanceof UsageError || e instanceof ConfigError;
+}
 
 export interface StoreFlags {
   stateDir?: string;
   db?: string;
+  /** Create the SQLite database when there is none (`berth serve` always may; store commands only with --init). */
+  init?: boolean;
 }
 
 /** SQLite file under the state dir by default; PostgreSQL when BERTH_PG_URL is set (never a URL in argv: it may hold a password). */
@@ -33,9 +49,16 @@ export async function openStoreFromFlags(f: StoreFlags): Promise<Store> {
     return PostgresStore.open({ connectionString: pg, schema: process.env.BERTH_PG_SCHEMA || undefined, poolSize: pgPoolSize(process.env.BERTH_PG_POOL_SIZE) });
   }
   const dir = resolve(f.stateDir ?? ".berth");
+  const path = f.db ? resolve(f.db) : join(dir, "berth.db");
+  // A store command in the wrong directory must not leave a new, empty coordinator behind.
+  if (!f.init && !existsSync(path)) {
+    throw new UsageError(
+      `no coordinator database at ${path}; run this where \`berth serve\` or \`berth up\` keeps its state (--state-dir DIR or --db FILE; PostgreSQL: BERTH_PG_URL), or pass --init to create a new one there`,
+    );
+  }
   mkdirSync(dir, { recursive: true, mode: 0o700 });
   const { SqliteStore } = await import("../store/sqlite/sqlite-store.js");
-  return new SqliteStore({ path: f.db ? resolve(f.db) : join(dir, "berth.db") });
+  return new SqliteStore({ path });
 }
 
 /** BERTH_PG_POOL_SIZE: connections per coordinator (default 16); several coordinators on one server share its cores. */
@@ -71,6 +94,7 @@ export function berthClientFrom(flags: ConfigFlags): { client: BerthClient; conf
 }
 
 export function exitCodeOf(e: unknown): number {
+  if (isUsageError(e)) return EXIT.usage;
   const code = e instanceof ApiError || isBerthError(e) ? e.code : null;
   if (code === "pool_exhausted" || code === "provider_unavailable" || code === "store_busy" || code === "no_capacity") return EXIT.unavailable;
   if ((e as { code?: string }).code === "ECONNREFUSED") return EXIT.unavailable;
@@ -84,13 +108,20 @@ export function describeError(e: unknown): string {
   return err instanceof Error ? err.message : String(e);
 }
 
+/** The refusal as berth prints it: one line (with --debug, the stack of an unexpected error too); a usage error adds the help pointer. */
+export function reportError(e: unknown): void {
+  process.stderr.write(`berth: ${describeError(e)}\n`);
+  if (isUsageError(e)) process.stderr.write(helpPointer() + "\n");
+  else if (debugEnabled() && e instanceof Error && !(e instanceof ApiError) && !isBerthError(e) && e.stack) process.stderr.write(e.stack + "\n");
+}
+
 /** Runs a command body; prints refusals as `berth: <message>` and exits with the documented code. */
 export async function runCommand(fn: () => Promise<number | void>): Promise<void> {
   try {
     const code = await fn();
     process.exitCode = code ?? 0;
   } catch (e) {
-    process.stderr.write(`berth: ${describeError(e)}\n`);
+    reportError(e);
     process.exitCode = exitCodeOf(e);
   }
 }

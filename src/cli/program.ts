@@ -5,6 +5,7 @@
  */
 import { Command } from "commander";
 import { VERSION } from "../core/version.js";
+import { setCommandPath } from "./io.js";
 
 interface CommandModule {
   register(program: Command): void;
@@ -47,16 +48,27 @@ export async function main(argv: string[]): Promise<void> {
   const program = new Command();
   program
     .name("berth")
-    .description("Borrow isolated machines: warm sandboxes over SSH with a key that exists only for the borrow.")
+    .description("Borrow isolated machines: warm sandboxes reached over SSH, fenced and scrubbed between borrowers.")
     .version(VERSION)
-    .showHelpAfterError()
+    .option("--debug", "print the stack of an unexpected error (or BERTH_DEBUG=1)")
     .addHelpText(
       "after",
       `
+Keys: a keeper pool (the default; \`berth up\` makes one) is reached with the
+keeper's own key, kept in the state directory (.berth/keeper_ed25519) and
+installed on its machines. A portable pool (--access portable, \`berth up
+--portable\`) gives each borrow its own key, made on your side and valid only
+for that borrow.
+
 Start here:
   berth up -- echo hello          everything on this machine, run one command, tear down
-  berth up                         keep it running; then: berth run --pool default -- CMD`,
-    );
+  berth up                         keep it running; then: berth run --pool default -- CMD
+
+Exit status: 0 ok, 1 error, 2 usage, 69 unavailable, 141 output closed (a pipe's reader
+went away); \`berth run\` exits with the command's own status (see its --help).`,
+    )
+    // Usage errors are one line (commander's "error: …" as "berth: …") and a pointer to the command's help.
+    .configureOutput({ outputError: (text, write) => write(text.replace(/^error: /, "berth: ")) });
 
   // Set before the commands are added: subcommands inherit it, so every usage error exits 2.
   program.exitOverride((err) => {
@@ -68,5 +80,18 @@ Start here:
   const wanted = only ? [only] : (Object.keys(MODULES) as (keyof typeof MODULES)[]);
   const modules: CommandModule[] = await Promise.all(wanted.map((k) => MODULES[k]()));
   for (const m of modules) m.register(program);
+  pointToHelp(program, "berth");
+  // Usage errors found by a command's own action point to that command's help.
+  program.hook("preAction", (_top, action) => {
+    const names: string[] = [];
+    for (let c: Command | null = action; c && c !== program; c = c.parent) names.unshift(c.name());
+    setCommandPath(["berth", ...names].join(" "));
+  });
   await program.parseAsync(argv);
+}
+
+/** Every command's usage error ends with where its help is (not the whole help). */
+function pointToHelp(c: Command, path: string): void {
+  c.showHelpAfterError(`(see: ${path} --help)`);
+  for (const sub of c.commands) pointToHelp(sub, `${path} ${sub.name()}`);
 }

@@ -23,7 +23,7 @@ import { newId } from "../core/ids.js";
 import { newToken } from "../core/tokens.js";
 import { writeFileDurable } from "../store/durable-file.js";
 import { Borrow, type Access } from "./borrow.js";
-import { loadConfig, type ConfigFlags } from "./config.js";
+import { ConfigError, loadConfig, type ConfigFlags } from "./config.js";
 import { Api, ApiError } from "./http.js";
 import { removeQuietly, type Receipt } from "./receipt.js";
 import { connect, preloadSshClient, shellQuote, type ExecResult, type RemoteCommand, type SshConnection, type StartOptions } from "./ssh.js";
@@ -294,9 +294,30 @@ export class BerthClient {
       if (b.receipt.keyFile) return readKey(b.receipt.keyFile);
       throw new BerthError("invalid_request", `invalid_request: borrow ${b.id} has no private key`);
     }
+    return this.#keeperKey();
+  }
+
+  /**
+   * Refuses a keeper run that could not reach its machine, with the real cause: a pool that is
+   * not a keeper pool at all (asked once, only when no keeper key is at hand), or the missing key.
+   */
+  async #checkKeeperKey(pool: string): Promise<void> {
+    try {
+      this.#keeperKey();
+    } catch (e) {
+      const p = await this.api.call<{ access?: string }>("GET", `/v1/pools/${encodeURIComponent(pool)}`);
+      if (p.access && p.access !== "keeper") throw new BerthError("namespace_conflict", `namespace_conflict: pool ${pool} is a ${p.access} pool; borrow it with access ${p.access} (berth run --pool-access ${p.access})`);
+      throw e;
+    }
+  }
+
+  /** The keeper's private key (keeper pools), or a ConfigError saying where it should have come from. */
+  #keeperKey(): string {
     if (this.#keeper.text) return this.#keeper.text;
     if (this.#keeper.file) return readKey(this.#keeper.file);
-    throw new BerthError("invalid_request", "invalid_request: no private key for this keeper pool; `berth up` writes one, or set keeperKeyFile in the client config");
+    throw new ConfigError(
+      "no keeper key: a keeper pool's machines are reached with the keeper's private key, which the client config names as keeperKeyFile (`berth up` writes one in .berth/client.json); run from that directory, pass --config FILE, or borrow from a portable pool (--pool-access portable)",
+    );
   }
 
   /**
@@ -333,6 +354,8 @@ export class BerthClient {
    * result says so (`returnError`) and the receipt, if any, is kept for a retry.
    */
   async run(o: RunOptions): Promise<RunResult> {
+    // A keeper run needs the keeper's key for SSH: without it, refuse before a machine is taken.
+    if ((o.access ?? "keeper") === "keeper") await this.#checkKeeperKey(o.pool);
     const b = await this.borrow({ ...o, preloadSsh: true });
     let hb: NodeJS.Timeout | null = null;
     let deadline: NodeJS.Timeout | null = null;
@@ -368,7 +391,7 @@ export class BerthClient {
       if (returnError && failure instanceof Error) (failure as Error & { returnError?: unknown }).returnError = returnError;
       throw failure;
     }
-    const res = outcome ?? { code: null, signal: null, cut: true, status: 124 };
+    const res = outcome ?? { code: null, signal: null, cut: true, outputClosed: false, status: 124 };
     return { ...res, status: expired ? 124 : res.status, borrowId: b.id, machineId: b.machine.id, expired, returned, returnError };
   }
 
@@ -382,7 +405,7 @@ function readKey(file: string): string {
   try {
     return readFileSync(file, "utf8");
   } catch (e) {
-    throw new BerthError("invalid_request", `invalid_request: cannot read the private key ${file}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+    throw new ConfigError(`cannot read the private key ${file}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
   }
 }
 

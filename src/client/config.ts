@@ -12,6 +12,31 @@ import { homedir } from "node:os";
 import { dirname, isAbsolute, join, resolve } from "node:path";
 import { BerthError } from "../core/errors.js";
 
+/**
+ * The client's own configuration is wrong or missing (no URL or token, an invalid URL, an
+ * unreadable file, no keeper key): nothing was sent. The CLI reports it as a usage error (exit 2).
+ */
+export class ConfigError extends BerthError {
+  constructor(message: string) {
+    super("invalid_request", `invalid_request: ${message}`);
+    this.name = "ConfigError";
+  }
+}
+
+/** `url` as a coordinator URL (http or https), or a ConfigError naming where it came from. */
+export function checkUrl(url: string, from: string): string {
+  let u: URL | null = null;
+  try {
+    u = new URL(url);
+  } catch {
+    u = null;
+  }
+  if (!u || (u.protocol !== "http:" && u.protocol !== "https:") || !u.host) {
+    throw new ConfigError(`${from} is not a coordinator URL; expected http://HOST:PORT or https://HOST:PORT, e.g. http://127.0.0.1:7420`);
+  }
+  return url.replace(/\/+$/, "");
+}
+
 export interface ClientConfig {
   url: string;
   token: string;
@@ -49,13 +74,13 @@ export function loadConfig(flags: ConfigFlags): ClientConfig {
   let base = process.cwd();
   for (const path of configCandidates(flags)) {
     if (!existsSync(path)) {
-      if (flags.config || process.env.BERTH_CONFIG) throw new BerthError("invalid_request", `invalid_request: config file ${path} does not exist`);
+      if (flags.config || process.env.BERTH_CONFIG) throw new ConfigError(`config file ${path} does not exist`);
       continue;
     }
     try {
       file = JSON.parse(readFileSync(path, "utf8")) as FileConfig;
     } catch (e) {
-      throw new BerthError("invalid_request", `invalid_request: config file ${path} is not valid JSON (${(e as Error).message})`);
+      throw new ConfigError(`config file ${path} is not valid JSON (${(e as Error).message})`);
     }
     source = path;
     base = dirname(path);
@@ -64,22 +89,24 @@ export function loadConfig(flags: ConfigFlags): ClientConfig {
   const abs = (p: string) => (isAbsolute(p) ? p : resolve(base, p));
   const url = flags.url ?? process.env.BERTH_URL ?? file.url;
   if (!url) {
-    throw new BerthError("invalid_request", "invalid_request: no coordinator URL; pass --url, set BERTH_URL, or run `berth up` (it writes .berth/client.json)");
+    throw new ConfigError("no coordinator URL; pass --url, set BERTH_URL, or run `berth up` (it writes .berth/client.json)");
   }
+  const urlFrom = flags.url !== undefined ? `--url ${flags.url}` : process.env.BERTH_URL !== undefined ? `BERTH_URL=${process.env.BERTH_URL}` : `"url" in ${source} (${String(file.url)})`;
+  if (typeof url !== "string") throw new ConfigError(`${urlFrom} is not a coordinator URL`);
   let token = process.env.BERTH_TOKEN ?? null;
   const tokenFile = flags.tokenFile ?? process.env.BERTH_TOKEN_FILE ?? (file.tokenFile ? abs(file.tokenFile) : undefined);
   if (!token && tokenFile) {
     try {
       token = readFileSync(tokenFile, "utf8").trim();
     } catch (e) {
-      throw new BerthError("invalid_request", `invalid_request: cannot read token file ${tokenFile}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+      throw new ConfigError(`cannot read token file ${tokenFile}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
     }
   }
   if (!token) {
-    throw new BerthError("invalid_request", "invalid_request: no API token; pass --token-file FILE or set BERTH_TOKEN_FILE (create one with `berth token create`)");
+    throw new ConfigError("no API token; pass --token-file FILE or set BERTH_TOKEN_FILE (create one with `berth token create`)");
   }
   return {
-    url: url.replace(/\/+$/, ""),
+    url: checkUrl(url, urlFrom),
     token,
     keeperKeyFile: file.keeperKeyFile ? abs(file.keeperKeyFile) : null,
     pool: process.env.BERTH_POOL || (typeof file.pool === "string" && file.pool ? file.pool : null),

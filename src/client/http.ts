@@ -34,7 +34,13 @@ export class Api {
     token: string | null,
     opts: { connections?: number } = {},
   ) {
-    this.#url = new URL(baseUrl);
+    let url: URL;
+    try {
+      url = new URL(baseUrl);
+    } catch {
+      throw new ApiError(0, "invalid_request", `invalid_request: coordinator URL ${JSON.stringify(baseUrl)} is not a URL; expected e.g. http://127.0.0.1:7420`);
+    }
+    this.#url = url;
     if (this.#url.protocol !== "http:" && this.#url.protocol !== "https:") throw new ApiError(0, "invalid_request", `invalid_request: coordinator URL ${baseUrl} is not http(s)`);
     this.#auth = token ? `Bearer ${token}` : null;
     this.#connections = opts.connections ?? 8;

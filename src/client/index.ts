@@ -6,6 +6,6 @@ export { BerthClient, type ClientOptions, type BorrowOptions, type ExecOptions, 
 export { Borrow, type Access } from "./borrow.js";
 export { SshConnection, exitStatusOf, shellQuote, type ExecResult, type RemoteCommand, type SessionRequest, type SshTarget } from "./ssh.js";
 export { Api, ApiError } from "./http.js";
-export { loadConfig, type ClientConfig, type ConfigFlags } from "./config.js";
+export { ConfigError, loadConfig, type ClientConfig, type ConfigFlags } from "./config.js";
 export type { Receipt, SshEndpoint } from "./receipt.js";
 export { BerthError, type ErrorCode } from "../core/errors.js";

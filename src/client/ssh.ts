@@ -64,7 +64,12 @@ export interface ExecResult {
   signal: string | null;
   /** The session ended without an exit status (cut by revocation, expiry or a network failure). */
   cut: boolean;
-  /** As a process exit status: the code, 128 + n for a signal, 255 when none arrived. */
+  /**
+   * A stream given for output failed (EPIPE: its reader went away, as in `| head -2`); the
+   * session was closed then, as ssh does, which ends the remote command. Not a cut.
+   */
+  outputClosed: boolean;
+  /** As a process exit status: the code, 128 + n for a signal, 255 when none arrived; 141 (SIGPIPE) after `outputClosed`. */
   status: number;
 }
 
@@ -118,6 +123,29 @@ export class SshConnection {
       if (typeof c === "number") code = c;
       else signal = sig ?? null;
     });
+    // An output stream that fails (its reader went away: EPIPE) ends the session, as ssh
+    // does: the channel is closed, the gateway ends the remote command, and the machine can
+    // be returned normally. Without this the unread channel would stall the command forever.
+    let outputClosed = false;
+    const onOutputError = (failed: Writable) => {
+      // What is still in flight for the failed stream is read and dropped: ssh2 reports the
+      // channel closed only once its streams have ended, and a stream nobody reads never ends.
+      for (const [from, to] of [[ch, o.stdout], [ch.stderr, o.stderr]] as const) {
+        if (to !== failed) continue;
+        from.unpipe(to);
+        from.resume();
+      }
+      if (outputClosed) return;
+      outputClosed = true;
+      try {
+        ch.close();
+      } catch {
+        /* already closed */
+      }
+    };
+    const outputs = o.stdout === o.stderr ? [o.stdout] : [o.stdout, o.stderr];
+    const listeners = outputs.map((w) => [w, () => onOutputError(w)] as const);
+    for (const [w, l] of listeners) w.on("error", l);
     ch.pipe(o.stdout, { end: false });
     ch.stderr.pipe(o.stderr, { end: false });
     const input = o.stdin;
@@ -130,10 +158,14 @@ export class SshConnection {
     }
     // A write after the command ended (EPIPE-like) is not the command's failure.
     ch.on("error", () => undefined);
+    // An output already closed before the command started (a reader gone early).
+    for (const w of outputs) if (w.destroyed) onOutputError(w);
     const done = new Promise<ExecResult>((resolve) => {
       ch.once("close", () => {
         unpipe();
-        resolve({ code, signal, cut: code === null && signal === null, status: exitStatusOf(code, signal) });
+        for (const [w, l] of listeners) w.off("error", l);
+        if (outputClosed) resolve({ code, signal, cut: false, outputClosed, status: 128 + osConstants.signals.SIGPIPE });
+        else resolve({ code, signal, cut: code === null && signal === null, outputClosed, status: exitStatusOf(code, signal) });
       });
     });
     return {

@@ -12,31 +12,30 @@
 import { createHash } from "node:crypto";
 import { z } from "zod";
 import { BerthError, assertNever } from "../core/errors.js";
-import { parseId, type Id } from "../core/ids.js";
+import { isId, parseId, type Id } from "../core/ids.js";
 import { parsePublicKey } from "../core/ssh-public-key.js";
-import { zodRefusal } from "../core/refusal.js";
+import { INVALID_ID_PARAMS, zodRefusal } from "../core/refusal.js";
 import { parsePolicy, type NetworkPolicy } from "../core/network-policy.js";
 
 export const OPERATION_KINDS = ["provision", "install_key", "remove_key", "fence", "scrub", "destroy", "alloc_hold", "alloc_launch", "alloc_release"] as const;
 export type OperationKind = (typeof OPERATION_KINDS)[number];
-/** The allocation operations (src/agent/allocations.ts): `machineId` names the allocation's sandbox, `generation` the launch actor's. */
-export const ALLOC_OPERATION_KINDS = ["alloc_hold", "alloc_launch", "alloc_release"] as const;
-export type AllocOperationKind = (typeof ALLOC_OPERATION_KINDS)[number];
-export function isAllocKind(k: OperationKind): k is AllocOperationKind {
-  return (ALLOC_OPERATION_KINDS as readonly string[]).includes(k);
-}
+/** The allocation operations (src/agent/operations/alloc-*.ts): `machineId` names the allocation's sandbox, `generation` the launch actor's. */
+export type AllocOperationKind = "alloc_hold" | "alloc_launch" | "alloc_release";
+
+const idField = z.string().refine((s): boolean => isId(s), { message: "is not a valid id; use 1 to 128 characters of A-Z, a-z, 0-9, '_' or '-'", params: INVALID_ID_PARAMS });
 
 /** The request envelope (arguments are validated per kind by `normalizeArgs`). */
 export const operationRequestSchema = z
   .object({
-    opId: z.string(),
+    opId: idField,
     kind: z.enum(OPERATION_KINDS),
-    machineId: z.string(),
+    machineId: idField,
     generation: z.number().int().nonnegative(),
     args: z.unknown().optional(),
   })
   .strict();
-export type OperationRequestBody = z.infer<typeof operationRequestSchema>;
+/** An operation request: the envelope checked (ids, kind, generation), the arguments not yet. */
+export type OperationRequest = z.infer<typeof operationRequestSchema>;
 
 // ---- arguments -------------------------------------------------------------
 

@@ -13,9 +13,8 @@ import { join } from "node:path";
 import { AgentHarness, sshKey } from "../helpers/agent.js";
 import { BerthError } from "../../src/core/errors.js";
 import { allocationMachineId } from "../../src/core/allocation-access.js";
-import { AllocStore } from "../../src/agent/alloc-store.js";
 import { Volumes } from "../../src/agent/volumes.js";
-import { AgentStore } from "../../src/agent/store.js";
+import { AgentStore } from "../../src/agent/store/store.js";
 
 const h = new AgentHarness("berth-alloc-ops-");
 after(() => h.close());
@@ -32,7 +31,7 @@ test("a hold is taken once per generation; another or a stale generation is refu
   assert.deepEqual((await a.ops.run(hold("x1", 1, "h-again"))).result, { allocationId: "x1", generation: 1, existed: true });
   await assert.rejects(a.ops.run(hold("x1", 2)), code("conflict"), "a second generation never takes a second hold");
   await assert.rejects(a.ops.run(hold("x1", 0)), code("generation_mismatch"));
-  assert.equal(a.allocs.countHeld(), 1);
+  assert.equal(a.store.holds.countHeld(), 1);
   // Launch needs the exact hold.
   const key = sshKey();
   const launch = (g: number) => ({ opId: `l-${g}`, kind: "alloc_launch" as const, machineId: allocationMachineId("x1"), generation: g, args: { allocationId: "x1", publicKey: key.line, expiresAt: Date.now() + 60_000 } });
@@ -41,18 +40,18 @@ test("a hold is taken once per generation; another or a stale generation is refu
   const res = l.result as { machineId: string; volume: { path: string; dev: string; ino: string } };
   assert.equal(res.machineId, "a-x1");
   assert.ok(existsSync(join(res.volume.path, "data")));
-  assert.equal(a.allocs.getVolume("x1")?.state, "ready");
-  assert.equal(a.allocs.getVolume("x1")?.ino, res.volume.ino);
+  assert.equal(a.store.volumes.get("x1")?.state, "ready");
+  assert.equal(a.store.volumes.get("x1")?.ino, res.volume.ino);
   assert.equal(a.keys.list("a-x1").length, 1);
   // Release: sandbox gone, key gone, volume wiped, hold released for good.
   const rel = await a.ops.run({ opId: "r-x1", kind: "alloc_release", machineId: "a-x1", generation: 0, args: { allocationId: "x1", keepVolume: false } });
   assert.deepEqual({ ...(rel.result as object) }, { allocationId: "x1", sessionsClosed: 0, processesRemaining: 0, volume: "wiped", holdReleased: true });
   assert.equal(existsSync(res.volume.path), false);
-  assert.equal(a.allocs.getVolume("x1")?.state, "clean");
+  assert.equal(a.store.volumes.get("x1")?.state, "clean");
   assert.equal(a.keys.list("a-x1").length, 0);
   assert.equal((await a.runtime.inspect("a-x1")).exists, false);
   await assert.rejects(a.ops.run(hold("x1", 5)), code("conflict"), "no hold after release, at any generation");
-  assert.equal(a.allocs.countHeld(), 0);
+  assert.equal(a.store.holds.countHeld(), 0);
 });
 
 test("release before any hold fences the allocation: a late first hold is refused", async () => {
@@ -70,18 +69,17 @@ test("volume: intent before the directory, identity after; an interrupted releas
   const dir = h.dir();
   const store = AgentStore.open(dir);
   try {
-    const allocs = new AllocStore(store.db);
-    const v = new Volumes({ stateDir: dir, allocs, now: Date.now, log: { info() {}, warn() {}, error() {} } });
+    const v = new Volumes({ stateDir: dir, records: store.volumes, now: Date.now, log: { info() {}, warn() {}, error() {} } });
     const made = v.ensure("v1");
     assert.equal(made.state, "ready");
     assert.ok(made.dev && made.ino);
     assert.deepEqual(v.verify("v1").problems, []);
     // A crash after the release intent was recorded, before the directory went: start-up finishes it.
-    allocs.putVolume({ ...made, state: "release_intent" });
+    store.volumes.put({ ...made, state: "release_intent" });
     assert.ok(existsSync(made.path));
     v.recover();
     assert.equal(existsSync(made.path), false);
-    assert.equal(allocs.getVolume("v1")?.state, "clean");
+    assert.equal(store.volumes.get("v1")?.state, "clean");
   } finally {
     store.close();
   }

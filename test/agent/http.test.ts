@@ -55,7 +55,7 @@ describe("agent HTTP API", () => {
     }
     const post = await call(agent.url, "/v1/agent/ops", { body: { opId: "op_x", kind: "provision", machineId: "m_x", generation: 0 } });
     assert.equal(post.status, 401);
-    assert.deepEqual(agent.store.listMachines(), [], "an unauthenticated operation changed nothing");
+    assert.deepEqual(agent.store.machines.list(), [], "an unauthenticated operation changed nothing");
   });
 
   it("refuses every call before enrollment, even one carrying a token", async () => {
@@ -89,7 +89,7 @@ describe("agent HTTP API", () => {
       assert.equal(r.status, 400, JSON.stringify(body));
       assert.equal(r.json.error.code, "invalid_id");
     }
-    assert.deepEqual(agent.store.listMachines(), []);
+    assert.deepEqual(agent.store.machines.list(), []);
   });
 
   it("refuses a body over the limit with 413 body_too_large", async () => {
@@ -97,7 +97,7 @@ describe("agent HTTP API", () => {
     const r = await call(agent.url, "/v1/agent/ops", { token, raw: big });
     assert.equal(r.status, 413);
     assert.equal(r.json.error.code, "body_too_large");
-    assert.equal(agent.store.getOp("op_big"), null);
+    assert.equal(agent.store.operations.get("op_big"), null);
   });
 
   it("refuses malformed requests with 400 invalid_request, unknown routes 404, wrong methods 405", async () => {
@@ -168,13 +168,14 @@ describe("enrollment", () => {
       name: "enr",
       url: a.url,
       runtime: "process",
+      runtimeDetail: {},
       capacity: { vcpu: 4, memoryMb: 4096, slots: 2 },
       ssh: { host: "127.0.0.1", port: a.ssh.port, hostKey: a.ssh.hostKey, fingerprint: a.ssh.fingerprint },
     });
     assert.match(a.ssh.hostKey, /^ssh-ed25519 /);
     const t1 = issued().at(-1)!;
     assert.equal((await call(a.url, "/v1/agent/health", { token: t1 })).json.hostId, "h_first");
-    assert.notEqual(a.store.getMeta("hostCallTokenHash"), null);
+    assert.notEqual(a.store.meta.get("hostCallTokenHash"), null);
     assert.equal(JSON.stringify(a.store.db.prepare("SELECT * FROM meta").all()).includes(t1), false, "only the hash is stored");
     await a.stop();
 

@@ -8,7 +8,7 @@ import { readFileSync, readdirSync, writeFileSync, unlinkSync } from "node:fs";
 import { join } from "node:path";
 import { RecordFile, RECORD_FILE, parseRecord, readRecord, type FaultPoint } from "../../src/agent/identity/record.js";
 import { checkFloor, claimFloor, compareVersions, floorClaimed, FloorRefusedError } from "../../src/agent/identity/floor.js";
-import { AgentStore } from "../../src/agent/store.js";
+import { AgentStore } from "../../src/agent/store/store.js";
 import { tempDir } from "../helpers/env.js";
 
 const tmp = tempDir("berth-record-");

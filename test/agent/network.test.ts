@@ -59,7 +59,7 @@ describe("machine networks", { skip }, () => {
   after(async () => {
     // Whatever a failed test left: every machine destroyed, every network removed.
     for (const a of agents) {
-      for (const m of a.store.listMachines()) await a.ops.run({ opId: id("op"), kind: "destroy", machineId: m.id, generation: m.generation }).catch(() => undefined);
+      for (const m of a.store.machines.list()) await a.ops.run({ opId: id("op"), kind: "destroy", machineId: m.id, generation: m.generation }).catch(() => undefined);
       await a.network.sweep(() => false).catch(() => undefined);
     }
     await harness.close();

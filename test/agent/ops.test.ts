@@ -104,7 +104,7 @@ describe("agent operations", () => {
       opId: id("op"), kind: "install_key", machineId: m, generation: 2,
       args: { publicKey: k.line, mode: "grant", grantId: "grant_2", expiresAt: Date.now() + 600_000 },
     });
-    const before = { keys: a.keys.list(m), machine: a.store.getMachine(m), seen: await a.runtime.inspect(m) };
+    const before = { keys: a.keys.list(m), machine: a.store.machines.get(m), seen: await a.runtime.inspect(m) };
 
     const stale = sshKey();
     for (const [kind, args] of [
@@ -120,7 +120,7 @@ describe("agent operations", () => {
       assert.match(r.message, /nothing was changed/);
     }
     assert.deepEqual(a.keys.list(m), before.keys);
-    assert.deepEqual(a.store.getMachine(m), before.machine);
+    assert.deepEqual(a.store.machines.get(m), before.machine);
     assert.deepEqual(await a.runtime.inspect(m), before.seen);
     assert.ok(a.keys.authorize(m, k.fingerprint, Date.now()));
     assert.equal(a.keys.authorize(m, stale.fingerprint, Date.now()), null);
@@ -154,8 +154,8 @@ describe("agent operations", () => {
     assert.deepEqual(revoked, [old.fingerprint]);
     assert.equal(a.keys.authorize(m, old.fingerprint, Date.now()), null);
     assert.ok(a.keys.authorize(m, next.fingerprint, Date.now()));
-    assert.deepEqual(a.store.listKeys(m).map((k) => k.fingerprint).sort(), [keeper.fingerprint, next.fingerprint].sort());
-    assert.equal(a.store.getMachine(m)?.generation, 2);
+    assert.deepEqual(a.store.keys.list(m).map((k) => k.fingerprint).sort(), [keeper.fingerprint, next.fingerprint].sort());
+    assert.equal(a.store.machines.get(m)?.generation, 2);
     // Keeper borrows advance the generation without any key operation; the
     // pool's keeper key keeps working across them (a fence at g+1 here).
     await a.ops.run({ opId: id("op"), kind: "fence", machineId: m, generation: 3 });
@@ -186,7 +186,7 @@ describe("agent operations", () => {
       }),
     );
     assert.equal(r.code, "grant_expired");
-    assert.equal(a.store.listKeys(m).some((x) => x.fingerprint === late.fingerprint), false);
+    assert.equal(a.store.keys.list(m).some((x) => x.fingerprint === late.fingerprint), false);
   });
 
   it("[I3] the expiry timer revokes the key with no coordinator at all", async () => {
@@ -207,7 +207,7 @@ describe("agent operations", () => {
     assert.equal(await revoked, "grant_t");
     assert.ok(Date.now() >= expiresAt, "revoked no earlier than expiresAt");
     assert.equal(a.keys.authorize(m, k.fingerprint, Date.now()), null);
-    assert.deepEqual(a.store.listKeys(m), [], "the expired key is gone from the store too");
+    assert.deepEqual(a.store.keys.list(m), [], "the expired key is gone from the store too");
   });
 
   it("[I4] remove_key removes the exact key, and a delayed install of it at that generation is refused", async () => {
@@ -248,7 +248,7 @@ describe("agent operations", () => {
     assert.notEqual(result.incarnationAfter, result.incarnationBefore);
     assert.equal(result.processesRemaining, 0);
     assert.equal(alive(pid), false, "the background process is gone after the fence");
-    assert.equal(a.store.getMachine(m)?.incarnation, result.incarnationAfter);
+    assert.equal(a.store.machines.get(m)?.incarnation, result.incarnationAfter);
   });
 
   it("destroy removes the machine and its keys; a late provision of the same id is refused", async () => {
@@ -258,7 +258,7 @@ describe("agent operations", () => {
     await a.ops.run({ opId: id("op"), kind: "provision", machineId: m, generation: 1 });
     await a.ops.run({ opId: id("op"), kind: "install_key", machineId: m, generation: 1, args: { publicKey: k.line, mode: "grant", grantId: "grant_d", expiresAt: Date.now() + 600_000 } });
     const d = await a.ops.run({ opId: "destroy-1", kind: "destroy", machineId: m, generation: 1 });
-    assert.deepEqual(d.result, { existed: true, incarnationBefore: a.store.getMachine(m)?.incarnation, sessionsClosed: 0, keysRemoved: 1, processesRemaining: 0 });
+    assert.deepEqual(d.result, { existed: true, incarnationBefore: a.store.machines.get(m)?.incarnation, sessionsClosed: 0, keysRemoved: 1, processesRemaining: 0 });
     assert.deepEqual(await a.ops.run({ opId: "destroy-1", kind: "destroy", machineId: m, generation: 1 }), d);
     assert.equal((await a.runtime.inspect(m)).exists, false);
     assert.equal(a.keys.authorize(m, k.fingerprint, Date.now()), null);
@@ -289,7 +289,7 @@ describe("agent operations on the gvisor runtime", () => {
       assert.equal(f.processesRemaining, 0);
       await a.ops.run({ opId: id("op"), kind: "scrub", machineId: m, generation: 1 });
       // gVisor's scrub restarts the sandbox; the agent records the new incarnation...
-      assert.equal(a.store.getMachine(m)?.incarnation, (await a.runtime.inspect(m)).incarnation);
+      assert.equal(a.store.machines.get(m)?.incarnation, (await a.runtime.inspect(m)).incarnation);
       await a.stop();
       // ...so that the next start recognises the machine as its own.
       a = await harness.agent({ stateDir: dir, runtime: "gvisor" });

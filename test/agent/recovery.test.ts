@@ -13,7 +13,7 @@ import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import Database from "better-sqlite3";
 import { argsHashOf } from "../../src/protocol/operations.js";
-import { AgentStore } from "../../src/agent/store.js";
+import { AgentStore } from "../../src/agent/store/store.js";
 import { ProcessRuntime } from "../../src/agent/runtime/process.js";
 import type { ExecHandle } from "../../src/agent/runtime/types.js";
 import { newToken } from "../../src/core/tokens.js";
@@ -122,7 +122,7 @@ describe("agent crash recovery", () => {
     // --- second life ------------------------------------------------------
     agent = await startAgentProcess(stateDir, coordinator, tokenFile);
     assert.equal(enrollments().length, 2);
-    assert.deepEqual(Object.keys(enrollments()[1]!.body).sort(), ["capacity", "name", "runtime", "ssh", "url"]);
+    assert.deepEqual(Object.keys(enrollments()[1]!.body).sort(), ["capacity", "name", "runtime", "runtimeDetail", "ssh", "url"]);
     assert.equal((await call(agent, "/v1/agent/health")).json.hostId, "h_rec", "the same host after the restart");
 
     // The retried operations answer with their first results, acting on nothing.
@@ -167,8 +167,8 @@ describe("agent recovery of an operation cut short", () => {
     // intent and the runtime created the machine, before recording the result.
     const store = AgentStore.open(stateDir);
     store.transaction(() => {
-      store.insertOp({ opId: "op_mid", kind: "provision", machineId: "m_mid", generation: 4, argsHash: argsHashOf("provision", undefined), now: Date.now() });
-      store.putMachine({
+      store.operations.insert({ opId: "op_mid", kind: "provision", machineId: "m_mid", generation: 4, argsHash: argsHashOf("provision", undefined), now: Date.now() });
+      store.machines.put({
         id: "m_mid", generation: 4, state: "creating", incarnation: null, workspace: null, identity: null,
         mismatch: null, createdAt: Date.now(), updatedAt: Date.now(),
       });
@@ -183,7 +183,7 @@ describe("agent recovery of an operation cut short", () => {
       assert.deepEqual(agent.recovery.unrecorded, []);
       const done = await agent.ops.run({ opId: "op_mid", kind: "provision", machineId: "m_mid", generation: 4 });
       assert.equal((done.result as { incarnation: string }).incarnation, made.incarnation, "the runtime's machine, not a second one");
-      assert.equal(agent.store.getMachine("m_mid")?.state, "running");
+      assert.equal(agent.store.machines.get("m_mid")?.state, "running");
       assert.deepEqual(await agent.runtime.list(), ["m_mid"]);
       assert.deepEqual(await agent.ops.run({ opId: "op_mid", kind: "provision", machineId: "m_mid", generation: 4 }), done);
     } finally {

@@ -11,9 +11,7 @@ import { createHash } from "node:crypto";
 import { writeFileSync, createReadStream } from "node:fs";
 import { join, resolve } from "node:path";
 import { createRequire } from "node:module";
-import { pathToFileURL } from "node:url";
 import { spawn } from "node:child_process";
-import Database from "better-sqlite3";
 import type ssh2 from "ssh2";
 import { startGateway } from "../../src/agent/ssh/gateway.js";
 import { createRuntime, gvisorAvailability } from "../../src/agent/runtime/index.js";
@@ -21,7 +19,8 @@ import { generateSshKeyPair } from "../../src/core/ssh-keys.js";
 import { MemoryKeys, connect, run, Term } from "../helpers/ssh-testkit.js";
 import { AgentHarness, quietLog as quiet, until, type GatewayRig } from "../helpers/agent.js";
 import { hostGroupPresence, readHostProcess } from "../../src/agent/sessions/probe.js";
-import { sqliteSessionStore, type SessionRecord } from "../../src/agent/sessions/store.js";
+import type { SessionRecord } from "../../src/agent/sessions/store.js";
+import { AgentStore } from "../../src/agent/store/store.js";
 import { recoveryDecision } from "../../src/agent/sessions/recovery.js";
 
 // RFC 4254 lists no TSTP, so the ssh2 client refuses to send it; berth's protocol does
@@ -314,7 +313,6 @@ test("recovery decisions: clean only on verified absence; exact leftovers stoppe
 
 test("[I9] hard loss: SIGKILL of the agent mid-session, restart: nothing reattached, records cleaned only after absence, a mismatch retained and never signalled", async () => {
   const dir = harness.dir();
-  const dbPath = join(dir, "agent.db");
   const pair = generateSshKeyPair();
   const machine = "m_hardloss";
   // A child process plays the agent, so that it can be SIGKILLed.
@@ -323,18 +321,17 @@ test("[I9] hard loss: SIGKILL of the agent mid-session, restart: nothing reattac
   const helpers = resolve("dist/test/helpers");
   writeFileSync(
     script,
-    `import Database from ${JSON.stringify(pathToFileURL(createRequire(import.meta.url).resolve("better-sqlite3")).href)};
-import { startGateway } from "${dist}/ssh/gateway.js";
+    `import { startGateway } from "${dist}/ssh/gateway.js";
 import { createRuntime } from "${dist}/runtime/index.js";
-import { sqliteSessionStore } from "${dist}/sessions/store.js";
+import { AgentStore } from "${dist}/store/store.js";
 import { MemoryKeys } from "${helpers}/ssh-testkit.js";
 const runtime = createRuntime("process", ${JSON.stringify(join(dir, "rt"))});
 await runtime.create(${JSON.stringify(machine)});
 const keys = new MemoryKeys();
 keys.install({ machineId: ${JSON.stringify(machine)}, fingerprint: ${JSON.stringify(pair.fingerprint)}, grantId: "g_hl", expiresAt: null });
-const db = new Database(${JSON.stringify(dbPath)});
+const store = AgentStore.open(${JSON.stringify(dir)});
 const gw = await startGateway({ hostKeyPath: ${JSON.stringify(join(dir, "host_key"))}, listen: { host: "127.0.0.1", port: 0 }, keys, runtime,
-  log: { info() {}, warn() {}, error() {} }, sessionStore: sqliteSessionStore(db) });
+  log: { info() {}, warn() {}, error() {} }, sessionStore: store.sessions });
 console.log("port=" + gw.port);
 `,
   );
@@ -357,8 +354,8 @@ console.log("port=" + gw.port);
   await new Promise((r) => agent.once("exit", r));
   await until(() => t.closed, "client sees the connection die");
 
-  const db = new Database(dbPath);
-  const store = sqliteSessionStore(db);
+  const agentStore = AgentStore.open(dir);
+  const store = agentStore.sessions;
   const running = store.unfinished();
   assert.equal(running.length, 1);
   assert.equal(running[0]!.state, "running");
@@ -383,6 +380,6 @@ console.log("port=" + gw.port);
     bystander.kill("SIGKILL");
     await gw.close();
     await runtime.destroy(machine);
-    db.close();
+    agentStore.close();
   }
 });

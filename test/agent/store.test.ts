@@ -6,7 +6,7 @@ import { strict as assert } from "node:assert";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import Database from "better-sqlite3";
-import { AGENT_MIGRATIONS, AgentLockedError, AgentStore, STORE_FILE } from "../../src/agent/store.js";
+import { AGENT_MIGRATIONS, AgentLockedError, AgentStore, STORE_FILE } from "../../src/agent/store/store.js";
 import { argsHashOf } from "../../src/protocol/operations.js";
 import { AgentHarness } from "../helpers/agent.js";
 
@@ -71,7 +71,7 @@ describe("agent store lock", () => {
       const versions = (store.db.prepare("SELECT version FROM schema_version ORDER BY version").all() as Array<{ version: number }>).map((r) => r.version);
       assert.deepEqual(versions, AGENT_MIGRATIONS.map((m) => m.version));
       assert.equal(store.db.prepare("SELECT name FROM sqlite_master WHERE name = 'schema_migrations'").get(), undefined);
-      const op = store.getOp("op_old");
+      const op = store.operations.get("op_old");
       assert.equal(op?.kind, "provision");
       // A retry of the same op id under the new word is answered from the record, not refused as other arguments.
       assert.equal(op?.argsHash, argsHashOf("provision", undefined));

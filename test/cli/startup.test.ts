@@ -37,7 +37,11 @@ describe("start-up loads only what the command uses", () => {
     try {
       const token = join(d.path, "token");
       writeFileSync(token, "not-a-real-token\n", { mode: 0o600 });
-      const client = ["--url", "http://127.0.0.1:9", "--token-file", token];
+      // A keeper key in the client config: `berth run` refuses a keeper run without one before any request.
+      writeFileSync(join(d.path, "keeper"), "not a real key\n", { mode: 0o600 });
+      const config = join(d.path, "client.json");
+      writeFileSync(config, JSON.stringify({ keeperKeyFile: "keeper" }), { mode: 0o600 });
+      const client = ["--url", "http://127.0.0.1:9", "--token-file", token, "--config", config];
       for (const args of [
         ["run", "-q", "--wait", "0s", "--pool", "p", ...client, "--", "true"],
         ["pool", "ls", ...client],

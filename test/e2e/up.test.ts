@@ -21,7 +21,7 @@ function leftovers(dir: string): number[] {
   });
 }
 
-describe("berth up", { timeout: 120_000 }, () => {
+describe("berth up", { timeout: 300_000 }, () => {
   test("`berth up -- echo hello` prints hello and exits 0; `-- sh -c 'exit 7'` exits 7; nothing is left running", async () => {
     const d = tempDir("berth-up-");
     try {

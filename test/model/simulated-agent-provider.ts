@@ -3,7 +3,7 @@
  * cloud API / host agent) replaced by a small in-memory simulation, so the
  * coordinator code above it runs for real.
  *
- * It follows the agent's operation contract (src/agent/ops.ts):
+ * It follows the agent's operation contract (src/agent/operations/dispatch.ts):
  *   - an op id that completed returns its first result and acts on nothing;
  *   - an operation below the machine's generation is refused and changes
  *     nothing; one above it advances it and drops older grant keys;

@@ -10,7 +10,7 @@ import { chmodSync, existsSync, mkdirSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { Fleet } from "../helpers/identity-fleet.js";
 import { SqliteStore } from "../../src/store/sqlite/sqlite-store.js";
-import { AgentStore } from "../../src/agent/store.js";
+import { AgentStore } from "../../src/agent/store/store.js";
 import { tempDir } from "../helpers/env.js";
 
 const mode = (p: string) => (statSync(p).mode & 0o777).toString(8);
@@ -62,11 +62,11 @@ describe("database files are 0600 (umask 000, a directory created 0777 beforehan
 
       const agentDir = join(d.path, "agent");
       const a = AgentStore.open(agentDir);
-      a.setMeta("x", "1");
+      a.meta.set("x", "1");
       a.close();
       chmodSync(join(agentDir, "agent.db"), 0o644);
       const b = AgentStore.open(agentDir);
-      b.setMeta("x", "2");
+      b.meta.set("x", "2");
       assert.equal(mode(join(agentDir, "agent.db")), "600");
       assert.equal(mode(join(agentDir, "agent.db-wal")), "600");
       b.close();

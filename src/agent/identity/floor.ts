@@ -5,17 +5,17 @@
  *
  *   - `identity.floor` ({"minAgentVersion": …}): this build and every later
  *     one refuse to start below that version;
- *   - a `schema_migrations` row in the agent store named `identity_floor`:
- *     builds from before host identity refuse to open a store that records a
- *     migration they do not know ("written by another berth build").
+ *   - a `schema_migrations` row in the agent store named `identity_floor`
+ *     (src/agent/store/floor-mark.ts): builds from before host identity
+ *     refuse to open a store that records a migration they do not know
+ *     ("written by another berth build").
  */
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { writeFileDurable } from "../../store/durable-file.js";
-import type { AgentStore } from "../store.js";
+import type { AgentStore } from "../store/store.js";
 
 export const FLOOR_FILE = "identity.floor";
-export const FLOOR_MIGRATION_NAME = "identity_floor";
 
 export class FloorRefusedError extends Error {
   constructor(message: string) {
@@ -26,7 +26,7 @@ export class FloorRefusedError extends Error {
 
 /** Whether the floor was claimed on this state directory (either mark). */
 export function floorClaimed(stateDir: string, store: AgentStore): boolean {
-  return readFloor(stateDir) !== null || storeHasFloor(store);
+  return readFloor(stateDir) !== null || store.floor.present();
 }
 
 /** Refuses to start an agent of `version` below the claimed floor. */
@@ -43,12 +43,7 @@ export function checkFloor(stateDir: string, version: string): void {
 export function claimFloor(stateDir: string, store: AgentStore, version: string): void {
   const current = readFloor(stateDir);
   if (current === null || compareVersions(version, current) > 0) writeFileDurable(join(stateDir, FLOOR_FILE), `${JSON.stringify({ minAgentVersion: version })}\n`, 0o600);
-  if (!storeHasFloor(store)) {
-    store.transaction(() => {
-      store.db.exec("CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY, applied_at INTEGER NOT NULL)");
-      store.db.prepare("INSERT OR IGNORE INTO schema_migrations (name, applied_at) VALUES (?, ?)").run(FLOOR_MIGRATION_NAME, Date.now());
-    });
-  }
+  if (!store.floor.present()) store.transaction(() => store.floor.write(Date.now()));
 }
 
 function readFloor(stateDir: string): string | null {
@@ -66,12 +61,6 @@ function readFloor(stateDir: string): string | null {
     /* damaged */
   }
   return "999999.0.0";
-}
-
-function storeHasFloor(store: AgentStore): boolean {
-  const t = store.db.prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'").get();
-  if (!t) return false;
-  return store.db.prepare("SELECT 1 FROM schema_migrations WHERE name = ?").get(FLOOR_MIGRATION_NAME) !== undefined;
 }
 
 /** Numeric comparison of dotted versions (pre-release tags ignored); "unknown" is below everything. */

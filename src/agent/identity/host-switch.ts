@@ -14,8 +14,9 @@ import type { SessionRegistry } from "../contracts.js";
 import type { EnrollRequest } from "../enroll.js";
 import type { AgentKeys } from "../keys.js";
 import { errorMessage, type AgentLog } from "../log.js";
-import type { AgentOps, OpRequest, OpResponse } from "../ops.js";
-import type { AgentStore, MachineRecord } from "../store.js";
+import type { OperationRequest, OperationResponse } from "../../protocol/operations.js";
+import type { AgentOperations } from "../operations/dispatch.js";
+import type { AgentStore, MachineRecord } from "../store/store.js";
 import { IdentityClient } from "./coordinator.js";
 import { claimFloor, floorClaimed } from "./floor.js";
 import { loadOrCreateIdentityKey, type IdentityKey } from "./key.js";
@@ -31,7 +32,7 @@ export interface HostSwitchParts {
   store: AgentStore;
   keys: AgentKeys;
   sessions: SessionRegistry;
-  ops: AgentOps;
+  ops: AgentOperations;
   /** Where the enroll token came from: a file (removed by the purge) or the environment. */
   tokenFile: string | null;
   /** Forget the enroll token in this process. */
@@ -56,7 +57,7 @@ export interface HostSwitch {
   client: IdentityClient;
   authority: SwitchAuthority;
   /** The operations the coordinator may run now: new machines and keys only while the host admits starts. */
-  gatedOps: Pick<AgentOps, "run">;
+  gatedOps: Pick<AgentOperations, "run">;
   metrics: Registry;
   /** Tick: owed reports, the switch, the credential's renewal. */
   tick(): Promise<void>;
@@ -85,8 +86,8 @@ export function createHostSwitch(p: HostSwitchParts): HostSwitch {
   const planRetirement = (force: boolean): RetirementPlan => {
     const machines: RetirementPlan["machines"] = [];
     const blockers: string[] = [];
-    for (const m of p.store.listMachines(true)) {
-      const retired = p.store.getOp(retireOpId(m.id, m.generation));
+    for (const m of p.store.machines.list(true)) {
+      const retired = p.store.operations.get(retireOpId(m.id, m.generation));
       if (m.state === "destroyed" && retired === null) continue;
       machines.push({ machineId: m.id, generation: m.generation });
       if (force || m.state === "destroyed") continue;
@@ -101,7 +102,7 @@ export function createHostSwitch(p: HostSwitchParts): HostSwitch {
     const stopped: StoppedReport[] = [];
     const problems: string[] = [];
     for (const m of plan.machines) {
-      const current: MachineRecord | null = p.store.getMachine(m.machineId);
+      const current: MachineRecord | null = p.store.machines.get(m.machineId);
       const generation = Math.max(m.generation, current?.generation ?? 0);
       try {
         await p.ops.run({ opId: retireOpId(m.machineId, generation), kind: "destroy", machineId: m.machineId, generation, args: {} });
@@ -114,7 +115,7 @@ export function createHostSwitch(p: HostSwitchParts): HostSwitch {
     return { stopped, problem: problems.length === 0 ? null : `the retirement could not destroy ${problems.join("; ")}` };
   };
 
-  const keepCallToken = (token: string) => p.store.setMeta(META_TOKEN_HASH, hashToken("host-call", token));
+  const keepCallToken = (token: string) => p.store.meta.set(META_TOKEN_HASH, hashToken("host-call", token));
 
   const authority = new SwitchAuthority({
     record,
@@ -122,7 +123,7 @@ export function createHostSwitch(p: HostSwitchParts): HostSwitch {
     claimFloor: () => claimFloor(p.stateDir, p.store, p.version),
     proveForPrepare: (challenge) => {
       const hostId = p.hostId();
-      const tokenHash = p.store.getMeta(META_TOKEN_HASH);
+      const tokenHash = p.store.meta.get(META_TOKEN_HASH);
       if (hostId === null || tokenHash === null) throw new BerthError("conflict", "conflict: this agent never enrolled; it has no host to switch");
       // The key vouched for by the host's current credential: the coordinator records it only with both proofs.
       return { publicKey: key.publicKey, signature: key.prove("prepare", hostId, challenge), callProof: callProof(tokenHash, "prepare", hostId, challenge, key.publicKey) };
@@ -143,8 +144,8 @@ export function createHostSwitch(p: HostSwitchParts): HostSwitch {
     },
     learnGenerations: (generations) => {
       for (const [id, generation] of Object.entries(generations)) {
-        const m = p.store.getMachine(id);
-        if (m !== null && Number.isSafeInteger(generation) && generation > m.generation) p.store.putMachine({ ...m, generation, updatedAt: p.now() });
+        const m = p.store.machines.get(id);
+        if (m !== null && Number.isSafeInteger(generation) && generation > m.generation) p.store.machines.put({ ...m, generation, updatedAt: p.now() });
       }
     },
     planRetirement,
@@ -190,7 +191,7 @@ export function createHostSwitch(p: HostSwitchParts): HostSwitch {
   });
 
   const gatedOps = {
-    run: async (req: OpRequest): Promise<OpResponse> => {
+    run: async (req: OperationRequest): Promise<OperationResponse> => {
       if ((req.kind === "provision" || req.kind === "install_key") && (paused > 0 || !authority.admitsStarts())) {
         refusals.inc({ reason: "host_switching" });
         throw new BerthError("host_switching", `host_switching: this host is switching to its identity key (${authority.mode()}); it admits no new machine or key until it is active`);

@@ -32,7 +32,7 @@ import type { Runtime } from "../runtime/types.js";
 import { KeyedLock } from "../keyed-lock.js";
 import { cmd, ifindex, listLinks, listNetns, listTables, must, netnsInode } from "./host.js";
 import { machineRuleset } from "./ruleset.js";
-import { NetStore, type NetRecord } from "./store.js";
+import type { NetRecord, NetworkTable } from "../store/networks.js";
 import { checksFromReport, evidenceOf, probePlan, runInside, type ProbeSettings } from "./probe.js";
 
 export const DEFAULT_MACHINE_RANGE = "10.213.0.0/16";
@@ -51,7 +51,8 @@ export interface NetworkOptions {
 }
 
 export interface NetworkDeps {
-  db: ConstructorParameters<typeof NetStore>[0];
+  /** The machine network records (the agent's store). */
+  records: NetworkTable;
   stateDir: string;
   log: AgentLog;
   now: () => number;
@@ -81,7 +82,7 @@ function hex(s: string, n: number): string {
 }
 
 export class MachineNetworks {
-  readonly store: NetStore;
+  readonly store: NetworkTable;
   readonly tag: string;
   readonly range: string;
   readonly counters: NetworkCounters = { setUp: 0, tornDown: 0, probes: { pass: 0, fail: 0 }, stale: { records: 0, netns: 0, links: 0, tables: 0, leases: 0 } };
@@ -97,7 +98,7 @@ export class MachineNetworks {
   constructor(deps: NetworkDeps, opts: NetworkOptions = {}) {
     this.#deps = deps;
     this.#opts = opts;
-    this.store = new NetStore(deps.db);
+    this.store = deps.records;
     this.#stateDir = resolvePath(deps.stateDir);
     this.tag = hex(this.#stateDir, 4);
     this.range = opts.range ?? DEFAULT_MACHINE_RANGE;

@@ -113,7 +113,7 @@ export function register(program: Command): void {
       const [{ startAgent }, { readEnrollToken }, { AgentLockedError }, { FloorRefusedError }] = await Promise.all([
         import("../../agent/agent.js"),
         import("../../agent/enroll.js"),
-        import("../../agent/store.js"),
+        import("../../agent/store/store.js"),
         import("../../agent/identity/floor.js"),
       ]);
       let agent: Awaited<ReturnType<typeof startAgent>>;

@@ -5,15 +5,26 @@ import { resolve } from "node:path";
 import { Borrow } from "../../client/borrow.js";
 import { readReceipt, type Receipt } from "../receipt.js";
 import { berthClientFrom, durationArg, iso, printJson, runCommand } from "../common.js";
+import { systemSshCommand } from "../ssh-command.js";
+import { shellQuote } from "../../client/ssh.js";
 import { BerthError } from "../../core/errors.js";
 
 function clientOpts(c: Command): Command {
   return c.option("--url <url>", "coordinator URL (or BERTH_URL)").option("--token-file <file>", "API token file (or BERTH_TOKEN_FILE)").option("--config <file>", "client config file").option("--json", "print JSON", false);
 }
 
-export function sshHint(r: Receipt): string {
+/**
+ * The ssh line for a borrow, which works as printed: the host key is pinned in a known_hosts
+ * file next to the receipt (written now), the key is the borrow's (portable) or the keeper's.
+ */
+export function sshHint(r: Receipt, receiptPath: string, keeperKeyFile: string | null): string {
   const s = r.machine.ssh;
-  return `ssh ${r.keyFile ? `-i ${r.keyFile} ` : ""}-p ${s.port} ${s.user}@${s.host}   (or: berth ssh --receipt …)`;
+  const alt = `or: berth ssh --receipt ${receiptPath}`;
+  const keyFile = r.access === "portable" ? r.keyFile : keeperKeyFile;
+  if (!s.host || !s.port || !s.hostKey) return alt.replace(/^or: /, "");
+  if (!keyFile) return `${alt} (no keeper key in the client config: the system ssh needs one)`;
+  const argv = systemSshCommand({ host: s.host, port: s.port, user: s.user ?? r.machine.id, hostKey: s.hostKey, keyFile, receiptPath }, []);
+  return `${shellQuote(argv)}\n     (${alt})`;
 }
 
 function describe(r: Receipt, label: string): string {
@@ -32,13 +43,13 @@ export function register(program: Command): void {
       .option("--duration <duration>", "portable: requested length (max 30m, capped by the machine's TTL and your token)", durationArg("--duration")),
   ).action((pool: string, o: { receipt: string; access: "keeper" | "portable"; duration?: number; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
     runCommand(async () => {
-      const { client } = berthClientFrom(o);
+      const { client, config } = berthClientFrom(o);
       try {
         const r = (await client.borrow({ pool, access: o.access, durationMs: o.duration, receiptPath: resolve(o.receipt) })).receipt;
         if (o.json) printJson({ borrowId: r.borrowId, access: r.access, state: r.state, machine: r.machine, expiresAt: r.expiresAt, receipt: resolve(o.receipt) });
         else {
           process.stdout.write(describe(r, "borrowed"));
-          process.stdout.write(r.access === "portable" ? `next: berth ack --receipt ${o.receipt}\n` : `ssh: ${sshHint(r)}\n`);
+          process.stdout.write(r.access === "portable" ? `next: berth ack --receipt ${o.receipt}\n` : `ssh: ${sshHint(r, resolve(o.receipt), config.keeperKeyFile)}\n`);
         }
         return 0;
       } finally {
@@ -57,7 +68,7 @@ export function register(program: Command): void {
         try {
           const r = (await client.ack(new Borrow(receipt, path))).receipt;
           if (o.json) printJson({ borrowId: r.borrowId, state: r.state, expiresAt: r.expiresAt, machine: r.machine });
-          else process.stdout.write(describe(r, "acknowledged") + `ssh: ${sshHint(r)}\n`);
+          else process.stdout.write(describe(r, "acknowledged") + `ssh: ${sshHint(r, path, null)}\n`);
           return 0;
         } finally {
           await client.close();

@@ -28,7 +28,7 @@ import { randomBytes } from "node:crypto";
 import { BerthClient } from "../../client/client.js";
 import type { RemoteCommand } from "../../client/ssh.js";
 import { loadConfig, type ClientConfig } from "../../client/config.js";
-import { describeError, durationArg, EXIT, exitCodeOf, iso } from "../common.js";
+import { describeError, durationArg, EXIT, exitCodeOf, iso, reportError, UsageError } from "../common.js";
 
 export { shellQuote } from "../../client/ssh.js";
 
@@ -148,7 +148,7 @@ export async function runOnBorrowed(client: BerthClient, config: Pick<ClientConf
       if (returnError) process.stderr.write(`berth: cleanup failed: ${describeError(returnError)}; retry: berth return --receipt ${receiptPath}\n`);
       return SIGNAL_EXIT[got];
     }
-    process.stderr.write(`berth: ${describeError(e)}\n`);
+    reportError(e);
     if (returnError) process.stderr.write(`berth: cleanup failed: ${describeError(returnError)}; the receipt is kept at ${receiptPath} (retry: berth return --receipt ${receiptPath})\n`);
     return exitCodeOf(e);
   } finally {
@@ -197,16 +197,12 @@ Examples:
       try {
         const config = loadConfig(o);
         const pool = o.pool ?? config.pool;
-        if (!pool) {
-          process.stderr.write("berth: no pool given; pass --pool NAME, set BERTH_POOL, or add \"pool\" to the client config (`berth pool ls` lists them)\n");
-          process.exitCode = EXIT.usage;
-          return;
-        }
+        if (!pool) throw new UsageError("no pool given; pass --pool NAME, set BERTH_POOL, or add \"pool\" to the client config (`berth pool ls` lists them)");
         client = new BerthClient({ url: config.url, token: config.token, keeperKeyFile: config.keeperKeyFile });
         const stdin = o.stdin === false ? "never" : o.stdin === true ? "always" : "auto";
         status = await runOnBorrowed(client, config, argv, { pool, access: o.poolAccess, durationMs: o.duration, drain: o.drain, quiet: o.quiet, stdin, waitMs: o.wait });
       } catch (e) {
-        process.stderr.write(`berth: ${describeError(e)}\n`);
+        reportError(e);
         status = exitCodeOf(e);
       }
       await client?.close();

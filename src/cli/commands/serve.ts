@@ -63,7 +63,7 @@ Example:
       runCommand(async () => {
         const dir = resolve(o.stateDir);
         mkdirSync(dir, { recursive: true, mode: 0o700 });
-        const store = await openStoreFromFlags(o);
+        const store = await openStoreFromFlags({ ...o, init: true });
         const secret = loadOrCreateSecret(o.secretFile ? resolve(o.secretFile) : join(dir, "coordinator.secret"));
         const { host, port } = parseListen(o.listen);
         const metricsTokenHash = o.metricsTokenFile === undefined ? null : hashToken("api", readSecretLine(resolve(o.metricsTokenFile), "--metrics-token-file"));

@@ -31,13 +31,13 @@ import { readFileSync } from "node:fs";
 import { resolve } from "node:path";
 import type { ClientChannel } from "ssh2";
 import { BerthError } from "../../core/errors.js";
-import { writeFileDurable } from "../../store/durable-file.js";
 import { BerthClient } from "../../client/client.js";
 import { Borrow } from "../../client/borrow.js";
 import { loadConfig, type ConfigFlags } from "../../client/config.js";
 import { connect, exitStatusOf, shellQuote, type SshConnection } from "../../client/ssh.js";
 import { readReceipt, type Receipt } from "../receipt.js";
-import { describeError, exitCodeOf, iso } from "../common.js";
+import { systemSshCommand } from "../ssh-command.js";
+import { describeError, exitCodeOf, iso, reportError, UsageError } from "../common.js";
 
 /** Everything needed to reach the borrowed machine. */
 export interface SshPlan {
@@ -84,27 +84,7 @@ export function planFromReceipt(path: string, flags: ConfigFlags, now = Date.now
   return { receipt: r, receiptPath, host: s.host, port: s.port, user: s.user ?? r.machine.id, hostKey, keyFile, api: config ? new BerthClient({ url: config.url, token: config.token }) : null };
 }
 
-/** One known_hosts line pinning the gateway's host key (OpenSSH writes "[host]:port" for a port other than 22). */
-export function knownHostsLine(host: string, port: number, hostKey: string): string {
-  return `${port === 22 ? host : `[${host}]:${port}`} ${hostKey}`;
-}
-
-/** Write the known_hosts file next to the receipt (0600, whole) and return the ssh argv that uses it. */
-export function systemSshCommand(plan: Pick<SshPlan, "host" | "port" | "user" | "hostKey" | "keyFile" | "receiptPath">, command: string[]): string[] {
-  const knownHosts = `${plan.receiptPath}.known_hosts`;
-  writeFileDurable(knownHosts, knownHostsLine(plan.host, plan.port, plan.hostKey) + "\n", 0o600);
-  return [
-    "ssh",
-    "-i", plan.keyFile,
-    "-p", String(plan.port),
-    "-o", `UserKnownHostsFile=${knownHosts}`,
-    "-o", "StrictHostKeyChecking=yes",
-    "-o", "IdentitiesOnly=yes",
-    ...(command.length > 0 ? ["-t"] : []),
-    `${plan.user}@${plan.host}`,
-    ...(command.length > 0 ? [shellQuote(command)] : []),
-  ];
-}
+export { knownHostsLine, systemSshCommand } from "../ssh-command.js";
 
 const SIGNAL_EXIT: Partial<Record<NodeJS.Signals, number>> = { SIGHUP: 129, SIGINT: 130, SIGTERM: 143 };
 const SIGNAL_GRACE_MS = 3_000;
@@ -307,7 +287,7 @@ Examples:
       let plan: SshPlan | null = null;
       try {
         if (!o.receipt) {
-          if (target.length === 0) throw new BerthError("invalid_request", "invalid_request: say what to connect to: berth ssh ALLOCATION, or berth ssh --receipt FILE");
+          if (target.length === 0) throw new UsageError("say what to connect to: berth ssh ALLOCATION, or berth ssh --receipt FILE");
           const { planFromAllocation } = await import("./ssh-alloc.js");
           const ap = await planFromAllocation(target[0]!, o);
           const command = target.slice(1);
@@ -332,7 +312,7 @@ Examples:
           }
         }
       } catch (e) {
-        process.stderr.write(`berth: ${describeError(e)}\n`);
+        reportError(e);
         status = exitCodeOf(e);
       }
       await plan?.api?.close().catch(() => undefined);

@@ -13,7 +13,10 @@ import { writeFileDurable } from "../../store/durable-file.js";
 export function register(program: Command): void {
   const token = program.command("token").description("Create, list and revoke API tokens (runs against the coordinator's store directly)");
   const storeOpts = (c: Command) =>
-    c.option("--state-dir <dir>", "coordinator state directory", ".berth").option("--db <file>", "SQLite database file (or set BERTH_PG_URL)");
+    c
+      .option("--state-dir <dir>", "coordinator state directory", ".berth")
+      .option("--db <file>", "SQLite database file (or set BERTH_PG_URL)")
+      .option("--init", "create the coordinator database if there is none (else a directory without one is refused)", false);
 
   storeOpts(
     token
@@ -25,7 +28,7 @@ export function register(program: Command): void {
       .option("--label <text>", "a note for `token ls`")
       .option("--out <file>", "write the token to this file (0600) instead of stdout")
       .option("--json", "print JSON", false),
-  ).action((o: { org: string; role: Role; expires?: number; label?: string; out?: string; json: boolean; stateDir: string; db?: string }) =>
+  ).action((o: { org: string; role: Role; expires?: number; label?: string; out?: string; json: boolean; stateDir: string; db?: string; init: boolean }) =>
     runCommand(async () => {
       if (!isId(o.org)) throw new BerthError("invalid_id", `invalid_id: --org ${JSON.stringify(o.org)} is not a valid id`);
       const store = await openStoreFromFlags(o);
@@ -44,7 +47,7 @@ export function register(program: Command): void {
   );
 
   storeOpts(token.command("revoke").description("Revoke a token at once; its live portable grants are invalidated").argument("<id>", "token id (tok_…)")).action(
-    (id: string, o: { stateDir: string; db?: string }) =>
+    (id: string, o: { stateDir: string; db?: string; init: boolean }) =>
       runCommand(async () => {
         const store = await openStoreFromFlags(o);
         try {
@@ -59,7 +62,7 @@ export function register(program: Command): void {
   );
 
   storeOpts(token.command("ls").description("List tokens (ids and roles; never the tokens)").option("--json", "print JSON", false)).action(
-    (o: { stateDir: string; db?: string; json: boolean }) =>
+    (o: { stateDir: string; db?: string; init: boolean; json: boolean }) =>
       runCommand(async () => {
         const store = await openStoreFromFlags(o);
         try {

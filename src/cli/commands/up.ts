@@ -23,7 +23,7 @@ import { generateSshKeyPair } from "../../core/ssh-keys.js";
 import { writeFileDurable } from "../../store/durable-file.js";
 import { Api } from "../../client/http.js";
 import { BerthClient } from "../../client/client.js";
-import { describeError, EXIT, exitCodeOf, intArg, loadOrCreateSecret } from "../common.js";
+import { describeError, EXIT, exitCodeOf, intArg, loadOrCreateSecret, reportError } from "../common.js";
 import { parseListen } from "./serve.js";
 import { waitReady } from "./pool.js";
 import { DEFAULT_WAIT_MS, runOnBorrowed } from "./run.js";
@@ -199,7 +199,7 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
           });
         }
       } catch (e) {
-        process.stderr.write(`berth: ${describeError(e)}\n`);
+        reportError(e);
         status = exitCodeOf(e);
       } finally {
         if (coord && api) await teardown(api, coord, agent, store, o.portable ? ["agents", "default"] : ["default"], say);

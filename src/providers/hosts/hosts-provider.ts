@@ -12,7 +12,7 @@
 import type { OperationOutcome, OperationRequest, Provider, ProviderCapabilities } from "../provider.js";
 import type { HostRow } from "../../store/hosts.js";
 import { callAgent, type AgentReply } from "./agent-call.js";
-import { parseOperationResult, type InstallKeyArgs, type OperationKind, type OperationRequestBody, type OperationResults } from "../../protocol/operations.js";
+import { parseOperationResult, type InstallKeyArgs, type OperationKind, type OperationRequest as AgentOperationRequest, type OperationResults } from "../../protocol/operations.js";
 
 export interface HostsProviderDeps {
   /** Read a host's record (address, gateway, host key) from the store. */
@@ -34,7 +34,7 @@ export class HostsProvider implements Provider {
   readonly capabilities = CAPABILITIES;
   constructor(private readonly deps: HostsProviderDeps) {}
 
-  async #call<K extends OperationKind>(host: HostRow, body: OperationRequestBody & { kind: K }): Promise<Answer<K>> {
+  async #call<K extends OperationKind>(host: HostRow, body: AgentOperationRequest & { kind: K }): Promise<Answer<K>> {
     const r = await callAgent(this.deps.secret, host, "POST", "/v1/agent/ops", body, this.deps.timeoutMs ?? 60_000);
     return answerOf(body.kind, r);
   }

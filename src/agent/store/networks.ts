@@ -1,40 +1,14 @@
 /**
- * The agent store's record of each machine's network (migration 5): the
- * intent (names, address slot, policy) written BEFORE anything is created,
- * the exact identity (network namespace inode, host veth ifindex, nftables
+ * The agent's record of each machine's network (table `machine_networks`,
+ * migration 5): the intent (names, address slot, policy) written BEFORE
+ * anything is created, the exact identity (network namespace inode, host veth ifindex, nftables
  * table handle) written once everything is up, and the last readiness
  * evidence. A record in `releasing` keeps its identity until every object is
  * proven gone; then the row is deleted.
  */
-import type Database from "better-sqlite3";
-import type { Migration } from "../../store/migrate.js";
 import type { NetworkPolicy } from "../../core/network-policy.js";
 import type { ReadinessEvidence } from "../../core/network-evidence.js";
-import { statements } from "../../store/sqlite/statements.js";
-
-export const NETWORK_MIGRATION: Migration = {
-  version: 5,
-  name: "machine networks",
-  sql: `
-    CREATE TABLE machine_networks (
-      machine_id   TEXT PRIMARY KEY,
-      state        TEXT NOT NULL,     -- intent | up | releasing
-      policy       TEXT NOT NULL,     -- canonical policy JSON
-      fingerprint  TEXT NOT NULL,
-      slot         INTEGER,           -- address slot (a host-wide lease), NULL until leased
-      netns        TEXT NOT NULL,
-      host_if      TEXT NOT NULL,
-      nft_table    TEXT NOT NULL,
-      netns_inode  TEXT,              -- exact identity, once up
-      host_ifindex INTEGER,
-      nft_handle   INTEGER,
-      resolved     TEXT,              -- JSON {name: [ipv4]} pinned at set-up
-      evidence     TEXT,              -- JSON of the last readiness evidence
-      created_at   INTEGER NOT NULL,
-      updated_at   INTEGER NOT NULL
-    );
-  `,
-};
+import type { Statements } from "../../store/sqlite/statements.js";
 
 export type NetState = "intent" | "up" | "releasing";
 
@@ -94,24 +68,20 @@ function fromRow(r: Row): NetRecord {
   };
 }
 
-/** Named statements on the agent's database (the caller holds its lock). */
-export class NetStore {
-  readonly #q: (sql: string) => Database.Statement;
-  constructor(db: Database.Database) {
-    this.#q = statements(db);
-  }
+export class NetworkTable {
+  constructor(private readonly q: Statements) {}
 
   get(machineId: string): NetRecord | null {
-    const r = this.#q("SELECT * FROM machine_networks WHERE machine_id = ?").get(machineId) as Row | undefined;
+    const r = this.q("SELECT * FROM machine_networks WHERE machine_id = ?").get(machineId) as Row | undefined;
     return r ? fromRow(r) : null;
   }
 
   list(): NetRecord[] {
-    return (this.#q("SELECT * FROM machine_networks ORDER BY machine_id").all() as Row[]).map(fromRow);
+    return (this.q("SELECT * FROM machine_networks ORDER BY machine_id").all() as Row[]).map(fromRow);
   }
 
   put(n: NetRecord): void {
-    this.#q(
+    this.q(
       `INSERT INTO machine_networks (machine_id, state, policy, fingerprint, slot, netns, host_if, nft_table, netns_inode, host_ifindex, nft_handle, resolved, evidence, created_at, updated_at)
        VALUES (@machineId, @state, @policy, @fingerprint, @slot, @netns, @hostIf, @table, @netnsInode, @hostIfindex, @nftHandle, @resolved, @evidence, @createdAt, @updatedAt)
        ON CONFLICT(machine_id) DO UPDATE SET state = excluded.state, policy = excluded.policy, fingerprint = excluded.fingerprint,
@@ -127,6 +97,6 @@ export class NetStore {
   }
 
   delete(machineId: string): void {
-    this.#q("DELETE FROM machine_networks WHERE machine_id = ?").run(machineId);
+    this.q("DELETE FROM machine_networks WHERE machine_id = ?").run(machineId);
   }
 }

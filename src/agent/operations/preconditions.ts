@@ -1,0 +1,90 @@
+/**
+ * Whether an operation may act now, decided before anything is written: a
+ * refusal changes nothing and is not recorded, so a retry is refused the
+ * same way (generations only grow).
+ *
+ *   machine kinds   the machine's record (state, generation): an operation
+ *                   below the machine's generation is refused
+ *                   (`generation_mismatch`); a machine being created admits
+ *                   only its provision or a destroy, one being destroyed or
+ *                   destroyed only destroy, one that does not match its
+ *                   record nothing (but destroy of one that is missing).
+ *   alloc_hold      the allocation's hold: none, or held by this very
+ *                   generation (alloc-hold.ts `holdRefusal`).
+ *   alloc_launch    the hold of exactly this generation.
+ *   alloc_release   always (it fences every later hold).
+ */
+import { BerthError, assertNever } from "../../core/errors.js";
+import type { NormalizedArgs, OperationKind } from "../../protocol/operations.js";
+import type { MachineRecord } from "../store/machines.js";
+import type { AgentStore } from "../store/store.js";
+import { holdRefusal } from "./alloc-hold.js";
+
+export interface Envelope {
+  opId: string;
+  machineId: string;
+  generation: number;
+}
+
+/** Throws the refusal when `args` may not act on this host now. */
+export function checkPreconditions(store: AgentStore, env: Envelope, args: NormalizedArgs): void {
+  switch (args.kind) {
+    case "alloc_hold": {
+      const refusal = holdRefusal(args.allocationId, store.holds.get(args.allocationId), env.generation);
+      if (refusal) throw refusal;
+      return;
+    }
+    case "alloc_launch": {
+      const h = store.holds.get(args.allocationId);
+      if (!h || h.state !== "held") throw new BerthError("conflict", `conflict: allocation ${args.allocationId} holds no slot on this host${h ? " (released)" : ""}; take the hold first`);
+      if (h.generation !== env.generation) throw new BerthError("generation_mismatch", `generation_mismatch: allocation ${args.allocationId}'s hold is generation ${h.generation}, not ${env.generation}; nothing was changed`);
+      return;
+    }
+    case "alloc_release":
+      return;
+    case "provision":
+    case "install_key":
+    case "remove_key":
+    case "fence":
+    case "scrub":
+    case "destroy":
+      return machinePrecondition(env, args.kind, store.machines.get(env.machineId));
+    default:
+      return assertNever(args, "operation");
+  }
+}
+
+function machinePrecondition(env: Envelope, kind: OperationKind, m: MachineRecord | null): void {
+  const { opId, machineId, generation } = env;
+  if (m === null) {
+    if (kind === "provision" || kind === "destroy") return;
+    throw new BerthError("not_found", `not_found: machine ${machineId} is not on this host; provision it first`);
+  }
+  if (generation < m.generation) {
+    throw new BerthError(
+      "generation_mismatch",
+      `generation_mismatch: operation ${opId} (${kind}) carries generation ${generation} of machine ${machineId}, which is at generation ${m.generation}; nothing was changed`,
+    );
+  }
+  switch (m.state) {
+    case "running":
+      return;
+    case "creating":
+      if (kind === "provision" || kind === "destroy") return;
+      throw new BerthError("conflict", `conflict: machine ${machineId} is still being created; finish its provision operation first`);
+    case "destroying":
+      if (kind === "destroy") return;
+      throw new BerthError("conflict", `conflict: machine ${machineId} is being destroyed; only destroy can finish it`);
+    case "destroyed":
+      if (kind === "destroy") return;
+      throw new BerthError("conflict", `conflict: machine ${machineId} was destroyed; use a new machine id`);
+    case "mismatch":
+      if (kind === "destroy" && m.mismatch?.startsWith("missing")) return;
+      throw new BerthError(
+        "conflict",
+        `conflict: machine ${machineId} does not match its record (${m.mismatch ?? "unknown"}); the agent will not touch it; an operator must inspect it`,
+      );
+    default:
+      assertNever(m.state, "machine state");
+  }
+}
