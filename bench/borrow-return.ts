@@ -8,11 +8,25 @@
  *
  * Usage: node dist/bench/borrow-return.js [--seconds 5] [--clients 1,8,32]
  *          [--engines sqlite,postgres] [--modes serve,inproc] [--machines 64]
- * Prints borrow and return p50/p99 (ms) and cycles/s; writes
+ *        node dist/bench/borrow-return.js --compare DIR[,DIR…] [--rounds 3] [--counts] …
+ *
+ * --compare runs other builds' `berth serve` (bench/builds.ts) in turn with
+ * this one, `--rounds` times (the order rotating), and prints each build's
+ * medians and their ratios to this build. --counts adds a pass per build
+ * that counts, per cycle at one client, the fsyncs and WAL writes of
+ * `berth serve` on SQLite (strace attached to it) and the statements,
+ * commits and round trips it sends to PostgreSQL (a counting proxy between
+ * them, test/helpers/pg-wire.ts).
+ *
+ * Prints borrow and return p50/p99 (ms), cycles/s and the coordinator's CPU
+ * per cycle (and on PostgreSQL its backends' CPU per cycle); writes
  * bench/results/borrow-return-<timestamp>.json.
  */
+import { spawn } from "node:child_process";
 import { Api } from "../src/cli/api.js";
-import { arg, dist, ms, enginesArg, pgSkipReason, printTable, round, startBenchCoordinator, keeperPool, writeResult, type Engine, type Mode, type Dist } from "./lib.js";
+import { arg, dist, ms, enginesArg, pgSkipReason, printTable, round, startBenchCoordinator, keeperPool, writeResult, PG_URL, type Engine, type Mode, type Dist } from "./lib.js";
+import { buildsArg, median, rotation, startBuildServe, type Build, type BuildServe } from "./builds.js";
+import { startPgWireProxy } from "../test/helpers/pg-wire.js";
 
 const seconds = Number(arg("seconds", "5"));
 const warmupSeconds = Number(arg("warmup", "1"));
@@ -20,10 +34,15 @@ const levels = arg("clients", "1,8,32").split(",").map(Number);
 const machines = Number(arg("machines", "64"));
 const modes = arg("modes", "serve,inproc").split(",") as Mode[];
 const engines = enginesArg();
+const comparing = arg("compare", "") !== "";
+const rounds = Number(arg("rounds", comparing ? "3" : "1"));
+const counting = process.argv.includes("--counts");
 
 interface Row {
   engine: Engine;
   mode: Mode;
+  build: string;
+  round: number;
   clients: number;
   cycles: number;
   cyclesPerSec: number;
@@ -32,13 +51,23 @@ interface Row {
   errors: number;
   /** Coordinator CPU time per cycle (ms): steadier than latency on a busy machine. */
   serverCpuMsPerCycle: number;
+  /** CPU of the PostgreSQL backends serving the coordinator, per cycle (ms); null on SQLite or in-process. */
+  pgCpuMsPerCycle: number | null;
 }
 
 type Borrowed = { borrowId: string; borrowToken: string };
 
 /** Runs `clients` loops of borrow → return for `secs`; latencies only from after the warm-up. */
-async function level(apis: Api[], clients: number, secs: number, record: boolean, cpuMs: () => number): Promise<Omit<Row, "engine" | "mode" | "clients">> {
+async function level(
+  apis: Api[],
+  clients: number,
+  secs: number,
+  record: boolean,
+  cpuMs: () => number,
+  pgCpuMs: () => Promise<number>,
+): Promise<Pick<Row, "cycles" | "cyclesPerSec" | "borrow" | "return" | "errors" | "serverCpuMsPerCycle" | "pgCpuMsPerCycle">> {
   const cpu0 = cpuMs();
+  const pg0 = await pgCpuMs();
   const borrowMs: number[] = [];
   const returnMs: number[] = [];
   let errors = 0;
@@ -69,48 +98,180 @@ async function level(apis: Api[], clients: number, secs: number, record: boolean
   );
   const elapsed = ms(t0) / 1000;
   const cpu = cpuMs() - cpu0;
-  return { cycles, cyclesPerSec: round(cycles / elapsed, 1), borrow: dist(borrowMs), return: dist(returnMs), errors, serverCpuMsPerCycle: round(cpu / Math.max(1, cycles)) };
+  const pgCpu = (await pgCpuMs()) - pg0;
+  const per = (x: number) => round(x / Math.max(1, cycles));
+  return { cycles, cyclesPerSec: round(cycles / elapsed, 1), borrow: dist(borrowMs), return: dist(returnMs), errors, serverCpuMsPerCycle: per(cpu), pgCpuMsPerCycle: per(pgCpu) };
 }
 
-const rows: Row[] = [];
-for (const engine of engines) {
-  for (const mode of modes) {
-    const c = await startBenchCoordinator({ engine, mode });
-    try {
-      const admin = new Api(c.url, await c.token("admin"));
-      await keeperPool(admin, "bench", machines);
-      await admin.close();
-      const apis: Api[] = [];
-      const maxClients = Math.max(...levels);
-      for (let i = 0; i < maxClients; i++) apis.push(new Api(c.url, await c.token("member"), { connections: 1 }));
-      for (const clients of levels) {
-        await level(apis, clients, warmupSeconds, false, () => c.cpuMs());
-        const r = await level(apis, clients, seconds, true, () => c.cpuMs());
-        rows.push({ engine, mode, clients, ...r });
-        process.stderr.write(`${engine} ${mode} ${clients} client(s): ${r.cyclesPerSec} cycles/s\n`);
-      }
-      await Promise.all(apis.map((a) => a.close()));
-    } finally {
-      await c.close();
+/** One build's coordinator through every client level. */
+async function runServe(s: BuildServe, roundNo: number): Promise<Row[]> {
+  const admin = new Api(s.url, await s.token("admin"));
+  await keeperPool(admin, "bench", machines);
+  await admin.close();
+  const member = await s.token("member");
+  const apis: Api[] = [];
+  for (let i = 0; i < Math.max(...levels); i++) apis.push(new Api(s.url, member, { connections: 1 }));
+  const rows: Row[] = [];
+  try {
+    for (const clients of levels) {
+      await level(apis, clients, warmupSeconds, false, s.cpuMs, s.pgBackendCpuMs);
+      const r = await level(apis, clients, seconds, true, s.cpuMs, s.pgBackendCpuMs);
+      rows.push({ engine: s.engine, mode: "serve", build: s.build.label, round: roundNo, clients, ...r, pgCpuMsPerCycle: s.engine === "postgres" ? r.pgCpuMsPerCycle : null });
+      process.stderr.write(`round ${roundNo + 1} ${s.build.label} ${s.engine} ${clients} client(s): ${r.cyclesPerSec} cycles/s, borrow p50 ${r.borrow.p50} ms, cpu ${r.serverCpuMsPerCycle} ms/cycle\n`);
     }
+  } finally {
+    await Promise.all(apis.map((a) => a.close()));
+  }
+  return rows;
+}
+
+interface Counts {
+  build: string;
+  engine: Engine;
+  cycles: number;
+  perCycle: Record<string, number>;
+}
+
+/** strace attached to a running process, counting the given syscalls until stopped. */
+function straceCount(pid: number, syscalls: string[]): { stop(): Promise<Record<string, number>> } {
+  const child = spawn("strace", ["-f", "-c", "-U", "calls,name", "-e", `trace=${syscalls.join(",")}`, "-p", String(pid)], { stdio: ["ignore", "ignore", "pipe"] });
+  let err = "";
+  child.stderr.on("data", (d: Buffer) => (err += d.toString()));
+  return {
+    async stop() {
+      const done = new Promise((r) => child.once("exit", r));
+      child.kill("SIGINT");
+      await done;
+      const out: Record<string, number> = Object.fromEntries(syscalls.map((s) => [s, 0]));
+      for (const line of err.split("\n")) {
+        const m = /^\s*(\d+)\s+(\w+)\s*$/.exec(line);
+        if (m && m[2]! in out) out[m[2]!] = Number(m[1]);
+      }
+      return out;
+    },
+  };
+}
+
+/** Per cycle at one client: fsyncs and WAL writes (SQLite) or what goes over the wire (PostgreSQL). */
+async function countPass(build: Build, engine: Engine, cycles: number): Promise<Counts> {
+  const proxy = engine === "postgres" ? await startPgWireProxy(PG_URL!) : null;
+  const s = await startBuildServe(build, engine, proxy ? { pgUrl: proxy.url } : {});
+  try {
+    const admin = new Api(s.url, await s.token("admin"));
+    await keeperPool(admin, "bench", 8);
+    await admin.close();
+    const api = new Api(s.url, await s.token("member"), { connections: 1 });
+    const cycle = async () => {
+      const b = await api.call<Borrowed>("POST", "/v1/pools/bench/borrow", {});
+      await api.call("POST", `/v1/borrows/${b.borrowId}/return`, { token: b.borrowToken });
+    };
+    for (let i = 0; i < 20; i++) await cycle();
+    const trace = proxy ? null : straceCount(s.child.pid!, ["fsync", "fdatasync", "pwrite64", "write"]);
+    if (trace) await new Promise((r) => setTimeout(r, 500)); // strace attaches
+    proxy?.reset();
+    for (let i = 0; i < cycles; i++) await cycle();
+    await api.close();
+    const per: Record<string, number> = {};
+    if (trace) for (const [k, v] of Object.entries(await trace.stop())) per[k] = round(v / cycles, 2);
+    if (proxy) {
+      const c = proxy.counts();
+      Object.assign(per, { statements: round(c.statements / cycles, 2), commits: round(c.commits / cycles, 2), rollbacks: round(c.rollbacks / cycles, 2), "round trips": round(c.roundTrips / cycles, 2) });
+    }
+    return { build: build.label, engine, cycles, perCycle: per };
+  } finally {
+    await s.close();
+    await proxy?.close();
   }
 }
 
-printTable(
-  "keeper borrow/return over HTTP (latencies in ms)",
-  rows.map((r) => ({
-    engine: r.engine,
-    coordinator: r.mode === "serve" ? "berth serve" : "in-process",
-    clients: r.clients,
-    "borrow p50": r.borrow.p50,
-    "borrow p99": r.borrow.p99,
-    "return p50": r.return.p50,
-    "return p99": r.return.p99,
-    "cycles/s": r.cyclesPerSec,
-    "cpu ms/cycle": r.serverCpuMsPerCycle,
-    cycles: r.cycles,
-    errors: r.errors,
-  })),
-);
-const path = writeResult("borrow-return", { seconds, warmupSeconds, machines, skipped: engines.includes("postgres") ? null : pgSkipReason(), rows });
+const rows: Row[] = [];
+const counts: Counts[] = [];
+if (comparing) {
+  const builds = buildsArg();
+  for (const engine of engines) {
+    for (let r = 0; r < rounds; r++) {
+      for (const build of rotation(builds, r)) {
+        const s = await startBuildServe(build, engine);
+        try {
+          rows.push(...(await runServe(s, r)));
+        } finally {
+          await s.close();
+        }
+      }
+    }
+    if (counting) for (const build of builds) counts.push(await countPass(build, engine, 100));
+  }
+  const summary: Array<Record<string, string | number>> = [];
+  const self = builds[0]!.label;
+  const med = (e: Engine, b: string, c: number, f: (r: Row) => number | null) => median(rows.filter((r) => r.engine === e && r.build === b && r.clients === c).map((r) => f(r) ?? Number.NaN));
+  for (const engine of engines) {
+    for (const clients of levels) {
+      const base = { cps: med(engine, self, clients, (r) => r.cyclesPerSec), b50: med(engine, self, clients, (r) => r.borrow.p50), cpu: med(engine, self, clients, (r) => r.serverCpuMsPerCycle), pg: med(engine, self, clients, (r) => r.pgCpuMsPerCycle) };
+      for (const b of builds) {
+        const m = { cps: med(engine, b.label, clients, (r) => r.cyclesPerSec), b50: med(engine, b.label, clients, (r) => r.borrow.p50), r50: med(engine, b.label, clients, (r) => r.return.p50), cpu: med(engine, b.label, clients, (r) => r.serverCpuMsPerCycle), pg: med(engine, b.label, clients, (r) => r.pgCpuMsPerCycle) };
+        summary.push({
+          engine,
+          clients,
+          build: b.label,
+          "cycles/s": round(m.cps, 1),
+          "borrow p50": round(m.b50),
+          "return p50": round(m.r50),
+          "cpu ms/cycle": round(m.cpu),
+          ...(engine === "postgres" ? { "pg cpu ms/cycle": round(m.pg) } : {}),
+          "cycles/s ÷ this": round(m.cps / base.cps, 2),
+          "borrow p50 ÷ this": round(m.b50 / base.b50, 2),
+          "cpu ÷ this": round(m.cpu / base.cpu, 2),
+          ...(engine === "postgres" ? { "pg cpu ÷ this": round(m.pg / base.pg, 2) } : {}),
+        });
+      }
+    }
+  }
+  for (const engine of rounds > 0 ? engines : []) {
+    printTable(`${engine}: medians of ${rounds} alternating rounds of ${seconds} s, berth serve, latencies in ms`, summary.filter((s) => s.engine === engine));
+  }
+  for (const engine of engines) {
+    const cs = counts.filter((c) => c.engine === engine);
+    if (cs.length) printTable(`${engine}: per keeper borrow + return at one client (${cs[0]!.cycles} cycles)`, cs.map((c) => ({ build: c.build, ...c.perCycle })));
+  }
+} else {
+  for (const engine of engines) {
+    for (const mode of modes) {
+      const c = await startBenchCoordinator({ engine, mode });
+      try {
+        const admin = new Api(c.url, await c.token("admin"));
+        await keeperPool(admin, "bench", machines);
+        await admin.close();
+        const apis: Api[] = [];
+        const maxClients = Math.max(...levels);
+        for (let i = 0; i < maxClients; i++) apis.push(new Api(c.url, await c.token("member"), { connections: 1 }));
+        for (const clients of levels) {
+          await level(apis, clients, warmupSeconds, false, () => c.cpuMs(), async () => 0);
+          const r = await level(apis, clients, seconds, true, () => c.cpuMs(), async () => 0);
+          rows.push({ engine, mode, build: "this", round: 0, clients, ...r, pgCpuMsPerCycle: null });
+          process.stderr.write(`${engine} ${mode} ${clients} client(s): ${r.cyclesPerSec} cycles/s\n`);
+        }
+        await Promise.all(apis.map((a) => a.close()));
+      } finally {
+        await c.close();
+      }
+    }
+  }
+  printTable(
+    "keeper borrow/return over HTTP (latencies in ms)",
+    rows.map((r) => ({
+      engine: r.engine,
+      coordinator: r.mode === "serve" ? "berth serve" : "in-process",
+      clients: r.clients,
+      "borrow p50": r.borrow.p50,
+      "borrow p99": r.borrow.p99,
+      "return p50": r.return.p50,
+      "return p99": r.return.p99,
+      "cycles/s": r.cyclesPerSec,
+      "cpu ms/cycle": r.serverCpuMsPerCycle,
+      cycles: r.cycles,
+      errors: r.errors,
+    })),
+  );
+}
+const path = writeResult("borrow-return", { seconds, warmupSeconds, machines, rounds, skipped: engines.includes("postgres") ? null : pgSkipReason(), rows, counts });
 process.stdout.write(`\nwrote ${path}\n`);

@@ -64,16 +64,23 @@ export function processCpuMs(pid: number): number {
 }
 const CLK_TCK = 100;
 
+/** The connection string with `application_name` set: how a bench finds its coordinator's sessions in pg_stat_activity. */
+export function withAppName(url: string, name: string): string {
+  const u = new URL(url);
+  u.searchParams.set("application_name", name);
+  return u.toString();
+}
+
 async function openBenchStore(engine: Engine, dir: string, schema: string): Promise<Store> {
   if (engine === "sqlite") return new SqliteStore({ path: join(dir, "berth.db") });
   return PostgresStore.open({ connectionString: PG_URL!, schema });
 }
 
-/** Starts `berth serve` on a free port and waits for its "listening" line. */
-export function spawnServe(dir: string, env: NodeJS.ProcessEnv, extra: string[] = []): Promise<{ child: ChildProcess; url: string }> {
+/** Starts `berth serve` (of this checkout, or the build whose bin/berth is `bin`) on a free port and waits for its "listening" line. */
+export function spawnServe(dir: string, env: NodeJS.ProcessEnv, extra: string[] = [], bin: string = BIN): Promise<{ child: ChildProcess; url: string }> {
   // BENCH_SERVE_NODE_ARGS (e.g. "--cpu-prof --cpu-prof-dir=/tmp/prof") reaches only the server process.
   const nodeArgs = (process.env.BENCH_SERVE_NODE_ARGS ?? "").split(" ").filter(Boolean);
-  const child = spawn(process.execPath, [...nodeArgs, BIN, "serve", "--state-dir", dir, "--listen", "127.0.0.1:0", ...extra], {
+  const child = spawn(process.execPath, [...nodeArgs, bin, "serve", "--state-dir", dir, "--listen", "127.0.0.1:0", ...extra], {
     env: { ...process.env, BERTH_LOG_LEVEL: "warn", ...env },
     stdio: ["ignore", "pipe", "inherit"],
   });

@@ -28,7 +28,7 @@ import pg from "pg";
 import { Api } from "../src/cli/api.js";
 import { PostgresStore } from "../src/store/postgres/postgres-store.js";
 import { createToken } from "../src/coordinator/auth.js";
-import { arg, dist, keeperPool, ms, PG_URL, pgSkipReason, printTable, processCpuMs, round, spawnServe, stopChild, writeResult, type Dist } from "./lib.js";
+import { arg, dist, keeperPool, ms, PG_URL, pgSkipReason, printTable, processCpuMs, round, spawnServe, stopChild, withAppName, writeResult, type Dist } from "./lib.js";
 
 const levels = arg("coordinators", "1,3").split(",").map(Number);
 const clients = Number(arg("clients", "32"));
@@ -76,12 +76,6 @@ interface Run {
 }
 
 type Borrowed = { borrowId: string; borrowToken: string };
-
-function withAppName(url: string, name: string): string {
-  const u = new URL(url);
-  u.searchParams.set("application_name", name);
-  return u.toString();
-}
 
 /** Samples lock waits of the sessions named `app` until `stop()`; returns counts per "event: statement". */
 function startSampler(app: string): { stop(): Promise<{ waits: Record<string, number>; samples: number }> } {
