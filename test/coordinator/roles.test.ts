@@ -68,7 +68,8 @@ describe("narrow roles (a running coordinator, real HTTP)", () => {
   let member: string;
   let borrow: { borrowId: string; borrowToken: string };
   before(async () => {
-    t = await startTestCoordinator();
+    // No background reconciler: a dump taken before a refusal must not race its fill re-checks.
+    t = await startTestCoordinator({ reconcile: false });
     enroll = (await t.token("agent")).token;
     member = (await t.token("member")).token;
     const admin = await t.api("admin");
