@@ -38,6 +38,14 @@ export class PoolHistograms {
   }
 }
 
+/** One owner's use and budget, named by its token's label (metrics never carry token ids). */
+export interface OwnerUse {
+  org: string;
+  label: string | null;
+  used: { vcpu: number; memoryMib: number; count: number };
+  budget: { vcpu: number; memoryMib: number; count: number };
+}
+
 export class Metrics {
   readonly registry = new client.Registry();
   readonly borrowRequests = new client.Counter({ name: "berth_borrow_requests_total", help: "Borrow requests by pool, access and outcome", labelNames: ["pool", "access", "outcome"], registers: [this.registry] });
@@ -64,7 +72,12 @@ export class Metrics {
   readonly stoppedReports = new client.Counter({ name: "berth_host_stopped_reports_total", help: "Stopped reports from switching hosts by outcome: taken, moot, ignored", labelNames: ["outcome"], registers: [this.registry] });
   readonly allocationRefusals = new client.Counter({ name: "berth_allocation_refusals_total", help: "Allocation creates refused, by reason: budget_exhausted, no_capacity, not_admitted", labelNames: ["reason"], registers: [this.registry] });
   readonly allocations = new client.Gauge({ name: "berth_allocations", help: "Allocations by state", labelNames: ["state"], registers: [this.registry] });
-  readonly ownerUse = new client.Gauge({ name: "berth_allocation_budget_used_ratio", help: "Share of each owner's budget in use, by dimension (owner is an API token id, never a secret)", labelNames: ["owner", "dimension"], registers: [this.registry] });
+  readonly ownerUse = new client.Gauge({
+    name: "berth_allocation_budget_used_ratio",
+    help: "Share of the budgets in use of the owners whose API tokens carry one label, per organisation and dimension (owner is the token's label, or 'unlabelled'; never a token id)",
+    labelNames: ["org", "owner", "dimension"],
+    registers: [this.registry],
+  });
 
   /** One served borrow: the exported histograms and the pool's own. */
   observeBorrow(o: { org: string; pool: string; access: "keeper" | "portable"; latencySeconds: number; readyAgeSeconds: number | null }): void {
@@ -83,10 +96,27 @@ export class Metrics {
     for (const r of rows) this.machines.set({ pool: r.pool, state: r.state }, r.n);
   }
 
-  setAllocationCounts(states: { state: string; n: number }[], owners: { owner: string; vcpu: number; memory: number; count: number }[]): void {
+  /** Allocation counts, and owners' use grouped by (org, token label): the ratio is the group's use over its budgets. */
+  setAllocationCounts(states: { state: string; n: number }[], owners: OwnerUse[]): void {
     this.allocations.reset();
     for (const r of states) this.allocations.set({ state: r.state }, r.n);
     this.ownerUse.reset();
-    for (const o of owners) for (const dim of ["vcpu", "memory", "count"] as const) this.ownerUse.set({ owner: o.owner, dimension: dim }, o[dim]);
+    const groups = new Map<string, { org: string; owner: string; used: [number, number, number]; budget: [number, number, number] }>();
+    for (const o of owners) {
+      const owner = o.label ?? "unlabelled";
+      const key = `${o.org}\0${owner}`;
+      let g = groups.get(key);
+      if (!g) groups.set(key, (g = { org: o.org, owner, used: [0, 0, 0], budget: [0, 0, 0] }));
+      g.used[0] += o.used.vcpu;
+      g.used[1] += o.used.memoryMib;
+      g.used[2] += o.used.count;
+      g.budget[0] += o.budget.vcpu;
+      g.budget[1] += o.budget.memoryMib;
+      g.budget[2] += o.budget.count;
+    }
+    for (const g of groups.values()) {
+      (["vcpu", "memory", "count"] as const).forEach((dimension, i) => this.ownerUse.set({ org: g.org, owner: g.owner, dimension }, g.budget[i]! > 0 ? g.used[i]! / g.budget[i]! : 0));
+    }
   }
+
 }

@@ -46,6 +46,8 @@ export interface CoordinatorOptions {
   reconcile?: boolean;
   /** The dashboard at /ui (sessions, live stream). */
   ui?: UiOptions;
+  /** When set, `GET /metrics` needs `Authorization: Bearer <token>` with the token whose `hashToken("api", …)` this is. */
+  metricsTokenHash?: string | null;
 }
 
 export interface Coordinator {
@@ -103,14 +105,11 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
   const metricsText = async () => {
     metrics.setMachineCounts(await ctx.store.transaction((tx) => machineCounts(tx)));
     const alloc = await ctx.store.transaction(async (tx) => ({ states: await liveAllocationCounts(tx), owners: await allOwners(tx) }));
-    metrics.setAllocationCounts(
-      alloc.states,
-      alloc.owners.map((o) => ({ owner: o.owner, vcpu: o.used.vcpu / o.budget.vcpu, memory: o.used.memoryMib / o.budget.memoryMib, count: o.used.count / o.budget.count })),
-    );
+    metrics.setAllocationCounts(alloc.states, alloc.owners);
     return metrics.registry.metrics();
   };
   const app = createHttpServer({ log, internalMessage: "internal: the coordinator failed to handle this request; see its log" });
-  addRoutes(app, { ctx, secret: o.secret, metricsText, portable, version: VERSION, allocationAgent });
+  addRoutes(app, { ctx, secret: o.secret, metricsText, metricsTokenHash: o.metricsTokenHash ?? null, portable, version: VERSION, allocationAgent });
   const ui = addUiRoutes(app, ctx, o.ui);
   const { url, port } = await app.listen(o.host ?? "127.0.0.1", o.port ?? 0);
   if (o.reconcile !== false) loop.start();

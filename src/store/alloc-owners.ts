@@ -77,7 +77,8 @@ export async function isPrincipalOf(tx: Tx, id: string, org: string): Promise<bo
   return (await tx.get<{ id: string }>("SELECT id FROM api_tokens WHERE id = ? AND org = ?", [id, org])) !== undefined;
 }
 
-/** Every owner of every organisation (metrics). */
-export async function allOwners(tx: Tx): Promise<OwnerRecord[]> {
-  return (await tx.all<OwnerRow>("SELECT * FROM alloc_owners ORDER BY org, owner")).map(ownerFromRow);
+/** Every owner of every organisation with its token's label (metrics: they name owners by label, never by token id). */
+export async function allOwners(tx: Tx): Promise<Array<OwnerRecord & { label: string | null }>> {
+  const rows = await tx.all<OwnerRow & { label: string | null }>("SELECT o.*, t.label AS label FROM alloc_owners o LEFT JOIN api_tokens t ON t.id = o.owner ORDER BY o.org, o.owner");
+  return rows.map((r) => ({ ...ownerFromRow(r), label: r.label }));
 }

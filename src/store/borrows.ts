@@ -30,6 +30,11 @@ export async function insertBorrow(
   );
 }
 
+/** The organisation and borrow-token hash of a keeper borrow or a portable grant (what a report must match). */
+export async function readBorrowTokenHash(tx: Tx, id: string): Promise<{ org: string; token_hash: string } | undefined> {
+  return tx.get<{ org: string; token_hash: string }>(`SELECT org, token_hash FROM ${id.startsWith("g_") ? "grants" : "borrows"} WHERE id = ?`, [id]);
+}
+
 export async function lockBorrow(tx: Tx, id: string): Promise<BorrowRow | undefined> {
   return tx.get<BorrowRow>(`SELECT * FROM borrows WHERE id = ?${tx.forUpdate}`, [id]);
 }

@@ -19,11 +19,12 @@
  * migrations.ts (tests may pass more to `AgentStore.open`). Callers group
  * statements of several tables in `transaction`.
  */
-import { chmodSync, mkdirSync } from "node:fs";
+import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import Database from "better-sqlite3";
 import { runMigrations, sqliteMigrationDriver, SCHEMA_VERSION_TABLE, type Migration } from "../../store/migrate.js";
 import { statements } from "../../store/sqlite/statements.js";
+import { privateDatabaseFile } from "../../store/private-file.js";
 import type { SessionStore } from "../sessions/store.js";
 import { AGENT_MIGRATIONS, LEGACY_NAMES } from "./migrations.js";
 import { MetaTable } from "./meta.js";
@@ -104,6 +105,8 @@ export class AgentStore {
   static open(stateDir: string, opts: OpenOptions = {}): AgentStore {
     mkdirSync(stateDir, { recursive: true, mode: 0o700 });
     const path = join(stateDir, STORE_FILE);
+    // 0600 before SQLite opens it: its -wal file takes the database file's mode.
+    privateDatabaseFile(path);
     // timeout 0: a held lock is a refusal now, not a wait.
     const db = new Database(path, { timeout: 0 });
     try {
@@ -121,7 +124,6 @@ export class AgentStore {
       if (isBusy(e)) throw new AgentLockedError(stateDir);
       throw e;
     }
-    chmodSync(path, 0o600); // hashes only, but nobody else's business
     const store = new AgentStore(stateDir, db, path);
     store.#migrate([...AGENT_MIGRATIONS, ...(opts.migrations ?? [])]);
     return store;

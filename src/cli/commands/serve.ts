@@ -1,7 +1,8 @@
 /** `berth serve`: the coordinator, on SQLite (default) or PostgreSQL (BERTH_PG_URL). */
 import type { Command } from "commander";
 import { join, resolve } from "node:path";
-import { mkdirSync } from "node:fs";
+import { mkdirSync, readFileSync } from "node:fs";
+import { hashToken } from "../../core/tokens.js";
 import { durationArg, loadOrCreateSecret, openStoreFromFlags, runCommand } from "../common.js";
 
 async function startAws(file: string) {
@@ -13,6 +14,19 @@ async function startAws(file: string) {
     provider,
     sweep: (store: Parameters<typeof liveMachinesIn>[0], log: Parameters<typeof startSweepLoop>[3]) => startSweepLoop(provider, liveMachinesIn(store), 5 * 60_000, log),
   };
+}
+
+/** One token from a file (never argv); a missing or malformed file stops the start with a clear message. */
+function readSecretLine(file: string, flag: string): string {
+  let text: string;
+  try {
+    text = readFileSync(file, "utf8");
+  } catch (e) {
+    throw new Error(`${flag} ${file}: cannot read it (${(e as NodeJS.ErrnoException).code ?? "error"})`);
+  }
+  const token = text.trim();
+  if (token.length < 16 || /\s/.test(token)) throw new Error(`${flag} ${file}: the file must hold exactly one token of at least 16 characters`);
+  return token;
 }
 
 export function parseListen(v: string): { host: string; port: number } {
@@ -33,6 +47,7 @@ export function register(program: Command): void {
     .option("--secret-file <file>", "coordinator secret (created 0600 if missing; share it between coordinators on one database)")
     .option("--portable", "enable portable access (per-borrow keys, two-phase acknowledgement); off by default", false)
     .option("--alloc-actor-lease <duration>", "lease of an allocation's launch actor: past it, another coordinator may take the launch over (default 15s)", durationArg("--alloc-actor-lease"))
+    .option("--metrics-token-file <file>", "require this token (one line, read at start) as 'Authorization: Bearer' on GET /metrics; default: /metrics is open")
     .option("--aws-config <file>", "enable the aws provider with this pool configuration (docs/aws.md); credentials come from the AWS SDK's default chain")
     .addHelpText(
       "after",
@@ -44,17 +59,18 @@ with the same --secret-file.
 Example:
   berth serve --state-dir /var/lib/berth --listen 0.0.0.0:7420`,
     )
-    .action((o: { stateDir: string; db?: string; listen: string; secretFile?: string; portable: boolean; awsConfig?: string; allocActorLease?: number }) =>
+    .action((o: { stateDir: string; db?: string; listen: string; secretFile?: string; portable: boolean; awsConfig?: string; allocActorLease?: number; metricsTokenFile?: string }) =>
       runCommand(async () => {
         const dir = resolve(o.stateDir);
         mkdirSync(dir, { recursive: true, mode: 0o700 });
         const store = await openStoreFromFlags({ ...o, init: true });
         const secret = loadOrCreateSecret(o.secretFile ? resolve(o.secretFile) : join(dir, "coordinator.secret"));
         const { host, port } = parseListen(o.listen);
+        const metricsTokenHash = o.metricsTokenFile === undefined ? null : hashToken("api", readSecretLine(resolve(o.metricsTokenFile), "--metrics-token-file"));
         // Loaded only here: every other command starts without the coordinator.
         const { startCoordinator } = await import("../../coordinator/server.js");
         const aws = o.awsConfig ? await startAws(resolve(o.awsConfig)) : null;
-        const c = await startCoordinator({ store, secret, host, port, config: { portable: o.portable, ...(o.allocActorLease !== undefined ? { allocationActorLeaseMs: o.allocActorLease } : {}) }, providers: aws ? [aws.provider] : [] });
+        const c = await startCoordinator({ store, secret, host, port, config: { portable: o.portable, ...(o.allocActorLease !== undefined ? { allocationActorLeaseMs: o.allocActorLease } : {}) }, providers: aws ? [aws.provider] : [], metricsTokenHash });
         const stopSweep = aws ? aws.sweep(store, c.ctx.log) : () => undefined;
         c.ctx.log.info({ url: c.url, store: store.dialect, portable: o.portable }, "berth coordinator listening");
         process.stdout.write(`berth coordinator listening on ${c.url} (${store.dialect}${o.portable ? ", portable access enabled" : ""})\n`);

@@ -12,6 +12,7 @@ import { drainSchema, ensureSchema, registerSchema, borrowSchema, chosenKeeper, 
 import { ensurePool, getPool, listPools } from "../actions/pools.js";
 import { registerMachine } from "../actions/register.js";
 import { borrowKeeper, getBorrow, heartbeatKeeper, returnKeeper } from "../actions/borrow.js";
+import { reportTelemetry } from "../actions/report.js";
 import { enrollHost, listHosts } from "../actions/hosts.js";
 import { confirmDestroyed } from "../actions/destroyed.js";
 import { drainMachine, drainPool } from "../actions/drain.js";
@@ -19,6 +20,7 @@ import { endBorrowAsOperator } from "../actions/end-borrow.js";
 import { presentPool, presentBorrow, presentHost, presentMachineNetwork } from "./present.js";
 import { parsePolicy } from "../../core/network-policy.js";
 import { BerthError } from "../../core/errors.js";
+import { hashToken, sameHash } from "../../core/tokens.js";
 import type { PortableApi } from "../actions/portable-api.js";
 import { registerAllocationRoutes } from "./allocation-routes.js";
 import type { AllocationAgent } from "../allocation-agent.js";
@@ -29,6 +31,8 @@ export interface RouteDeps {
   ctx: Ctx;
   secret: Uint8Array;
   metricsText: () => Promise<string>;
+  /** The hash of the token `/metrics` needs (`berth serve --metrics-token-file`); null: open. */
+  metricsTokenHash: string | null;
   portable: PortableApi | null;
   version: string;
   /** Calls to agents about allocations (the volume routes). */
@@ -51,7 +55,8 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
   });
 
   app.get("/v1/health", {}, async () => ({ status: "ok", version: d.version, store: ctx.store.dialect, portable: ctx.config.portable }));
-  app.get("/metrics", {}, async () => new Reply(200, await d.metricsText(), "text/plain; version=0.0.4"));
+  const metricsAuth = d.metricsTokenHash === null ? {} : { auth: (req: IncomingMessage) => checkMetricsToken(d.metricsTokenHash!, req.headers.authorization) };
+  app.get("/metrics", metricsAuth, async () => new Reply(200, await d.metricsText(), "text/plain; version=0.0.4"));
 
   app.get("/v1/pools", auth(), async (req) => ({
     pools: (await listPools(ctx, req.auth)).map((x) => ({ ...presentPool(x.pool), ready: x.ready, machines: x.total })),
@@ -104,16 +109,18 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
     if (!d.portable) throw new BerthError("portable_unsupported", "portable_unsupported: this coordinator does not offer portable access");
     return d.portable.ack(req.auth, req.params.borrow!, req.body);
   });
-  app.post("/v1/borrows/:borrow/report", { ...auth(), body: reportSchema }, async (req) => {
-    const body = req.body;
-    // Telemetry only: recorded as observed, never used as proof of anything.
-    if (body.firstCommandMs !== undefined) ctx.metrics.clientReports.observe({ kind: "first_command" }, body.firstCommandMs / 1000);
-    if (body.scrubMs !== undefined) ctx.metrics.clientReports.observe({ kind: "scrub" }, body.scrubMs / 1000);
-    return { recorded: true };
-  });
+  app.post("/v1/borrows/:borrow/report", { ...auth(), body: reportSchema }, async (req) => reportTelemetry(ctx, req.auth, req.params.borrow!, req.body));
   app.get("/v1/hosts", auth(), async (req) => ({ hosts: (await listHosts(ctx, req.auth)).map(presentHost) }));
   app.post("/v1/hosts/enroll", { ...auth("agent"), body: enrollSchema }, async (req) => enrollHost(ctx, req.auth, req.body, d.secret));
   registerHostRoutes(app, { ctx, secret: d.secret, auth });
   if (d.allocationAgent) registerImageRoutes(app, { ctx, auth, agent: d.allocationAgent });
   registerAllocationRoutes(app, { ctx: { ...ctx, onRefusal: (reason) => ctx.metrics.allocationRefusals.inc({ reason }) }, auth, ...(d.allocationAgent ? { agent: d.allocationAgent } : {}) });
+}
+
+/** The scrape token of `/metrics`, compared as hashes in constant time. */
+function checkMetricsToken(expected: string, header: string | undefined): void {
+  const m = typeof header === "string" ? /^Bearer (\S{1,512})$/.exec(header) : null;
+  if (m === null || !sameHash(hashToken("api", m[1]!), expected)) {
+    throw new BerthError("unauthorized", "unauthorized: /metrics needs the scrape token given to `berth serve --metrics-token-file`, as 'Authorization: Bearer <token>'");
+  }
 }

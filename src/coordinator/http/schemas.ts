@@ -87,8 +87,15 @@ export const reportSchema = z.strictObject({
   scrubMs: z.number().min(0).max(3_600_000).optional(),
 });
 
+/** An agent's API address: http: or https: only (the coordinator sends the host-call token there). */
+const agentUrl = z
+  .string()
+  .max(500)
+  .url()
+  .refine((u) => /^https?:$/.test(new URL(u).protocol), { message: "must be an http: or https: URL" });
+
 const hostDescription = {
-  url: z.string().url().max(500),
+  url: agentUrl,
   runtime: z.enum(["process", "gvisor"]),
   /** The runsc release and gVisor platform (gvisor hosts), and a warning naming what an old runsc breaks. */
   runtimeDetail: z

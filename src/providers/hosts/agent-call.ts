@@ -29,6 +29,8 @@ export interface AgentReply {
 export async function callAgent(secret: Uint8Array, host: AgentAddress, method: "GET" | "POST", path: string, body: unknown, timeoutMs: number): Promise<AgentReply> {
   // No credential goes to the address of a host whose identity was reset: nothing proven stands behind it.
   if (host.identity_state === "awaiting") throw new Error(`host ${host.id} awaits its agent after an identity reset; it is not called until its agent binds a key again`);
+  // Nor to anything but an http(s) address (enrollment admits no other; a row from before that check is not called).
+  if (!/^https?:\/\//.test(host.url)) throw new Error(`host ${host.id} has an API address that is not http: or https:; it is not called`);
   const r = await request(`${host.url}${path}`, {
     method,
     headers: { "content-type": "application/json", authorization: `Bearer ${callTokenFor(secret, host)}` },

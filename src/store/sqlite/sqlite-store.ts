@@ -14,6 +14,7 @@
  * only the number of WAL fsyncs drops (one per group instead of one per
  * transaction).
  */
+import { privateDatabaseFile } from "../private-file.js";
 import Database from "better-sqlite3";
 import type { Statement } from "better-sqlite3";
 import { MIGRATIONS } from "../migrations.js";
@@ -60,6 +61,7 @@ export class SqliteStore implements Store {
   #afterCommit: Array<() => void> = [];
 
   constructor(opts: SqliteStoreOptions) {
+    if (opts.path !== ":memory:" && !opts.path.startsWith("file:")) privateDatabaseFile(opts.path);
     this.db = new Database(opts.path);
     this.db.pragma("journal_mode = WAL");
     this.db.pragma("synchronous = FULL");
