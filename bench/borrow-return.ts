@@ -16,13 +16,22 @@
  * that counts, per cycle at one client, the fsyncs and WAL writes of
  * `berth serve` on SQLite (strace attached to it) and the statements,
  * commits and round trips it sends to PostgreSQL (a counting proxy between
- * them, test/helpers/pg-wire.ts).
+ * them, test/helpers/pg-wire.ts). --instructions adds a pass per build that
+ * runs its `berth serve` under valgrind's callgrind (--separate-threads) and
+ * counts the instructions the server executes per cycle at each client
+ * level, on its main thread (the event loop; the idle server's reconciler
+ * ticks for the same time taken out) and on all its threads: user space
+ * only, and a figure the machine's load does not move.
  *
  * Prints borrow and return p50/p99 (ms), cycles/s and the coordinator's CPU
  * per cycle (and on PostgreSQL its backends' CPU per cycle); writes
  * bench/results/borrow-return-<timestamp>.json.
  */
-import { spawn } from "node:child_process";
+import { execFile, spawn } from "node:child_process";
+import { promisify } from "node:util";
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { Api } from "../src/cli/api.js";
 import { arg, dist, ms, enginesArg, pgSkipReason, printTable, round, startBenchCoordinator, keeperPool, writeResult, PG_URL, type Engine, type Mode, type Dist } from "./lib.js";
 import { buildsArg, median, rotation, startBuildServe, type Build, type BuildServe } from "./builds.js";
@@ -37,6 +46,8 @@ const engines = enginesArg();
 const comparing = arg("compare", "") !== "";
 const rounds = Number(arg("rounds", comparing ? "3" : "1"));
 const counting = process.argv.includes("--counts");
+const instructions = process.argv.includes("--instructions");
+const instructionCycles = Number(arg("instruction-cycles", "400"));
 
 interface Row {
   engine: Engine;
@@ -184,8 +195,99 @@ async function countPass(build: Build, engine: Engine, cycles: number): Promise<
   }
 }
 
+interface Instructions {
+  build: string;
+  engine: Engine;
+  clients: number;
+  cycles: number;
+  /** Instructions per cycle on the main thread (the event loop: HTTP, auth, validation, store, reply), its idle ticks for the same time taken out. */
+  mainPerCycle: number;
+  /** Every thread's (V8's compiler and GC threads, libuv's pool), raw. */
+  allPerCycle: number;
+  /** The idle server's main thread (reconciler ticks), per second. */
+  mainIdlePerSecond: number;
+}
+
+/** The instructions callgrind counted since the last dump (or zeroing) of `pid`: main thread and all threads, from a fresh dump. */
+async function callgrindDump(dir: string, pid: number): Promise<{ main: number; all: number }> {
+  const before = new Set(readdirSync(dir));
+  await promisify(execFile)("callgrind_control", ["-d", String(pid)]);
+  for (let i = 0; i < 600; i++) {
+    // With --separate-threads=yes each dump is one file per thread: cg.<pid>.<n>-<thread>.
+    const fresh = readdirSync(dir).filter((f) => !before.has(f) && f.startsWith(`cg.${pid}.`));
+    const totals = fresh.map((f) => ({ f, m: /^(?:totals|summary):\s*(\d+)/m.exec(readFileSync(join(dir, f), "utf8")) }));
+    if (fresh.length > 0 && totals.every((t) => t.m)) {
+      // Give callgrind a moment to write every thread's file of this dump, then read them all.
+      await new Promise((r) => setTimeout(r, 300));
+      const all = readdirSync(dir).filter((f) => !before.has(f) && f.startsWith(`cg.${pid}.`));
+      let main = 0;
+      let sum = 0;
+      for (const f of all) {
+        const n = Number(/^(?:totals|summary):\s*(\d+)/m.exec(readFileSync(join(dir, f), "utf8"))?.[1] ?? 0);
+        sum += n;
+        if (f.endsWith("-01")) main += n;
+      }
+      return { main, all: sum };
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error("callgrind wrote no dump");
+}
+
+/** Instructions per cycle of `berth serve` under callgrind, at each client level. */
+async function instructionPass(build: Build, engine: Engine): Promise<Instructions[]> {
+  const dir = mkdtempSync(join(tmpdir(), "berth-callgrind-"));
+  const s = await startBuildServe(build, engine, { wrap: ["valgrind", "-q", "--tool=callgrind", "--separate-threads=yes", `--callgrind-out-file=${join(dir, "cg.%p")}`] });
+  const out: Instructions[] = [];
+  try {
+    const admin = new Api(s.url, await s.token("admin"));
+    await keeperPool(admin, "bench", machines);
+    await admin.close();
+    const member = await s.token("member");
+    const apis: Api[] = [];
+    for (let i = 0; i < Math.max(...levels); i++) apis.push(new Api(s.url, member, { connections: 1 }));
+    const cycles = async (clients: number, n: number) => {
+      let left = n;
+      await Promise.all(
+        apis.slice(0, clients).map(async (api) => {
+          while (left > 0) {
+            left--;
+            const b = await api.call<Borrowed>("POST", "/v1/pools/bench/borrow", {});
+            await api.call("POST", `/v1/borrows/${b.borrowId}/return`, { token: b.borrowToken });
+          }
+        }),
+      );
+    };
+    const pid = s.child.pid!;
+    try {
+      for (const clients of levels) await cycles(clients, Math.max(50, instructionCycles / 2)); // JIT warm at every level
+      await callgrindDump(dir, pid);
+      let t = Date.now();
+      await new Promise((r) => setTimeout(r, 3000));
+      const mainIdlePerSecond = (await callgrindDump(dir, pid)).main / ((Date.now() - t) / 1000);
+      for (const clients of levels) {
+        await callgrindDump(dir, pid);
+        t = Date.now();
+        await cycles(clients, instructionCycles);
+        const total = await callgrindDump(dir, pid);
+        const mainPerCycle = Math.round((total.main - mainIdlePerSecond * ((Date.now() - t) / 1000)) / instructionCycles);
+        const allPerCycle = Math.round(total.all / instructionCycles);
+        out.push({ build: build.label, engine, clients, cycles: instructionCycles, mainPerCycle, allPerCycle, mainIdlePerSecond: Math.round(mainIdlePerSecond) });
+        process.stderr.write(`instructions ${build.label} ${engine} ${clients} client(s): main thread ${mainPerCycle}, all threads ${allPerCycle} per cycle\n`);
+      }
+    } finally {
+      await Promise.all(apis.map((a) => a.close()));
+    }
+  } finally {
+    await s.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+  return out;
+}
+
 const rows: Row[] = [];
 const counts: Counts[] = [];
+const instructionRows: Instructions[] = [];
 if (comparing) {
   const builds = buildsArg();
   for (const engine of engines) {
@@ -200,6 +302,7 @@ if (comparing) {
       }
     }
     if (counting) for (const build of builds) counts.push(await countPass(build, engine, 100));
+    if (instructions) for (const build of builds) instructionRows.push(...(await instructionPass(build, engine)));
   }
   const summary: Array<Record<string, string | number>> = [];
   const self = builds[0]!.label;
@@ -232,6 +335,22 @@ if (comparing) {
   for (const engine of engines) {
     const cs = counts.filter((c) => c.engine === engine);
     if (cs.length) printTable(`${engine}: per keeper borrow + return at one client (${cs[0]!.cycles} cycles)`, cs.map((c) => ({ build: c.build, ...c.perCycle })));
+    const is = instructionRows.filter((c) => c.engine === engine);
+    const base = (clients: number) => is.find((c) => c.clients === clients && c.build === builds[0]!.label);
+    if (is.length) {
+      printTable(
+        `${engine}: instructions of berth serve per keeper borrow + return (callgrind, ${is[0]!.cycles} cycles per level)`,
+        is.map((c) => ({
+          build: c.build,
+          clients: c.clients,
+          "main thread/cycle": c.mainPerCycle,
+          "main ÷ this": round(c.mainPerCycle / (base(c.clients)?.mainPerCycle ?? Number.NaN), 3),
+          "all threads/cycle": c.allPerCycle,
+          "all ÷ this": round(c.allPerCycle / (base(c.clients)?.allPerCycle ?? Number.NaN), 3),
+          "main idle/s": c.mainIdlePerSecond,
+        })),
+      );
+    }
   }
 } else {
   for (const engine of engines) {
@@ -273,5 +392,5 @@ if (comparing) {
     })),
   );
 }
-const path = writeResult("borrow-return", { seconds, warmupSeconds, machines, rounds, skipped: engines.includes("postgres") ? null : pgSkipReason(), rows, counts });
+const path = writeResult("borrow-return", { seconds, warmupSeconds, machines, rounds, skipped: engines.includes("postgres") ? null : pgSkipReason(), rows, counts, instructions: instructionRows });
 process.stdout.write(`\nwrote ${path}\n`);

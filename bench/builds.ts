@@ -69,15 +69,16 @@ export interface BuildServe {
 
 /**
  * Starts `build`'s `berth serve` on a fresh SQLite file or PostgreSQL schema.
- * `pgUrl` (PostgreSQL) may be a proxy in front of BERTH_PG_URL.
+ * `pgUrl` (PostgreSQL) may be a proxy in front of BERTH_PG_URL; `wrap` runs
+ * the server's node under another program (valgrind).
  */
-export async function startBuildServe(build: Build, engine: Engine, o: { pgUrl?: string } = {}): Promise<BuildServe> {
+export async function startBuildServe(build: Build, engine: Engine, o: { pgUrl?: string; wrap?: string[] } = {}): Promise<BuildServe> {
   const dir = mkdtempSync(join(tmpdir(), "berth-bench-"));
   const schema = "bench_" + randomBytes(5).toString("hex");
   const app = `berth_bench_${schema}`;
   const env: NodeJS.ProcessEnv =
     engine === "postgres" ? { BERTH_PG_URL: withAppName(o.pgUrl ?? PG_URL!, app), BERTH_PG_SCHEMA: schema } : { BERTH_PG_URL: "", BERTH_PG_SCHEMA: "" };
-  const { child, url } = await spawnServe(dir, env, [], build.bin);
+  const { child, url } = await spawnServe(dir, env, [], build.bin, o.wrap ?? []);
   const admin = engine === "postgres" ? new pg.Client({ connectionString: PG_URL! }) : null;
   // A session the server ends (another test dropping connections) must not end the bench.
   admin?.on("error", () => undefined);

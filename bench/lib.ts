@@ -77,10 +77,12 @@ async function openBenchStore(engine: Engine, dir: string, schema: string): Prom
 }
 
 /** Starts `berth serve` (of this checkout, or the build whose bin/berth is `bin`) on a free port and waits for its "listening" line. */
-export function spawnServe(dir: string, env: NodeJS.ProcessEnv, extra: string[] = [], bin: string = BIN): Promise<{ child: ChildProcess; url: string }> {
+export function spawnServe(dir: string, env: NodeJS.ProcessEnv, extra: string[] = [], bin: string = BIN, wrap: string[] = []): Promise<{ child: ChildProcess; url: string }> {
   // BENCH_SERVE_NODE_ARGS (e.g. "--cpu-prof --cpu-prof-dir=/tmp/prof") reaches only the server process.
   const nodeArgs = (process.env.BENCH_SERVE_NODE_ARGS ?? "").split(" ").filter(Boolean);
-  const child = spawn(process.execPath, [...nodeArgs, bin, "serve", "--state-dir", dir, "--listen", "127.0.0.1:0", ...extra], {
+  // `wrap` (say valgrind and its options) runs node itself, in the same process.
+  const argv = [process.execPath, ...nodeArgs, bin, "serve", "--state-dir", dir, "--listen", "127.0.0.1:0", ...extra];
+  const child = spawn(wrap[0] ?? argv[0]!, [...wrap.slice(1), ...(wrap.length ? argv : argv.slice(1))], {
     env: { ...process.env, BERTH_LOG_LEVEL: "warn", ...env },
     stdio: ["ignore", "pipe", "inherit"],
   });

@@ -3,7 +3,7 @@
  * Creation and revocation are whole store operations (used by the
  * coordinator and by `berth token` on the coordinator's database).
  */
-import type { Store } from "./store.js";
+import type { Store, Tx } from "./store.js";
 import { hashToken, newToken } from "../core/tokens.js";
 import { newId } from "../core/ids.js";
 import type { Role } from "../core/roles.js";
@@ -21,6 +21,11 @@ export interface ApiTokenRow {
 /** One committed read (no transaction): a revocation is seen from the request after its commit on. */
 export async function readApiToken(store: Store, hash: string): Promise<ApiTokenRow | undefined> {
   return store.readCommitted<ApiTokenRow>("SELECT id, org, role, expires_at, revoked_at FROM api_tokens WHERE hash = ?", [hash]);
+}
+
+/** Whether the API token (by id) is known and not revoked, read in the caller's transaction. */
+export async function tokenLive(tx: Tx, tokenId: string): Promise<boolean> {
+  return (await tx.get("SELECT 1 AS live FROM api_tokens WHERE id = ? AND revoked_at IS NULL", [tokenId])) !== undefined;
 }
 
 /** Every token, oldest first: ids, roles and dates only (the table holds no token). */

@@ -39,6 +39,20 @@ export async function lockBorrow(tx: Tx, id: string): Promise<BorrowRow | undefi
   return tx.get<BorrowRow>(`SELECT * FROM borrows WHERE id = ?${tx.forUpdate}`, [id]);
 }
 
+/**
+ * `lockBorrow`, and in the same statement whether the API token acting (by
+ * id) is still live (known and not revoked), read in the caller's transaction
+ * (coordinator/auth.ts, `TokenCache`).
+ */
+export async function lockBorrowAsToken(tx: Tx, id: string, tokenId: string): Promise<(BorrowRow & { token_live: boolean }) | undefined> {
+  const row = await tx.get<BorrowRow & { token_live: number | boolean }>(
+    `SELECT b.*, EXISTS (SELECT 1 FROM api_tokens t WHERE t.id = ? AND t.revoked_at IS NULL) AS token_live FROM borrows b WHERE b.id = ?${tx.forUpdate}`,
+    [tokenId, id],
+  );
+  if (row) row.token_live = Boolean(row.token_live);
+  return row as (BorrowRow & { token_live: boolean }) | undefined;
+}
+
 /** A borrow with its machine's current state (null once the machine is pruned). */
 export async function readBorrowWithMachineState(tx: Tx, id: string): Promise<(BorrowRow & { machine_state: string | null }) | undefined> {
   return tx.get<BorrowRow & { machine_state: string | null }>("SELECT b.*, m.state AS machine_state FROM borrows b LEFT JOIN machines m ON m.id = b.machine_id WHERE b.id = ?", [id]);

@@ -49,6 +49,21 @@ export async function lockPool(tx: Tx, org: string, name: string): Promise<PoolR
 }
 
 /**
+ * A keeper borrow's first read: the pool as `readPool` reads it, and in the
+ * same statement whether the API token acting (by id) is still live (known
+ * and not revoked), read in the borrow's own transaction (coordinator/auth.ts,
+ * `TokenCache`).
+ */
+export async function readPoolAsToken(tx: Tx, org: string, name: string, tokenId: string): Promise<{ pool: PoolRecord | undefined; tokenLive: boolean }> {
+  const row = await tx.get<Partial<PoolRow> & { token_live: number | boolean }>(
+    "SELECT p.*, t.revoked_at IS NULL AS token_live FROM api_tokens t LEFT JOIN pools p ON p.org = ? AND p.name = ? WHERE t.id = ?",
+    [org, name, tokenId],
+  );
+  if (!row) return { pool: undefined, tokenLive: false };
+  return { pool: row.name == null ? undefined : poolFromRow(row as PoolRow), tokenLive: Boolean(row.token_live) };
+}
+
+/**
  * Reads a pool row without locking it: borrows need the pool's settings, not
  * exclusion from other borrows or from ensure (machine rows are locked one by
  * one, and a borrow moves ready to busy, which leaves the capacity total as it was).

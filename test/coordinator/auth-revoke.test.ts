@@ -3,7 +3,10 @@
  * token revoked through another handle on the same database (as `berth
  * token revoke` does, from its own process) is refused on the coordinator's
  * very next request, on SQLite and PostgreSQL; a token created that way is
- * accepted at once.
+ * accepted at once. The keeper borrow, heartbeat and return take a token
+ * they have seen before from the coordinator's cache and check it again in
+ * their own transaction: revoked elsewhere after it was cached, it is
+ * refused there too, and nothing is taken or ended.
  */
 import { test, describe } from "node:test";
 import assert from "node:assert/strict";
@@ -36,6 +39,44 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         assert.deepEqual(await revokeTokenWithGrants(other, tok.id, Date.now()), { revoked: true, grants: 0 });
         await assert.rejects(api.call("GET", "/v1/pools"), (e: unknown) => e instanceof ApiError && e.status === 401 && /revoked/.test(e.message));
         await assert.rejects(api.call("POST", "/v1/pools/ci/borrow", {}), (e: unknown) => e instanceof ApiError && e.status === 401);
+      } finally {
+        await Promise.all(apis.map((a) => a.close()));
+        await other.close();
+        await t.close();
+      }
+    });
+
+    test("a token the keeper routes cached, revoked elsewhere: borrow, heartbeat and return refused, nothing changed", async () => {
+      const t = await startTestCoordinator({ engine, reconcile: false });
+      const other = await secondHandle(engine, t.dir, t.store);
+      const apis: Api[] = [];
+      try {
+        const admin = await t.api("admin");
+        const e = await admin.call<{ claims: { token: string }[] }>("POST", "/v1/pools/p/ensure", { minReady: 2, maxReady: 2, compatibilityKey: "k", provider: "external" });
+        for (const [i, c] of e.claims.entries()) {
+          await admin.call("POST", "/v1/pools/p/machines", { claimToken: c.token, resourceId: `vm-${i}`, ssh: { host: "10.0.0.1", port: 22, user: "u" } });
+        }
+        const tok = await createToken(other, { org: "acme", role: "member", expiresAt: null, label: null }, Date.now(), (n) => randomBytes(n));
+        const api = new Api(t.coord.url, tok.token);
+        apis.push(api);
+        type Borrowed = { borrowId: string; borrowToken: string };
+        // Two borrows: the first reads the token committed, the second takes it from the cache.
+        const b1 = await api.call<Borrowed>("POST", "/v1/pools/p/borrow", {});
+        await api.call("POST", `/v1/borrows/${b1.borrowId}/return`, { token: b1.borrowToken });
+        const b2 = await api.call<Borrowed>("POST", "/v1/pools/p/borrow", {});
+        await api.call("POST", `/v1/borrows/${b2.borrowId}/heartbeat`, { token: b2.borrowToken });
+        await revokeTokenWithGrants(other, tok.id, Date.now());
+        const refused = (e: unknown) => e instanceof ApiError && e.status === 401 && /revoked/.test(e.message);
+        await assert.rejects(api.call("POST", "/v1/pools/p/borrow", {}), refused);
+        await assert.rejects(api.call("POST", `/v1/borrows/${b2.borrowId}/heartbeat`, { token: b2.borrowToken }), refused);
+        await assert.rejects(api.call("POST", `/v1/borrows/${b2.borrowId}/return`, { token: b2.borrowToken }), refused);
+        await assert.rejects(api.call("POST", `/v1/borrows/${b1.borrowId}/return`, { token: b1.borrowToken }), refused);
+        await assert.rejects(api.call("POST", "/v1/pools/p/borrow", { borrowId: b2.borrowId, borrowToken: b2.borrowToken }), refused);
+        // Nothing taken, nothing ended: the one live borrow is still active and one machine is still ready.
+        const pool = await admin.call<{ states: Record<string, number> }>("GET", "/v1/pools/p");
+        assert.deepEqual(pool.states, { ready: 1, busy: 1 });
+        const shown = await admin.call<{ state: string }>("GET", `/v1/borrows/${b2.borrowId}`);
+        assert.equal(shown.state, "active");
       } finally {
         await Promise.all(apis.map((a) => a.close()));
         await other.close();

@@ -38,16 +38,17 @@ import { Api } from "../../src/cli/api.js";
 const EXPECTED = {
   sqlite: {
     borrow: {
-      // token read (reader connection), BEGIN IMMEDIATE, pool, ready machine,
+      // BEGIN IMMEDIATE, pool with the API token's standing (the route takes the
+      // token from its cache; the transaction re-checks it), ready machine,
       // machine compare-and-set, audit, borrow, heartbeat due, COMMIT
-      statements: 9,
+      statements: 8,
       // the borrow's transaction
       commits: 1,
     },
     return: {
-      // token read, BEGIN IMMEDIATE, borrow (locked), machine (locked), borrow ended,
-      // heartbeat due cleared, retention due set, machine compare-and-set, audit, COMMIT
-      statements: 10,
+      // BEGIN IMMEDIATE, borrow (locked) with the API token's standing, machine (locked),
+      // borrow ended, heartbeat due cleared, retention due set, machine compare-and-set, audit, COMMIT
+      statements: 9,
       // the return's transaction
       commits: 1,
     },
@@ -56,18 +57,18 @@ const EXPECTED = {
   },
   postgres: {
     borrow: {
-      // token read (autocommit), BEGIN, pool, ready machine (SKIP LOCKED),
+      // BEGIN, pool with the API token's standing, ready machine (SKIP LOCKED),
       // machine + audit + borrow + heartbeat due in one statement, COMMIT
-      statements: 6,
-      // the token read's own transaction and the borrow's
-      commits: 2,
+      statements: 5,
+      // the borrow's transaction (no token read of its own: see the SQLite borrow)
+      commits: 1,
     },
     return: {
-      // token read (autocommit), BEGIN, borrow (FOR UPDATE), machine (FOR UPDATE),
+      // BEGIN, borrow (FOR UPDATE) with the API token's standing, machine (FOR UPDATE),
       // borrow + due rows + machine + audit in one statement, COMMIT
-      statements: 6,
-      // the token read's own transaction and the return's
-      commits: 2,
+      statements: 5,
+      // the return's transaction
+      commits: 1,
     },
   },
 };

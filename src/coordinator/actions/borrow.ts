@@ -17,11 +17,12 @@ import { hashToken, newToken, sameHash } from "../../core/tokens.js";
 import { liveDecision, nextHeartbeatDeadline } from "../../core/borrow.js";
 import type { Tx } from "../../store/store.js";
 import { clearDue, poolRef, requestFillCheck, setDue } from "../../store/due.js";
-import { endBorrow, insertBorrow, lockBorrow, readBorrowWithMachineState, setBorrowHeartbeat, type BorrowRow } from "../../store/borrows.js";
+import { endBorrow, insertBorrow, lockBorrowAsToken, readBorrowWithMachineState, setBorrowHeartbeat, type BorrowRow } from "../../store/borrows.js";
 import { lockMachine, readMachine, takeReadyMachine } from "../../store/machines.js";
-import { readPool } from "../../store/pools.js";
+import { readPool, readPoolAsToken } from "../../store/pools.js";
+import { tokenLive } from "../../store/api-tokens.js";
 import type { Ctx } from "../context.js";
-import type { Principal } from "../auth.js";
+import { refuseDeadToken, type Principal } from "../auth.js";
 import { applyTransition } from "./transition.js";
 import { borrowOrRepeat, chosenIdConflict, chosenIdTaken } from "./chosen-id.js";
 
@@ -59,7 +60,9 @@ async function borrowKeeperOnce(ctx: Ctx, p: Principal, poolName: string, chosen
   const token = chosen?.borrowToken ?? newToken("borrow", ctx.randomBytes);
   const tokenHash = hashToken("borrow", token);
   const out = await ctx.store.transaction(async (tx) => {
-    const pool = await readPool(tx, p.org, poolName);
+    // The token is checked again here, in the transaction that acts (the route may have taken it from its cache).
+    const { pool, tokenLive: live } = await readPoolAsToken(tx, p.org, poolName, p.tokenId);
+    refuseDeadToken(live);
     if (!pool) throw new BerthError("not_found", `not_found: no pool named ${poolName} in this organisation`);
     if (pool.access !== "keeper") {
       throw new BerthError("namespace_conflict", `namespace_conflict: pool ${poolName} is a ${pool.access} pool; borrow it with --access ${pool.access}`);
@@ -122,8 +125,12 @@ async function borrowKeeperOnce(ctx: Ctx, p: Principal, poolName: string, chosen
 
 /** The answer to a resent client-chosen borrow: null when none is recorded; the same borrow while it is active; else why not. */
 async function earlierBorrow(tx: Tx, p: Principal, poolName: string, chosen: ChosenBorrow, now: number): Promise<KeeperBorrowResult | null> {
-  const b = await lockBorrow(tx, chosen.borrowId);
-  if (!b) return null;
+  const b = await lockBorrowAsToken(tx, chosen.borrowId, p.tokenId);
+  if (!b) {
+    refuseDeadToken(await tokenLive(tx, p.tokenId));
+    return null;
+  }
+  refuseDeadToken(b.token_live);
   if (b.org !== p.org || b.pool !== poolName || !sameHash(b.token_hash, hashToken("borrow", chosen.borrowToken))) throw chosenIdConflict(b.id);
   refuseNotLive(b, now);
   const m = await readMachine(tx, b.machine_id);
@@ -141,8 +148,10 @@ async function earlierBorrow(tx: Tx, p: Principal, poolName: string, chosen: Cho
   };
 }
 
+/** The borrow, locked; the API token checked again in this transaction (the route may have taken it from its cache). */
 async function loadBorrow(tx: Tx, p: Principal, borrowId: string, token: string): Promise<BorrowRow> {
-  const b = await lockBorrow(tx, borrowId);
+  const b = await lockBorrowAsToken(tx, borrowId, p.tokenId);
+  refuseDeadToken(b ? b.token_live : await tokenLive(tx, p.tokenId));
   if (!b || b.org !== p.org) throw new BerthError("not_found", `not_found: no borrow ${borrowId} in this organisation`);
   if (!sameHash(b.token_hash, hashToken("borrow", token))) throw new BerthError("token_mismatch", `token_mismatch: the borrow token does not match borrow ${borrowId}`);
   return b;

@@ -7,7 +7,7 @@
 import type { IncomingMessage } from "node:http";
 import type { Ctx } from "../context.js";
 import { Reply, type HttpServer } from "../../http/server.js";
-import { authenticate, requireRole, type Principal, type Role } from "../auth.js";
+import { authenticate, authenticateCached, requireRole, TokenCache, type Principal, type Role, type UncheckedPrincipal } from "../auth.js";
 import { drainSchema, ensureSchema, registerSchema, borrowSchema, chosenKeeper, chosenPortable, returnSchema, heartbeatSchema, ackSchema, reportSchema, enrollSchema } from "./schemas.js";
 import { ensurePool, getPool, listPools } from "../actions/pools.js";
 import { registerMachine } from "../actions/register.js";
@@ -48,11 +48,37 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
    */
   const auth = (role: Role = "member") => ({
     auth: async (req: IncomingMessage): Promise<Principal> => {
-      const p = await authenticate(ctx.store, req.headers.authorization, ctx.now());
+      const p = await authenticate(ctx.store, req.headers.authorization, ctx.now(), tokens);
       requireRole(p, role);
       return p;
     },
   });
+
+  /**
+   * The keeper borrow, heartbeat and return: the token from this process's
+   * cache when it was read before, since their actions check it again in
+   * their own transaction. Any other use of the principal (the portable
+   * API) reads it committed first (`checked`).
+   */
+  const tokens = new TokenCache();
+  const cachedAuth = (role: Role = "member") => ({
+    auth: async (req: IncomingMessage): Promise<UncheckedPrincipal> => {
+      const u = await authenticateCached(ctx.store, tokens, req.headers.authorization, ctx.now());
+      requireRole(u.principal, role);
+      return u;
+    },
+  });
+  const checked = async (req: { auth: UncheckedPrincipal; headers: IncomingMessage["headers"] }): Promise<Principal> =>
+    req.auth.cachedHash === null ? req.auth.principal : authenticate(ctx.store, req.headers.authorization, ctx.now(), tokens);
+  /** Runs a keeper action; a token it finds revoked leaves the cache. */
+  const keeper = async <T>(u: UncheckedPrincipal, f: (p: Principal) => Promise<T>): Promise<T> => {
+    try {
+      return await f(u.principal);
+    } catch (e) {
+      if (u.cachedHash !== null && e instanceof BerthError && e.code === "unauthorized") tokens.delete(u.cachedHash);
+      throw e;
+    }
+  };
 
   app.get("/v1/health", {}, async () => ({ status: "ok", version: d.version, store: ctx.store.dialect, portable: ctx.config.portable }));
   const metricsAuth = d.metricsTokenHash === null ? {} : { auth: (req: IncomingMessage) => checkMetricsToken(d.metricsTokenHash!, req.headers.authorization) };
@@ -76,18 +102,18 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
   app.post("/v1/machines/:machine/destroyed", auth("operator"), async (req) => confirmDestroyed(ctx, req.auth, req.params.machine!));
   app.post("/v1/machines/:machine/drain", auth("operator"), async (req) => drainMachine(ctx, req.auth, req.params.machine!));
   app.post("/v1/borrows/:borrow/end", auth("operator"), async (req) => endBorrowAsOperator(ctx, req.auth, req.params.borrow!));
-  app.post("/v1/pools/:pool/borrow", { ...auth("member"), body: borrowSchema }, async (req) => {
+  app.post("/v1/pools/:pool/borrow", { ...cachedAuth("member"), body: borrowSchema }, async (req) => {
     const body = req.body;
     if (body.access === "portable") {
       if (!d.portable) throw new BerthError("portable_unsupported", "portable_unsupported: this coordinator does not offer portable access; no fallback to keeper access is made");
-      const r = await d.portable.borrow(req.auth, req.params.pool!, body, chosenPortable(body));
+      const r = await d.portable.borrow(await checked(req), req.params.pool!, body, chosenPortable(body));
       return new Reply(r.repeated ? 200 : 201, r);
     }
     if (body.publicKey !== undefined || body.durationMs !== undefined) {
       throw new BerthError("invalid_request", "invalid_request: publicKey and durationMs are only for --access portable borrows");
     }
     const chosen = chosenKeeper(body);
-    const r = await borrowKeeper(ctx, req.auth, req.params.pool!, chosen);
+    const r = await keeper(req.auth, (p) => borrowKeeper(ctx, p, req.params.pool!, chosen));
     return new Reply(r.repeated ? 200 : 201, r);
   });
   app.get("/v1/borrows/:borrow", auth(), async (req) => {
@@ -95,15 +121,15 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
     if (d.portable && id.startsWith("g_")) return d.portable.show(req.auth, id);
     return presentBorrow(await getBorrow(ctx, req.auth, id));
   });
-  app.post("/v1/borrows/:borrow/heartbeat", { ...auth(), body: heartbeatSchema }, async (req) => {
+  app.post("/v1/borrows/:borrow/heartbeat", { ...cachedAuth(), body: heartbeatSchema }, async (req) => {
     const id = req.params.borrow!;
-    if (d.portable && id.startsWith("g_")) return d.portable.heartbeat(req.auth, id, req.body);
-    return heartbeatKeeper(ctx, req.auth, id, req.body.token);
+    if (d.portable && id.startsWith("g_")) return d.portable.heartbeat(await checked(req), id, req.body);
+    return keeper(req.auth, (p) => heartbeatKeeper(ctx, p, id, req.body.token));
   });
-  app.post("/v1/borrows/:borrow/return", { ...auth(), body: returnSchema }, async (req) => {
+  app.post("/v1/borrows/:borrow/return", { ...cachedAuth(), body: returnSchema }, async (req) => {
     const id = req.params.borrow!;
-    if (d.portable && id.startsWith("g_")) return d.portable.return(req.auth, id, req.body);
-    return returnKeeper(ctx, req.auth, id, req.body.token, req.body.disposition);
+    if (d.portable && id.startsWith("g_")) return d.portable.return(await checked(req), id, req.body);
+    return keeper(req.auth, (p) => returnKeeper(ctx, p, id, req.body.token, req.body.disposition));
   });
   app.post("/v1/borrows/:borrow/ack", { ...auth(), body: ackSchema }, async (req) => {
     if (!d.portable) throw new BerthError("portable_unsupported", "portable_unsupported: this coordinator does not offer portable access");
