@@ -81,7 +81,7 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
   const ctx: Ctx = {
     store: o.store,
     now: o.now ?? Date.now,
-    randomBytes: o.randomBytes ?? ((n) => nodeRandomBytes(n)),
+    randomBytes: o.randomBytes ?? pooledRandomBytes(),
     metrics,
     log,
     actor: `c-${randomUUID().slice(0, 8)}`,
@@ -130,5 +130,25 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
       await allocations.idle();
       await app.close();
     },
+  };
+}
+
+/**
+ * Bytes of the CSPRNG drawn 4 KiB at a time: a keeper borrow needs 52 (its id
+ * and token), and one call into OpenSSL per borrow cost more than the rest of
+ * its id and token making. Each answer is a view of a buffer that is never
+ * written again (a refill is a new buffer).
+ */
+function pooledRandomBytes(): (n: number) => Uint8Array {
+  let pool = Buffer.alloc(0);
+  let at = 0;
+  return (n) => {
+    if (n > 1024) return nodeRandomBytes(n);
+    if (at + n > pool.length) {
+      pool = nodeRandomBytes(4096);
+      at = 0;
+    }
+    at += n;
+    return pool.subarray(at - n, at);
   };
 }

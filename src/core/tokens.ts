@@ -4,7 +4,7 @@
  * is a domain-separated SHA-256 hash, so a hash of one kind can never be
  * replayed as another kind (invariant 8).
  */
-import { createHash, createHmac, timingSafeEqual } from "node:crypto";
+import { createHmac, hash, timingSafeEqual } from "node:crypto";
 
 export type TokenDomain = "api" | "borrow" | "grant" | "claim" | "agent" | "enroll" | "host-call" | "host-credential" | "session" | "csrf";
 
@@ -28,7 +28,8 @@ export function newToken(domain: TokenDomain, randomBytes: (n: number) => Uint8A
 }
 
 export function hashToken(domain: TokenDomain, raw: string): string {
-  return createHash("sha256").update(`berth.${domain}.v1\0`).update(raw).digest("hex");
+  // One-shot: the same bytes as createHash().update(prefix).update(raw), at a third of the cost (no Hash object).
+  return hash("sha256", `berth.${domain}.v1\0${raw}`, "hex");
 }
 
 /** Constant-time comparison of two hex hashes. */

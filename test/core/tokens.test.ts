@@ -1,6 +1,7 @@
 /** Bearer secrets: shown once, stored only as domain-separated hashes (invariant 8). */
 import { describe, it } from "node:test";
 import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
 import { hashToken, newToken, sameHash, type TokenDomain } from "../../src/core/tokens.js";
 
 const DOMAINS: Array<[TokenDomain, string]> = [
@@ -61,4 +62,15 @@ describe("sameHash", () => {
       assert.equal(sameHash(a, b), same);
     });
   }
+});
+
+describe("hashToken keeps the stored hashes", () => {
+  it("is SHA-256 of 'berth.<domain>.v1', a NUL and the raw token, in hex (a known vector; every stored token hash depends on it)", () => {
+    assert.equal(hashToken("api", "bat_x"), "312c4b969cac41b05e21864a3c4744c8334493d13ac10fee26d01659324f0474");
+    for (const [domain] of DOMAINS) {
+      for (const raw of ["", "bat_AAAA", "é∂ 😀", "x".repeat(600)]) {
+        assert.equal(hashToken(domain, raw), createHash("sha256").update(`berth.${domain}.v1\0`).update(raw).digest("hex"), `${domain} ${raw.slice(0, 8)}`);
+      }
+    }
+  });
 });
