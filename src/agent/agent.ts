@@ -267,7 +267,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         unrecorded: () => recovery.unrecorded,
         log,
         extraRoutes: (app, auth) => {
-          registerAllocRoutes(app, auth, { holds: store.holds, records: store.volumes, volumes });
+          registerAllocRoutes(app, auth, { holds: store.holds, records: store.volumes, volumes, now });
           registerImageRoutes(app, auth, images);
         },
       },

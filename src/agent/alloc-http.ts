@@ -4,6 +4,7 @@
  *
  *   GET  /v1/agent/holds                         -> {holds: [HoldRecord], held: n}
  *   GET  /v1/agent/holds/{allocation}            -> HoldRecord | 404 (never held here)
+ *   POST /v1/agent/holds/{allocation}/observe    {floor} -> HoldRecord (a `fenced` record: none held, floor raised)
  *   GET  /v1/agent/volumes                       -> {volumes: [VolumeView]}
  *   GET  /v1/agent/volumes/{allocation}          -> VolumeView (with a structural check)
  *   POST /v1/agent/volumes/{allocation}/verify   -> VolumeCheck
@@ -11,10 +12,16 @@
  *
  * A hold observation is what a replacement launch actor reads before it
  * decides (core/allocation-takeover.ts); it comes from the agent's store,
- * which only the lock-holding agent process writes.
+ * which only the lock-holding agent process writes. The replacement of a
+ * lapsed actor observes with `observe`: when no hold is held, the floor is
+ * raised to the generation it is about to take, in the transaction that
+ * reads, before the answer; a late hold of the lapsed actor is refused
+ * afterwards whichever arrives first.
  */
+import { z } from "zod";
 import { BerthError } from "../core/errors.js";
 import { parseId } from "../core/ids.js";
+import { allocationMachineId } from "../core/allocation-access.js";
 import type { HttpServer } from "../http/server.js";
 import type { IncomingMessage } from "node:http";
 import type { HoldTable } from "./store/holds.js";
@@ -26,7 +33,11 @@ export interface AllocHttpDeps {
   /** The volume records. */
   records: VolumeTable;
   volumes: Volumes;
+  /** The clock (epoch ms). */
+  now: () => number;
 }
+
+const ObserveBody = z.object({ floor: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER) }).strict();
 
 export function registerAllocRoutes(app: HttpServer, auth: { auth: (req: IncomingMessage) => void }, d: AllocHttpDeps): void {
   // The marker token stays on the host: it proves the directory, it is not shown.
@@ -41,6 +52,10 @@ export function registerAllocRoutes(app: HttpServer, auth: { auth: (req: Incomin
     const h = d.holds.get(parseId(req.params.allocation!, "allocation id"));
     if (!h) throw new BerthError("not_found", `not_found: allocation ${req.params.allocation!} never held a slot on this host`);
     return h;
+  });
+  app.post("/v1/agent/holds/:allocation/observe", { auth: auth.auth, body: ObserveBody }, async (req) => {
+    const id = parseId(req.params.allocation!, "allocation id");
+    return d.holds.observe(id, allocationMachineId(id), req.body.floor, d.now());
   });
   app.get("/v1/agent/volumes", auth, async () => ({ volumes: d.records.list().map(view) }));
   app.get("/v1/agent/volumes/:allocation", auth, async (req) => view(volumeOf(req.params.allocation!)));

@@ -43,18 +43,25 @@ export class AllocationAgent {
     return { kind: "refused", code: body.error?.code ?? "refused", error: msg };
   }
 
-  /** A fresh look at the allocation's hold on its host: never "absent" unless the agent said so. */
-  async observeHold(hostId: string, allocationId: string): Promise<HoldObservation> {
+  /**
+   * A fresh look at the allocation's hold on its host: never "absent" unless
+   * the agent said so. With `floor` (core/allocation-takeover.ts
+   * `fenceFloor`) the agent, finding no hold held, raises the allocation's
+   * generation floor to it durably before answering.
+   */
+  async observeHold(hostId: string, allocationId: string, floor: number | null = null): Promise<HoldObservation> {
     let r: { status: number; body: unknown };
+    const path = `/v1/agent/holds/${encodeURIComponent(allocationId)}`;
     try {
-      r = await this.call(hostId, "GET", `/v1/agent/holds/${encodeURIComponent(allocationId)}`);
+      r = floor === null ? await this.call(hostId, "GET", path) : await this.call(hostId, "POST", `${path}/observe`, { floor });
     } catch (e) {
       return { kind: "unreadable", why: `the agent did not answer: ${e instanceof Error ? e.message : String(e)}` };
     }
     const body = r.body as { state?: string; generation?: number; allocationId?: string; error?: { code?: string } };
+    if (floor !== null && r.status === 404) return { kind: "unreadable", why: "the agent cannot raise a generation floor (an agent older than this coordinator): upgrade it" };
     if (r.status === 404 && body.error?.code === "not_found") return { kind: "absent" };
     if (r.status === 200 && typeof body.generation === "number") {
-      // A released hold holds nothing: for the takeover it is absent (and the agent refuses any new hold for it).
+      // A released or fenced hold holds nothing: for the takeover it is absent (and the agent refuses any hold below it).
       return body.state === "held" ? { kind: "present", allocationId: body.allocationId ?? allocationId, generation: body.generation } : { kind: "absent" };
     }
     return { kind: "unreadable", why: `agent answered ${r.status}` };

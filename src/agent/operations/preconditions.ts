@@ -9,8 +9,9 @@
  *                   only its provision or a destroy, one being destroyed or
  *                   destroyed only destroy, one that does not match its
  *                   record nothing (but destroy of one that is missing).
- *   alloc_hold      the allocation's hold: none, or held by this very
- *                   generation (alloc-hold.ts `holdRefusal`).
+ *   alloc_hold      the allocation's hold: none, a floor at or below this
+ *                   generation, or held by this very generation
+ *                   (alloc-hold.ts `holdRefusal`).
  *   alloc_launch    the hold of exactly this generation.
  *   alloc_release   always (it fences every later hold).
  */
@@ -36,7 +37,7 @@ export function checkPreconditions(store: AgentStore, env: Envelope, args: Norma
     }
     case "alloc_launch": {
       const h = store.holds.get(args.allocationId);
-      if (!h || h.state !== "held") throw new BerthError("conflict", `conflict: allocation ${args.allocationId} holds no slot on this host${h ? " (released)" : ""}; take the hold first`);
+      if (!h || h.state !== "held") throw new BerthError("conflict", `conflict: allocation ${args.allocationId} holds no slot on this host${h ? ` (${h.state})` : ""}; take the hold first`);
       if (h.generation !== env.generation) throw new BerthError("generation_mismatch", `generation_mismatch: allocation ${args.allocationId}'s hold is generation ${h.generation}, not ${env.generation}; nothing was changed`);
       return;
     }

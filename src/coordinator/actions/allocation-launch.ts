@@ -27,13 +27,15 @@
  * idempotent), an absent hold with a lapsed actor is replaced by
  * compare-and-set from the exact old record (one of several racing
  * coordinators wins), anything unreadable keeps the obligation and retries.
- * The agent itself refuses a hold below the highest generation it saw or
- * after release, so a late actor can never take a second hold.
+ * The observation that can decide a compare-and-set raises the agent's
+ * generation floor first (`fenceFloor`), and the agent refuses a hold below
+ * its floor, below the highest generation it saw, or after release, so a
+ * late actor can never take a second hold, whatever order its calls arrive in.
  */
 import { createHash } from "node:crypto";
 import { allocationMachineId } from "../../core/allocation-access.js";
 import { launchGate } from "../../core/allocation.js";
-import { actorLiveness, takeoverDecision, type ActorRecord, type ActorStanding } from "../../core/allocation-takeover.js";
+import { actorLiveness, fenceFloor, takeoverDecision, type ActorRecord, type ActorStanding } from "../../core/allocation-takeover.js";
 import type { Tx } from "../../store/store.js";
 import { lockOwner } from "../../store/alloc-owners.js";
 import { casActor, readActor, renewActor } from "../../store/allocation-actors.js";
@@ -108,9 +110,9 @@ async function decide(tx: Tx, d: AllocWorkerDeps, id: string, now: number): Prom
 /** Observe the hold (outside any transaction), decide, and apply the decision by compare-and-set. */
 async function takeOver(d: AllocWorkerDeps, p: Extract<Plan, { kind: "takeover" }>): Promise<Plan> {
   const { ctx } = d;
-  const hold = await d.agent.observeHold(p.a.hostId, p.a.id);
+  const standing: ActorStanding = p.prior ? { kind: "recorded", record: p.prior.record, liveness: actorLiveness(p.prior.recordedAt, ctx.now(), ctx.config.allocationActorLeaseMs) } : { kind: "none" };
+  const hold = await d.agent.observeHold(p.a.hostId, p.a.id, fenceFloor(standing));
   const now = ctx.now();
-  const standing: ActorStanding = p.prior ? { kind: "recorded", record: p.prior.record, liveness: actorLiveness(p.prior.recordedAt, now, ctx.config.allocationActorLeaseMs) } : { kind: "none" };
   const decision = takeoverDecision(p.a.id, standing, hold, "wanted");
   ctx.log.info({ allocation: p.a.id, prior: p.prior?.record ?? null, hold, decision: decision.kind, actor: ctx.actor }, "allocation launch takeover decided");
   return ctx.store.transaction(async (tx): Promise<Plan> => {
@@ -132,6 +134,14 @@ async function takeOver(d: AllocWorkerDeps, p: Extract<Plan, { kind: "takeover" 
         if (a.state === "placed" && !(await casAllocationState(tx, a.id, "placed", "launching", now, null))) return { kind: "none" };
         return { kind: "act", a: { ...a, state: "launching" }, launch: p.launch, actor: { allocationId: a.id, generation: won.generation, actor: ctx.actor, kind: "actor" } };
       }
+      case "stale_hold":
+        // A hold no actor owns (an agent that did not fence the observation): never adopted; the
+        // allocation is released and the cleanup releases the hold on the agent, which fences every later one.
+        if (a.state === "launching") {
+          await noteLaunchError(tx, a.id, `launch abandoned: ${decision.why}`, now);
+          await releaseIn(tx, ctx, a, "launch_failed", false, now);
+        }
+        return { kind: "none" };
       case "tombstone":
       case "settled":
       case "retain":
