@@ -5,6 +5,8 @@
  *   GET  /v1/agent/holds                         -> {holds: [HoldRecord], held: n}
  *   GET  /v1/agent/holds/{allocation}            -> HoldRecord | 404 (never held here)
  *   POST /v1/agent/holds/{allocation}/observe    {floor} -> HoldRecord (a `fenced` record: none held, floor raised)
+ *   POST /v1/agent/standing                      {epoch, standing} -> {epoch, standing} once stored and every
+ *                                                launch that began before it has ended (standing.ts)
  *   GET  /v1/agent/volumes                       -> {volumes: [VolumeView]}
  *   GET  /v1/agent/volumes/{allocation}          -> VolumeView (with a structural check)
  *   POST /v1/agent/volumes/{allocation}/verify   -> VolumeCheck
@@ -27,6 +29,7 @@ import type { IncomingMessage } from "node:http";
 import type { HoldTable } from "./store/holds.js";
 import type { VolumeRecord, VolumeTable } from "./store/volumes.js";
 import type { Volumes } from "./volumes.js";
+import { AGENT_STANDINGS, type StandingRecord } from "./standing.js";
 
 export interface AllocHttpDeps {
   holds: HoldTable;
@@ -35,8 +38,11 @@ export interface AllocHttpDeps {
   volumes: Volumes;
   /** The clock (epoch ms). */
   now: () => number;
+  /** Stores a newer standing durably, waits for the launches under way, and says what is stored. */
+  setStanding: (next: StandingRecord) => Promise<StandingRecord>;
 }
 
+const StandingBody = z.object({ epoch: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER), standing: z.enum(AGENT_STANDINGS) }).strict();
 const ObserveBody = z.object({ floor: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER) }).strict();
 
 export function registerAllocRoutes(app: HttpServer, auth: { auth: (req: IncomingMessage) => void }, d: AllocHttpDeps): void {
@@ -57,6 +63,7 @@ export function registerAllocRoutes(app: HttpServer, auth: { auth: (req: Incomin
     const id = parseId(req.params.allocation!, "allocation id");
     return d.holds.observe(id, allocationMachineId(id), req.body.floor, d.now());
   });
+  app.post("/v1/agent/standing", { auth: auth.auth, body: StandingBody }, async (req) => d.setStanding(req.body));
   app.get("/v1/agent/volumes", auth, async () => ({ volumes: d.records.list().map(view) }));
   app.get("/v1/agent/volumes/:allocation", auth, async (req) => view(volumeOf(req.params.allocation!)));
   app.post("/v1/agent/volumes/:allocation/verify", auth, async (req) => d.volumes.verify(volumeOf(req.params.allocation!).allocationId));

@@ -73,10 +73,10 @@ export class AllocationAgent {
   }
 
   /** One agent route, passed through (volumes, images): its refusals keep the agent's code and message. */
-  async passthrough(hostId: string, method: "GET" | "POST", path: string): Promise<unknown> {
+  async passthrough(hostId: string, method: "GET" | "POST", path: string, payload?: unknown): Promise<unknown> {
     let r: { status: number; body: unknown };
     try {
-      r = await this.call(hostId, method, path);
+      r = await this.call(hostId, method, path, payload);
     } catch (e) {
       throw new BerthError("provider_unavailable", `provider_unavailable: the agent of host ${hostId} did not answer: ${e instanceof Error ? e.message : String(e)}; try again`);
     }

@@ -52,4 +52,52 @@ describe("allocations under adversarial timing (real coordinator and agent, a pr
     assert.deepEqual(await holdsOf("T1"), [[2, "released"]]);
     await b.kill();
   });
+
+  test("a host withdrawn while its launch is in flight never launches there: the agent refuses the launch decided under the older standing", async () => {
+    proxy.rule({ match: (c) => c.opId === "a-W2-l1", action: { kind: "hold" }, times: 1 });
+    const a = await rig.coordinator();
+    const api = rig.api(a);
+    try {
+      const before = await rig.ownerUse();
+      await api.call("POST", "/v1/allocations", { id: "W2", size: "small", publicKey: key.publicKey });
+      const launch = await proxy.held((c) => c.opId === "a-W2-l1");
+      const w = await api.call<{ standing: string }>("POST", `/v1/hosts/${rig.hostId}/standing`, { standing: "withdrawn" });
+      assert.equal(w.standing, "withdrawn", "acknowledged by the agent before it is reported");
+      const late = await launch.release();
+      await rig.waitState("W2", "released", 20_000);
+      assert.equal(late.status, 409, `the launch is refused: ${JSON.stringify(late.body)}`);
+      assert.match(JSON.stringify(late.body), /host_withdrawn/);
+      const machine = await rig.agentGet("/v1/agent/machines/a-W2");
+      assert.ok(machine.status === 404 || (machine.body as { state?: string }).state === "destroyed", `the sandbox never ran: ${JSON.stringify(machine.body)}`);
+      assert.deepEqual(await holdsOf("W2"), [[1, "released"]]);
+      assert.deepEqual(await rig.ownerUse(), before, "budget back");
+    } finally {
+      await api.call("POST", `/v1/hosts/${rig.hostId}/standing`, { standing: "ready" });
+      await a.kill();
+    }
+  });
+
+  test("a withdrawal the agent has not acknowledged is reported withdrawing, and becomes withdrawn once the retried push is acknowledged", async () => {
+    proxy.rule({ match: (c) => c.path === "/v1/agent/standing", action: { kind: "drop" } });
+    const a = await rig.coordinator();
+    const api = rig.api(a);
+    const reported = async () => (await api.call<{ hosts: { hostId: string; reported: string }[] }>("GET", "/v1/host-accounts")).hosts.find((h) => h.hostId === rig.hostId)?.reported;
+    try {
+      const w = await api.call<{ standing: string; requested: string }>("POST", `/v1/hosts/${rig.hostId}/standing`, { standing: "withdrawn" });
+      assert.deepEqual([w.requested, w.standing], ["withdrawn", "withdrawing"]);
+      assert.equal(await reported(), "withdrawing");
+      const plan = await api.call<{ verdicts: { fits: boolean }[] }>("POST", "/v1/allocations/plan", { size: "small" });
+      assert.ok(JSON.stringify(plan).includes("withdrawn"), `no placement on a withdrawing host: ${JSON.stringify(plan)}`);
+      proxy.clearRules();
+      const deadline = Date.now() + 20_000;
+      while ((await reported()) !== "withdrawn") {
+        assert.ok(Date.now() < deadline, "the push is retried until the agent acknowledges");
+        await new Promise((r) => setTimeout(r, 200));
+      }
+    } finally {
+      proxy.clearRules();
+      await api.call("POST", `/v1/hosts/${rig.hostId}/standing`, { standing: "ready" });
+      await a.kill();
+    }
+  });
 });

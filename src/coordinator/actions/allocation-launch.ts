@@ -15,7 +15,11 @@
  *      retry answers the first result).
  *   3. re-check the host's standing (a withdrawal between placement and
  *      launch stops here, before anything runs), renew the lease, then
- *      `alloc_launch`: volume, sandbox, the allocation's key.
+ *      `alloc_launch`: volume, sandbox, the allocation's key. The launch
+ *      carries the standing epoch it was decided under; a withdrawal that
+ *      commits after this check reaches the agent before it counts
+ *      (actions/host-standing.ts), and the agent refuses a launch of an
+ *      older epoch (src/agent/standing.ts): released, cause host_withdrawn.
  *   4. record the result and `launching` → `ready` (one transaction), only
  *      while the actor record is still this actor's.
  *
@@ -179,11 +183,12 @@ async function act(d: AllocWorkerDeps, a: AllocationRecord, launch: LaunchRecord
     const now = ctx.now();
     const cur = await getAllocation(tx, a.id, true);
     if (g2.kind === "release" && cur?.state === "launching") await releaseIn(tx, ctx, cur, g2.cause, false, now);
-    return g2;
+    return { ...g2, epoch: (await lockHostAccount(tx, a.hostId))?.standingEpoch ?? 0 };
   }, { name: "alloc_launch_gate" });
   if (gate.kind !== "launch") return;
   if (!(await renew(d, actor))) return;
-  const res = await agent.op(a.hostId, "alloc_launch", `${opBase(a.id)}-l${g}`, machineId, g, { allocationId: a.id, publicKey: launch.publicKey, expiresAt: a.expiresAt });
+  // The standing epoch this launch was decided under: the agent refuses it once a later withdrawal reached it.
+  const res = await agent.op(a.hostId, "alloc_launch", `${opBase(a.id)}-l${g}`, machineId, g, { allocationId: a.id, publicKey: launch.publicKey, expiresAt: a.expiresAt, ...(gate.epoch ? { standingEpoch: gate.epoch } : {}) });
   if (res.kind === "ambiguous") return noteFailure(d, a.id, `launch: ${res.error}`);
   await ctx.store.transaction(async (tx) => {
     const now = ctx.now();
@@ -194,7 +199,8 @@ async function act(d: AllocWorkerDeps, a: AllocationRecord, launch: LaunchRecord
     if (res.kind === "refused") {
       // The agent refused and changed nothing it did not undo: clean up like a release.
       await noteLaunchError(tx, a.id, `launch refused: ${res.error}`, now);
-      await releaseIn(tx, ctx, cur, "launch_failed", false, now);
+      if (res.code === "host_withdrawn") await releaseIn(tx, ctx, cur, "host_withdrawn", false, now);
+      else await releaseIn(tx, ctx, cur, "launch_failed", false, now);
       return;
     }
     await setLaunched(tx, a.id, res.result, now);
