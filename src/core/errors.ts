@@ -39,9 +39,12 @@ export type ErrorCode =
   | "host_awaiting"
   | "host_busy"
   | "host_switching"
+  | "host_withdrawn"
   | "image_invalid"
   | "image_unavailable"
   | "image_too_large"
+  | "sftp_unavailable"
+  | "transfer_cut"
   | "internal";
 
 const STATUS: Record<ErrorCode, number> = {
@@ -83,12 +86,17 @@ const STATUS: Record<ErrorCode, number> = {
   host_awaiting: 401,
   host_busy: 409,
   host_switching: 409,
+  host_withdrawn: 409,
   /** The image is malformed, fails its digests, escapes its root, or is for another platform: retrying will not help. */
   image_invalid: 422,
   /** The image's registry or file could not be reached or read: retried. */
   image_unavailable: 502,
   /** The image (or a layer of it) is over the agent's image cache limit. */
   image_too_large: 413,
+  /** The machine has no SFTP server (an image without openssh-sftp-server). */
+  sftp_unavailable: 422,
+  /** A file transfer ended before it was complete: the borrow was returned or expired, or the connection was lost. */
+  transfer_cut: 502,
   internal: 500,
 };
 
