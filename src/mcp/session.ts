@@ -469,10 +469,15 @@ function relativeTo(workspace: string, abs: string): string {
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
 /**
- * The command line sent over SSH. argv (the default) is quoted word by word, so the
- * program gets exactly these arguments; `shell: true` takes one string for `sh -c`.
- * cwd (inside the workspace) and env are set by a prefix: the gateway passes only a
- * few variables as SSH env requests, so `export` on the machine is what works everywhere.
+ * The command line sent over SSH (the machine's login shell runs it: bash where present, else sh).
+ *
+ * argv (the default) is quoted word by word and run with `exec`, so the program gets exactly
+ * these arguments (execve semantics: no shell builtins) and is itself the session's process
+ * group leader: a timeout's TERM reaches it, and when it ignores TERM and HUP the gateway's
+ * release escalates to KILL while that leader lives. `shell: true` runs one string as a shell
+ * script. cwd (inside the workspace) and env are set by a first line (`cd`, `export`): the
+ * gateway passes only a few variables as SSH env requests, so this works everywhere; when it
+ * fails, the script does not run (exit 1).
  */
 export function commandLine(a: { command: string[] | string; shell?: boolean; cwd?: string; env?: Record<string, string> }, workspace: string): string {
   let body: string;
@@ -483,7 +488,7 @@ export function commandLine(a: { command: string[] | string; shell?: boolean; cw
   } else {
     if (typeof a.command === "string") throw invalid("command is an array of arguments (argv), e.g. [\"ls\", \"-la\"]; for a shell command line (pipes, &&, globs) pass one string with shell: true");
     if (a.command.length === 0 || a.command[0] === "") throw invalid("command is empty; give at least the program, e.g. [\"ls\"]");
-    body = shellQuote(a.command);
+    body = `exec ${shellQuote(a.command)}`;
   }
   const prefix: string[] = [];
   if (a.cwd !== undefined) prefix.push(`cd -- ${shellQuote([workspacePath(workspace, a.cwd)])}`);
@@ -493,6 +498,6 @@ export function commandLine(a: { command: string[] | string; shell?: boolean; cw
     prefix.push(`export ${shellQuote([`${k}=${v}`])}`);
   }
   if (prefix.length === 0) return body;
-  // A shell line runs in its own sh after the prefix, so its syntax cannot interact with it.
-  return `${prefix.join(" && ")} && ${a.shell ? `sh -c ${shellQuote([body])}` : body}`;
+  // On its own line, so the script's syntax cannot interact with it.
+  return `${prefix.join(" && ")} || exit 1\n${body}`;
 }

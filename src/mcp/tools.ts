@@ -70,7 +70,7 @@ export function buildServer(session: McpSession, o: { inlineBytes: number; defau
       inputSchema: {
         handle,
         command: z.union([z.array(z.string()).min(1), z.string().min(1)]).describe("argv array (default), or one shell command line when shell is true."),
-        shell: z.boolean().optional().describe("true: command is one string run by sh -c. Default false: command is an argv array run exactly."),
+        shell: z.boolean().optional().describe("true: command is one string run as a script by the machine's shell (bash where present, else sh). Default false: command is an argv array run exactly (exec, no shell)."),
         stdin: z.string().optional().describe("Text given to the command's standard input (then EOF). Default: empty input."),
         stdin_base64: z.string().optional().describe("Bytes (base64) given to standard input instead of stdin."),
         cwd: z.string().optional().describe("Directory to start in, relative to the workspace (or absolute inside it). Default: the workspace."),

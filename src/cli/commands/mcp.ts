@@ -66,7 +66,8 @@ Example MCP client entry (stdio):
         if (o.listen) {
           const config = loadConfig({ url: o.url, tokenFile: o.tokenFile, config: o.config }, { requireToken: false });
           const { serveHttp } = await import("../../mcp/http.js");
-          return serveHttp({ listen: o.listen, url: config.url, keeperKeyFile: config.keeperKeyFile, defaultPool: o.pool ?? config.pool, limits, idleMs: o.idleTimeout * 1000, log });
+          const status = await serveHttp({ listen: o.listen, url: config.url, keeperKeyFile: config.keeperKeyFile, defaultPool: o.pool ?? config.pool, limits, idleMs: o.idleTimeout * 1000, log });
+          process.exit(status);
         }
         const config = loadConfig({ url: o.url, tokenFile: o.tokenFile, config: o.config });
         const client = new BerthClient({ url: config.url, token: config.token, keeperKeyFile: config.keeperKeyFile });
