@@ -126,7 +126,7 @@ describe("berth mcp over stdio", { timeout: 300_000 }, () => {
     await rig.settled();
   });
 
-  test("100 MB of output: the result shows the first 16 KiB and says so; every byte is retrievable by offset from a 0600 spill file; the server's memory stays bounded; the spill goes at session end", async () => {
+  test("100 MB of output: the result shows the first 16 KiB and says so; every byte is retrievable by offset from a 0600 spill file; the server's memory stays bounded; the spill goes at session end", async (t) => {
     const spill = mkdtempSync(join(tmpdir(), "berth-mcp-spill-"));
     const m = await stdioMcp(rig, ["--spill-dir", spill]);
     try {
@@ -135,6 +135,7 @@ describe("berth mcp over stdio", { timeout: 300_000 }, () => {
       const before = peakRssKiB(m.pid);
       const r = await call(m.client, "run_command", { handle: h, command: `yes 0123456789abcde | head -c ${HUNDRED_MB}; echo done >&2`, shell: true, timeout_seconds: 300 });
       const grew = peakRssKiB(m.pid) - before;
+      t.diagnostic(`berth mcp peak RSS ${before} KiB before, grew ${grew} KiB while 100 MB went through (bound ${RSS_GROWTH_BOUND_KIB} KiB)`);
       assert.equal(r.isError, false, r.text.slice(0, 500));
       assert.equal(r.json.stdout_bytes, HUNDRED_MB);
       assert.equal((r.json.stdout as string).length, 16 * 1024);
@@ -222,9 +223,13 @@ describe("berth mcp over stdio", { timeout: 300_000 }, () => {
       const t = new StdioClientTransport({ command: process.execPath, args: [${JSON.stringify(BIN)}, "mcp", "--config", ${JSON.stringify(rig.config)}], stderr: "ignore" });
       const c = new Client({ name: "doomed", version: "1" });
       await c.connect(t);
-      const handles = [];
-      for (let i = 0; i < 2; i++) handles.push(JSON.parse((await c.callTool({ name: "borrow_machine", arguments: {} })).content[0].text).handle);
-      console.log(JSON.stringify({ handles, pid: t.pid }));
+      const handles = [], machines = [];
+      for (let i = 0; i < 2; i++) {
+        const b = JSON.parse((await c.callTool({ name: "borrow_machine", arguments: {} })).content[0].text);
+        handles.push(b.handle);
+        machines.push(b.machine);
+      }
+      console.log(JSON.stringify({ handles, machines, pid: t.pid }));
       setInterval(() => {}, 1000);`;
     const doomed = spawn(process.execPath, ["--input-type=module", "-e", script], { stdio: ["ignore", "pipe", "inherit"], env: { ...process.env, BERTH_PG_URL: "" } });
     const line = await new Promise<string>((resolve, reject) => {
@@ -235,7 +240,7 @@ describe("berth mcp over stdio", { timeout: 300_000 }, () => {
       });
       doomed.once("exit", (code) => reject(new Error(`the client exited ${code} before borrowing`)));
     });
-    const { handles, pid } = JSON.parse(line) as { handles: string[]; pid: number };
+    const { handles, machines, pid } = JSON.parse(line) as { handles: string[]; machines: string[]; pid: number };
     assert.equal(handles.length, 2);
     assert.equal((await rig.pool()).lent, 2);
     doomed.kill("SIGKILL");
@@ -248,14 +253,14 @@ describe("berth mcp over stdio", { timeout: 300_000 }, () => {
         return true;
       }
     }, 30_000);
-    const p = await rig.settled();
+    // Returned, not abandoned: the very machines are ready again (an abandoned borrow's machine is quarantined and replaced).
+    const p = await rig.settled(machines);
     assert.equal(p.lent, 0);
   });
 
   test("SIGTERM to berth mcp returns its machines, then it exits 143", async () => {
     const m = await stdioMcp(rig);
-    await call(m.client, "borrow_machine", {});
-    await call(m.client, "borrow_machine", {});
+    const machines = [(await call(m.client, "borrow_machine", {})).json.machine as string, (await call(m.client, "borrow_machine", {})).json.machine as string];
     assert.equal((await rig.pool()).lent, 2);
     process.kill(m.pid, "SIGTERM");
     await rig.waitFor("berth mcp to exit", async () => {
@@ -267,7 +272,7 @@ describe("berth mcp over stdio", { timeout: 300_000 }, () => {
       }
     }, 30_000);
     assert.match(m.stderr(), /session ended \(SIGTERM\): returning 2 machines/);
-    await rig.settled();
+    await rig.settled(machines);
   });
 });
 
@@ -337,26 +342,31 @@ describe("berth mcp over Streamable HTTP", { timeout: 300_000 }, () => {
         const t = new StreamableHTTPClientTransport(new URL(${JSON.stringify(server.url)}), { requestInit: { headers: { authorization: "Bearer " + process.env.T } } });
         const c = new Client({ name: "doomed", version: "1" });
         await c.connect(t);
-        for (let i = 0; i < 2; i++) await c.callTool({ name: "borrow_machine", arguments: {} });
-        console.log("borrowed");
+        const machines = [];
+        for (let i = 0; i < 2; i++) machines.push(JSON.parse((await c.callTool({ name: "borrow_machine", arguments: {} })).content[0].text).machine);
+        console.log(JSON.stringify(machines));
         setInterval(() => {}, 1000);`;
       const doomed = spawn(process.execPath, ["--input-type=module", "-e", script], { stdio: ["ignore", "pipe", "inherit"], env: { ...process.env, T: token } });
-      await new Promise<void>((resolve, reject) => {
-        doomed.stdout!.on("data", (d: Buffer) => d.toString().includes("borrowed") && resolve());
+      const machines = await new Promise<string[]>((resolve, reject) => {
+        let out = "";
+        doomed.stdout!.on("data", (d: Buffer) => {
+          out += d.toString();
+          if (out.includes("\n")) resolve(JSON.parse(out.split("\n")[0]!) as string[]);
+        });
         doomed.once("exit", (code) => reject(new Error(`the client exited ${code} before borrowing`)));
       });
       assert.equal((await rig.pool()).lent, 2);
       doomed.kill("SIGKILL");
-      await rig.settled();
+      await rig.settled(machines);
       assert.match(server.output(), /ended \(the client disconnected\): returning 2 machines/);
 
       // A live session when the server is stopped: returned too.
       const { client } = await httpClient(server.url, token);
-      await call(client, "borrow_machine", {});
+      const last = (await call(client, "borrow_machine", {})).json.machine as string;
       assert.equal((await rig.pool()).lent, 1);
       await server.close();
       assert.equal(server.child.exitCode, 143, server.output());
-      await rig.settled();
+      await rig.settled([last]);
       await client.close().catch(() => undefined);
     } finally {
       await server.close();

@@ -18,6 +18,8 @@ export interface PoolState {
   lent: number;
   cleanup: number;
   states: Record<string, number>;
+  /** The pool's live machines. */
+  machines: { id: string; state: string }[];
 }
 
 export class UpRig {
@@ -46,18 +48,23 @@ export class UpRig {
   async pool(name = "default"): Promise<PoolState> {
     const api = new Api(this.url, this.adminToken);
     try {
-      const p = await api.call<{ counts: { ready: number; lent: number; cleanup: number }; states: Record<string, number> }>("GET", `/v1/pools/${name}`);
-      return { ...p.counts, states: p.states };
+      const p = await api.call<{ counts: { ready: number; lent: number; cleanup: number }; states: Record<string, number>; networks: { id: string; state: string }[] }>("GET", `/v1/pools/${name}`);
+      return { ...p.counts, states: p.states, machines: p.networks.map((m) => ({ id: m.id, state: m.state })) };
     } finally {
       await api.close();
     }
   }
 
-  /** The pool back where it started: nothing lent or in cleanup, nothing quarantined, at least min-ready ready. */
-  settled(): Promise<PoolState> {
-    return this.waitFor("the pool settled (nothing lent, nothing in cleanup, 2+ ready, nothing quarantined)", async () => {
+  /**
+   * The pool back where it started: nothing lent or in cleanup, nothing quarantined, at least
+   * min-ready ready — and each of `machines` ready again itself (returned, fenced, scrubbed),
+   * not abandoned, quarantined and replaced by a new one.
+   */
+  settled(machines: string[] = []): Promise<PoolState> {
+    return this.waitFor(`the pool settled (nothing lent, nothing in cleanup, 2+ ready, nothing quarantined${machines.length ? `, ${machines.join(", ")} ready again` : ""})`, async () => {
       const p = await this.pool();
-      return p.lent === 0 && p.cleanup === 0 && p.ready >= 2 && !p.states.quarantined ? p : null;
+      const ready = new Set(p.machines.filter((m) => m.state === "ready").map((m) => m.id));
+      return p.lent === 0 && p.cleanup === 0 && p.ready >= 2 && !p.states.quarantined && machines.every((m) => ready.has(m)) ? p : null;
     });
   }
 
