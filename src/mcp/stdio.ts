@@ -38,6 +38,7 @@ export function serveStdio(o: McpServeOptions): Promise<number> {
   const session = new McpSession({ client: o.client, defaultPool: o.defaultPool, keeperKey: o.keeperKey, limits: o.limits, log: o.log });
   const server = buildServer(session, toolOptions(o.limits));
   const transport = new StdioServerTransport();
+  if (process.stdin.isTTY) o.log("serving MCP on stdin/stdout, for an MCP client to start (docs/mcp.md); Ctrl-D or Ctrl-C ends");
   return new Promise((resolve) => {
     let ending = false;
     const end = (why: string, status: number) => {
