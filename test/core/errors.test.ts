@@ -25,6 +25,8 @@ const STATUS: Record<ErrorCode, number> = {
   image_invalid: 422,
   image_unavailable: 502,
   image_too_large: 413,
+  sftp_unavailable: 422,
+  transfer_cut: 502,
   borrow_not_active: 409,
   borrow_expired: 409,
   generation_mismatch: 409,
