@@ -88,6 +88,8 @@ export function register(program: Command): void {
     .option("--network-resolver <ip>", "resolve allow-list names through this DNS server instead of the host's resolver")
     .option("--network-probe-deny <host:port>", "an extra target every readiness probe must find refused (repeatable)", (v: string, acc: string[]) => [...acc, v], [] as string[])
     .option("--network-probe-refused-resolver <ip>", "a resolver every readiness probe must find refused unless the policy allows it (repeatable)", (v: string, acc: string[]) => [...acc, v], [] as string[])
+    // For `berth up`, which runs the agent in a session of its own: its end (even kill -9) closes the pipe.
+    .addOption(new Option("--stop-on-stdin-eof", "stop (as on SIGTERM) when standard input reaches end of file").hideHelp())
     .addOption(new Option("--log-level <level>", "log level (logs go to stderr)").choices(["debug", "info", "warn", "error"]).default("info"))
     .addHelpText(
       "after",
@@ -120,6 +122,7 @@ export function register(program: Command): void {
       networkResolver?: string;
       networkProbeDeny: string[];
       networkProbeRefusedResolver: string[];
+      stopOnStdinEof?: boolean;
     }) => {
       const log = pino({ level: o.logLevel, base: { component: "agent" } }, pino.destination({ dest: 2, sync: true }));
       // Handlers first: a signal that arrives while starting (or right after the
@@ -130,6 +133,11 @@ export function register(program: Command): void {
       };
       process.once("SIGTERM", () => onSignal("SIGTERM"));
       process.once("SIGINT", () => onSignal("SIGINT"));
+      if (o.stopOnStdinEof) {
+        process.stdin.on("end", () => onSignal("stdin EOF"));
+        process.stdin.on("error", () => onSignal("stdin EOF"));
+        process.stdin.resume();
+      }
       // Loaded only here: every other command starts without the agent.
       const [{ startAgent }, { readEnrollToken }, { AgentLockedError }, { FloorRefusedError }] = await Promise.all([
         import("../../agent/agent.js"),
