@@ -22,6 +22,7 @@ import type { IncomingMessage } from "node:http";
 import { BerthError } from "../core/errors.js";
 import { hashToken, sameHash } from "../core/tokens.js";
 import { createHttpServer, DEFAULT_BODY_LIMIT, type HttpServer } from "../http/server.js";
+import type { HttpLimits } from "../http/admission.js";
 import { zodRefusal } from "../core/refusal.js";
 import type { SessionRegistry } from "./contracts.js";
 import type { AgentKeys } from "./keys.js";
@@ -62,6 +63,8 @@ export interface AgentHttpDeps {
   unrecorded: () => string[];
   log: AgentLog;
   bodyLimit?: number;
+  /** Timeouts, connection caps and the unauthenticated rate (src/http/admission.ts). */
+  limits?: Partial<HttpLimits>;
   /** More routes under the same authentication (the allocation routes, alloc-http.ts). */
   extraRoutes?: (app: HttpServer, auth: { auth: (req: IncomingMessage) => void }) => void;
 }
@@ -88,6 +91,8 @@ export async function startHttp(deps: AgentHttpDeps, listen_: { host: string; po
     log: deps.log,
     internalMessage: "internal: the agent failed to answer; see its log",
     bodyLimit: deps.bodyLimit ?? DEFAULT_BODY_LIMIT,
+    ...(deps.limits ? { limits: deps.limits } : {}),
+    onRefused: (reason) => deps.log.info({ reason }, "http connection or request refused by a limit"),
   });
   const auth = {
     auth: (req: IncomingMessage): void => {

@@ -7,6 +7,9 @@ export type ErrorCode =
   | "invalid_id"
   | "invalid_request"
   | "body_too_large"
+  | "rate_limited"
+  | "too_many_connections"
+  | "request_timeout"
   | "unauthorized"
   | "forbidden"
   | "not_found"
@@ -40,12 +43,20 @@ export type ErrorCode =
   | "image_invalid"
   | "image_unavailable"
   | "image_too_large"
+  | "sftp_unavailable"
+  | "transfer_cut"
   | "internal";
 
 const STATUS: Record<ErrorCode, number> = {
   invalid_id: 400,
   invalid_request: 400,
   body_too_large: 413,
+  /** Too many requests without a token from one client address (`retry-after` says when to come back). */
+  rate_limited: 429,
+  /** A connection over the server's caps (total, per client address). */
+  too_many_connections: 503,
+  /** A request that did not arrive whole within the server's header or request deadline. */
+  request_timeout: 408,
   unauthorized: 401,
   forbidden: 403,
   not_found: 404,
@@ -82,6 +93,10 @@ const STATUS: Record<ErrorCode, number> = {
   image_unavailable: 502,
   /** The image (or a layer of it) is over the agent's image cache limit. */
   image_too_large: 413,
+  /** The machine has no SFTP server (an image without openssh-sftp-server). */
+  sftp_unavailable: 422,
+  /** A file transfer ended before it was complete: the borrow was returned or expired, or the connection was lost. */
+  transfer_cut: 502,
   internal: 500,
 };
 

@@ -9,8 +9,10 @@
  *   signature must verify. The no-signature probe is answered positively only
  *   for a key that would be authorized. Each channel open re-asks the authority.
  * - What: session channels with exec, shell, pty-req, window-change, env
- *   (allowlist), signal (INT/QUIT/TSTP/TERM/HUP), exit-status/exit-signal. No port
- *   forwarding, no agent or X11 forwarding, no subsystems (sftp is not offered).
+ *   (allowlist), signal (INT/QUIT/TSTP/TERM/HUP), exit-status/exit-signal; the
+ *   `sftp` subsystem (the machine's own sftp-server, as a session); `direct-tcpip`
+ *   to the machine's own loopback only (channels.ts), as a session. No remote
+ *   (-R) or dynamic (-D) forwarding, no agent or X11 forwarding, no other subsystem.
  * - Cutting access: every session is tagged with its key's grant and
  *   fingerprint. `keys.onRevoked` ends every connection of that key at once and
  *   releases its sessions; independently, each session and connection arms a
@@ -21,7 +23,7 @@
  *   verified, a mismatch retained and reported.
  */
 import { randomBytes } from "node:crypto";
-import type { AddressInfo } from "node:net";
+import { createServer as createTcpServer, type AddressInfo } from "node:net";
 import ssh2 from "ssh2";
 import type { Connection, PublicKeyAuthContext, AuthContext, ServerChannel, Session as SshSession } from "ssh2";
 import { isId, newId } from "../../core/ids.js";
@@ -33,6 +35,8 @@ import { recoverSessions, type RecoveryReport } from "../sessions/recovery.js";
 import { Session } from "../sessions/session.js";
 import { DEFAULT_TIMING, type Log, type SessionTiming } from "../sessions/types.js";
 import { loadOrCreateHostKey } from "./host-key.js";
+import { SshAdmission, type SshAdmissionLimits, type SshRefusal } from "./admission.js";
+import { forwardArgv, forwardDecision, sftpArgv } from "./channels.js";
 import { fingerprintOf } from "../../core/ssh-public-key.js";
 
 export interface GatewayOptions {
@@ -50,6 +54,10 @@ export interface GatewayOptions {
   sessionStore?: SessionStore;
   /** Release graces and drain bounds. */
   timing?: Partial<SessionTiming>;
+  /** The authentication timeout and the caps on unauthenticated connections (admission.ts); unset fields take the defaults. */
+  admission?: Partial<SshAdmissionLimits>;
+  /** Told of every connection refused by a cap or ended by the authentication timeout (for a metric). */
+  onAdmissionRefused?: (reason: SshRefusal) => void;
 }
 
 export interface GatewaySessions extends SessionRegistry {
@@ -70,7 +78,6 @@ export interface Gateway {
 }
 
 const MAX_AUTH_ATTEMPTS = 6;
-const AUTH_TIMEOUT_MS = 30_000;
 const MAX_SESSIONS_PER_CONNECTION = 16;
 const MAX_TIMER_MS = 2 ** 31 - 1;
 
@@ -149,7 +156,11 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     }
   });
 
-  const server = new ssh2.Server({ hostKeys: [host.privateKey], ident: "berth" }, (client) => {
+  const admission = new SshAdmission(opts.admission ?? {}, (reason, address) => {
+    opts.onAdmissionRefused?.(reason);
+    log.info({ reason, address }, reason === "auth_timeout" ? "ssh connection closed: not authenticated in time" : "ssh connection refused: too many unauthenticated connections");
+  });
+  const server = new ssh2.Server({ hostKeys: [host.privateKey], ident: "berth" }, (client, info) => {
     // Before key exchange: small SSH packets otherwise wait on Nagle + delayed ACK (~40 ms a round trip).
     (client as Connection & { setNoDelay(on: boolean): void }).setNoDelay(true);
     const c: Conn = { client, machineId: null, key: null, sessions: new Set(), timer: null, ended: false };
@@ -157,7 +168,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     let attempts = 0;
     const authTimer = setTimeout(() => {
       if (!c.key) endConn(c, "authentication timeout");
-    }, AUTH_TIMEOUT_MS);
+    }, admission.limits.authTimeoutMs);
 
     client.on("authentication", (ctx: AuthContext) => {
       if (closing || ++attempts > MAX_AUTH_ATTEMPTS) {
@@ -190,6 +201,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
 
     client.on("ready", () => {
       clearTimeout(authTimer);
+      admission.authenticated(info.ip, info.port);
       const key = c.key!;
       log.info({ machine: c.machineId, grant: key.grantId, fingerprint: key.fingerprint }, "ssh connection authenticated");
       if (key.expiresAt !== null) {
@@ -205,6 +217,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           return;
         }
         wireSession(c, key, accept());
+      });
+      client.on("tcpip", (accept, reject, info) => {
+        void forward(c, key, accept as unknown as () => ServerChannel, reject, info);
       });
     });
 
@@ -259,38 +274,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     });
 
     const begin = (argv: string[] | null, acceptCh: () => ServerChannel) => {
-      if (c.ended || closing) return false;
-      const still = keys.authorize(c.machineId!, key.fingerprint, now());
-      if (!stillSameKey(key, still)) {
-        endConn(c, "key no longer authorized");
-        return false;
-      }
-      const channel = acceptCh();
-      const s = new Session(
-        { runtime, store, now, log, timing },
-        {
-          sessionId: newId("s", (n) => randomBytes(n)),
-          machineId: c.machineId!,
-          grantId: key.grantId,
-          fingerprint: key.fingerprint,
-          argv,
-          env: { ...env },
-          pty,
-        },
-        channel,
-      );
-      session = s;
-      c.sessions.add(s);
-      live.add(s);
-      const expiry = key.expiresAt !== null ? armAt(now, key.expiresAt, () => void s.cut(`key expired (grant ${key.grantId})`)) : null;
-      void s.done.then((out) => {
-        expiry?.cancel();
-        c.sessions.delete(s);
-        live.delete(s);
-        log.info({ session: out.sessionId, machine: c.machineId, state: out.state, reason: out.reason }, "session ended");
-      });
-      void s.start();
-      return true;
+      const s = startSession(c, key, argv, { ...env }, pty, acceptCh);
+      if (s) session = s;
+      return s !== null;
     };
 
     ss.on("exec", (accept, reject, info) => {
@@ -299,16 +285,90 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     ss.on("shell", (accept, reject) => {
       if (session || !begin(null, accept)) reject?.();
     });
+    // SFTP (sftp, scp's default protocol, editors' remote modes): the machine's own sftp-server,
+    // run like any command — recorded, cut at return, proven gone by the fence.
+    ss.on("subsystem", (accept, reject, info) => {
+      // Never on a PTY: the SFTP protocol is binary.
+      const s = session || info.name !== "sftp" ? null : startSession(c, key, sftpArgv(), { ...env }, null, accept as unknown as () => ServerChannel);
+      if (s) session = s;
+      else {
+        log.info({ machine: c.machineId, subsystem: String(info.name) }, "subsystem refused");
+        reject?.();
+      }
+    });
   }
 
+  /** One session on an accepted channel; null (nothing accepted) when the connection is ending or the key is no longer valid. */
+  function startSession(c: Conn, key: InstalledKey, argv: string[] | null, env: Record<string, string>, pty: PtyRequest | null, acceptCh: () => ServerChannel): Session | null {
+    if (c.ended || closing) return null;
+    const still = keys.authorize(c.machineId!, key.fingerprint, now());
+    if (!stillSameKey(key, still)) {
+      endConn(c, "key no longer authorized");
+      return null;
+    }
+    const channel = acceptCh();
+    const s = new Session(
+      { runtime, store, now, log, timing },
+      {
+        sessionId: newId("s", (n) => randomBytes(n)),
+        machineId: c.machineId!,
+        grantId: key.grantId,
+        fingerprint: key.fingerprint,
+        argv,
+        env,
+        pty,
+      },
+      channel,
+    );
+    c.sessions.add(s);
+    live.add(s);
+    const expiry = key.expiresAt !== null ? armAt(now, key.expiresAt, () => void s.cut(`key expired (grant ${key.grantId})`)) : null;
+    void s.done.then((out) => {
+      expiry?.cancel();
+      c.sessions.delete(s);
+      live.delete(s);
+      log.info({ session: out.sessionId, machine: c.machineId, state: out.state, reason: out.reason }, "session ended");
+    });
+    void s.start();
+    return s;
+  }
+
+  /**
+   * `direct-tcpip` (ssh -L, ssh -W): a forward to one of the machine's own ports, run as a
+   * session whose command connects from inside the machine. Every other destination is refused
+   * before a channel exists, as is a machine whose loopback would be the host's.
+   */
+  async function forward(c: Conn, key: InstalledKey, accept: () => ServerChannel, reject: () => void, info: { destIP: string; destPort: number }): Promise<void> {
+    const d = forwardDecision(info.destIP, info.destPort);
+    let why: string | null = d.kind === "refuse" ? `${d.code}: ${d.why}` : null;
+    if (why === null) {
+      try {
+        const r = await runtime.forwardRefusal(c.machineId!);
+        if (r !== null) why = `forward_refused: ${r}`;
+      } catch (e) {
+        why = `forward_refused: ${e instanceof Error ? e.message : String(e)}`;
+      }
+    }
+    if (why !== null || d.kind !== "connect" || c.sessions.size >= MAX_SESSIONS_PER_CONNECTION) {
+      log.info({ machine: c.machineId, dest: `${String(info.destIP)}:${String(info.destPort)}`, why: why ?? "too many sessions" }, "forward refused");
+      reject();
+      return;
+    }
+    if (!startSession(c, key, forwardArgv(process.execPath, d.host, d.port), {}, null, accept)) reject();
+  }
+
+  // Our own listener, so a connection is admitted (or refused) at TCP accept, before ssh2 reads a byte of it.
+  const tcp = createTcpServer((socket) => {
+    if (admission.admit(socket)) server.injectSocket(socket);
+  });
   await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(opts.listen.port, opts.listen.host, () => {
-      server.off("error", reject);
+    tcp.once("error", reject);
+    tcp.listen(opts.listen.port, opts.listen.host, () => {
+      tcp.off("error", reject);
       resolve();
     });
   });
-  const port = (server.address() as AddressInfo).port;
+  const port = (tcp.address() as AddressInfo).port;
   log.info({ host: opts.listen.host, port, fingerprint: host.fingerprint }, "ssh gateway listening");
 
   const sessions: GatewaySessions = {
@@ -342,7 +402,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     recovered,
     async close() {
       closing = true;
-      const closed = new Promise<void>((r) => server.close(() => r()));
+      const closed = new Promise<void>((r) => tcp.close(() => r()));
+      admission.closeAll();
       const done = [...live].map((s) => s.done);
       for (const c of conns) endConn(c, "gateway closing");
       await Promise.all(done);

@@ -5,6 +5,7 @@ import { mkdirSync, readFileSync } from "node:fs";
 import { hashToken } from "../../core/tokens.js";
 import { StateDirLock } from "../state-lock.js";
 import { durationArg, loadOrCreateSecret, openStoreFromFlags, runCommand } from "../common.js";
+import { httpLimitOptions, httpLimitsFrom, type HttpLimitFlags } from "../http-limits.js";
 
 async function startAws(file: string) {
   const { AwsProvider } = await import("../../providers/aws/aws-provider.js");
@@ -39,7 +40,7 @@ export function parseListen(v: string): { host: string; port: number } {
 }
 
 export function register(program: Command): void {
-  program
+  const serve = program
     .command("serve")
     .description("Run the coordinator: HTTP API, reconciler and operation executor")
     .option("--state-dir <dir>", "directory for the SQLite database and the coordinator secret", ".berth")
@@ -49,7 +50,8 @@ export function register(program: Command): void {
     .option("--portable", "enable portable access (per-borrow keys, two-phase acknowledgement); off by default", false)
     .option("--alloc-actor-lease <duration>", "lease of an allocation's launch actor: past it, another coordinator may take the launch over (default 15s)", durationArg("--alloc-actor-lease"))
     .option("--metrics-token-file <file>", "require this token (one line, read at start) as 'Authorization: Bearer' on GET /metrics; default: /metrics is open")
-    .option("--aws-config <file>", "enable the aws provider with this pool configuration (docs/aws.md); credentials come from the AWS SDK's default chain")
+    .option("--aws-config <file>", "enable the aws provider with this pool configuration (docs/aws.md); credentials come from the AWS SDK's default chain");
+  httpLimitOptions(serve, "HTTP API")
     .addHelpText(
       "after",
       `
@@ -60,8 +62,9 @@ with the same --secret-file.
 Example:
   berth serve --state-dir /var/lib/berth --listen 0.0.0.0:7420`,
     )
-    .action((o: { stateDir: string; db?: string; listen: string; secretFile?: string; portable: boolean; awsConfig?: string; allocActorLease?: number; metricsTokenFile?: string }) =>
+    .action((o: { stateDir: string; db?: string; listen: string; secretFile?: string; portable: boolean; awsConfig?: string; allocActorLease?: number; metricsTokenFile?: string } & HttpLimitFlags) =>
       runCommand(async () => {
+        const httpLimits = httpLimitsFrom(o);
         const dir = resolve(o.stateDir);
         mkdirSync(dir, { recursive: true, mode: 0o700 });
         // Shared: other berth serves may use this directory's database too, a berth up may not (state-lock.ts).
@@ -73,7 +76,7 @@ Example:
         // Loaded only here: every other command starts without the coordinator.
         const { startCoordinator } = await import("../../coordinator/server.js");
         const aws = o.awsConfig ? await startAws(resolve(o.awsConfig)) : null;
-        const c = await startCoordinator({ store, secret, host, port, config: { portable: o.portable, ...(o.allocActorLease !== undefined ? { allocationActorLeaseMs: o.allocActorLease } : {}) }, providers: aws ? [aws.provider] : [], metricsTokenHash });
+        const c = await startCoordinator({ store, secret, host, port, config: { portable: o.portable, ...(o.allocActorLease !== undefined ? { allocationActorLeaseMs: o.allocActorLease } : {}) }, providers: aws ? [aws.provider] : [], metricsTokenHash, httpLimits });
         const stopSweep = aws ? aws.sweep(store, c.ctx.log) : () => undefined;
         lock.setUrl(c.url);
         c.ctx.log.info({ url: c.url, store: store.dialect, portable: o.portable }, "berth coordinator listening");
