@@ -82,8 +82,8 @@ export function register(program: Command): void {
     .option("--registry-auth <file>", "registry credentials, Docker's config.json shape ({\"auths\": {\"HOST:PORT\": {\"auth\": base64(user:password)}}}); mode 0600")
     .option("--insecure-registry <host:port>", "reach this registry over plain HTTP (repeatable; loopback registries always are)", (v: string, acc: string[]) => [...acc, v], [] as string[])
     .option("--slots <n>", "machines this host offers", positiveInt("--slots"), 4)
-    .option("--vcpu <n>", "vCPUs this host offers", positiveInt("--vcpu"), 2)
-    .option("--memory-mb <n>", "memory this host offers, in MiB", positiveInt("--memory-mb"), 2048)
+    .option("--vcpu <n>", "vCPUs this host offers (default: every CPU of this host)", positiveInt("--vcpu"))
+    .option("--memory-mb <n>", "memory this host offers, in MiB (default: this host's memory minus max(1 GiB, 10 %) kept for the host)", positiveInt("--memory-mb"))
     .option("--name <name>", "this host's name at the coordinator (default: the system host name)")
     .option("--no-network", "refuse machines with a network policy (egress) on this host")
     .option("--network-range <cidr>", "address range of machine networks, a /30 per machine (default 10.213.0.0/16)")
@@ -119,8 +119,8 @@ export function register(program: Command): void {
       registryAuth?: string;
       insecureRegistry: string[];
       slots: number;
-      vcpu: number;
-      memoryMb: number;
+      vcpu?: number;
+      memoryMb?: number;
       name?: string;
       logLevel: string;
       network: boolean;
@@ -173,8 +173,8 @@ export function register(program: Command): void {
             registry: { ...(o.registryAuth !== undefined ? { authFile: resolvePath(o.registryAuth) } : {}), insecure: o.insecureRegistry },
           },
           slots: o.slots,
-          vcpu: o.vcpu,
-          memoryMb: o.memoryMb,
+          ...(o.vcpu !== undefined ? { vcpu: o.vcpu } : {}),
+          ...(o.memoryMb !== undefined ? { memoryMb: o.memoryMb } : {}),
           name: o.name,
           log,
           network: o.network ? await networkOptions(o) : false,
