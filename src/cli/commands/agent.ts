@@ -93,6 +93,8 @@ export function register(program: Command): void {
     .option("--ssh-auth-timeout <duration>", "SSH gateway: a connection must authenticate within this from its TCP connection, else it is closed (default 30s)", durationArg("--ssh-auth-timeout"))
     .option("--ssh-max-unauthenticated <n>", "SSH gateway: connections not yet authenticated at once, 0 for no cap (default 128)", intArg("--ssh-max-unauthenticated", 0, 1_000_000))
     .option("--ssh-max-unauthenticated-per-address <n>", "SSH gateway: such connections from one client address, 0 for no cap (default 32)", intArg("--ssh-max-unauthenticated-per-address", 0, 1_000_000))
+    // For `berth up`, which runs the agent in a session of its own: its end (even kill -9) closes the pipe.
+    .addOption(new Option("--stop-on-stdin-eof", "stop (as on SIGTERM) when standard input reaches end of file").hideHelp())
     .addOption(new Option("--log-level <level>", "log level (logs go to stderr)").choices(["debug", "info", "warn", "error"]).default("info"));
   httpLimitOptions(agentCommand, "agent API")
     .addHelpText(
@@ -126,6 +128,7 @@ export function register(program: Command): void {
       networkResolver?: string;
       networkProbeDeny: string[];
       networkProbeRefusedResolver: string[];
+      stopOnStdinEof?: boolean;
       sshAuthTimeout?: number;
       sshMaxUnauthenticated?: number;
       sshMaxUnauthenticatedPerAddress?: number;
@@ -139,6 +142,11 @@ export function register(program: Command): void {
       };
       process.once("SIGTERM", () => onSignal("SIGTERM"));
       process.once("SIGINT", () => onSignal("SIGINT"));
+      if (o.stopOnStdinEof) {
+        process.stdin.on("end", () => onSignal("stdin EOF"));
+        process.stdin.on("error", () => onSignal("stdin EOF"));
+        process.stdin.resume();
+      }
       // Loaded only here: every other command starts without the agent.
       const [{ startAgent }, { readEnrollToken }, { AgentLockedError }, { FloorRefusedError }] = await Promise.all([
         import("../../agent/agent.js"),
