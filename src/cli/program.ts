@@ -25,6 +25,7 @@ const MODULES = {
   volume: () => import("./commands/volume.js"),
   host: () => import("./commands/host.js"),
   image: () => import("./commands/image.js"),
+  mcp: () => import("./commands/mcp.js"),
 } satisfies Record<string, () => Promise<CommandModule>>;
 
 /** Which module defines each top-level command name. */
@@ -46,6 +47,7 @@ const COMMANDS: Record<string, keyof typeof MODULES> = {
   volume: "volume",
   host: "host",
   image: "image",
+  mcp: "mcp",
 };
 
 export async function main(argv: string[]): Promise<void> {
