@@ -290,6 +290,7 @@ describe("berth mcp over Streamable HTTP", { timeout: 300_000 }, () => {
       await assert.rejects(httpClient(server.url, "berth_not_a_real_token"), /401|unauthorized/i);
 
       const { client, transport } = await httpClient(server.url, token);
+      assert.equal((await client.listTools()).tools.length, 8);
       const h = (await call(client, "borrow_machine", {})).json.handle as string;
       assert.match(h, /^b_/);
       const cat = await call(client, "run_command", { handle: h, command: ["cat"], stdin: "over http\n" });
