@@ -7,7 +7,6 @@ import type { Store, Tx } from "./store.js";
 import { hashToken, newToken } from "../core/tokens.js";
 import { newId } from "../core/ids.js";
 import type { Role } from "../core/roles.js";
-import type { Tx } from "./store.js";
 import { setDue } from "./due.js";
 import { countLiveGrantsOfBorrower } from "./grants.js";
 
