@@ -13,6 +13,7 @@ import { NETWORK_MIGRATION } from "./machine-network.js";
 import { HOST_IDENTITY_MIGRATION } from "./host-identity.js";
 import { IMAGES_MIGRATION } from "./images.js";
 import { HOST_REMOVAL_MIGRATION } from "./host-removal.js";
+import { AUDIT_DETAIL_MIGRATION } from "./audit.js";
 
 export const MIGRATIONS: readonly Migration[] = [
   {
@@ -186,4 +187,5 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
   ALLOCATION_LAUNCHES_MIGRATION,
   IMAGES_MIGRATION,
   HOST_REMOVAL_MIGRATION,
+  AUDIT_DETAIL_MIGRATION,
 ];

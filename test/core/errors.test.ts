@@ -22,6 +22,7 @@ const STATUS: Record<ErrorCode, number> = {
   host_busy: 409,
   host_switching: 409,
   image_invalid: 422,
+  network_tampered: 409,
   image_unavailable: 502,
   image_too_large: 413,
   borrow_not_active: 409,
