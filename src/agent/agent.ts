@@ -42,6 +42,7 @@ import { registerImageRoutes } from "./images/http.js";
 import type { RegistryOptions } from "./images/registry.js";
 import type { Runtime } from "./runtime/types.js";
 import { AgentStore } from "./store/store.js";
+import { raiseStanding, readStanding } from "./standing.js";
 import { registerAllocRoutes } from "./alloc-http.js";
 import { enforcementOf } from "./runtime/limits.js";
 import { Volumes } from "./volumes.js";
@@ -280,7 +281,14 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         ...(guard ? { lendCheck: (id: string) => guard.lendCheck(id) } : {}),
         log,
         extraRoutes: (app, auth) => {
-          registerAllocRoutes(app, auth, { holds: store.holds, records: store.volumes, volumes });
+          registerAllocRoutes(app, auth, {
+            holds: store.holds, records: store.volumes, volumes, now,
+            setStanding: async (next) => {
+              store.transaction(() => raiseStanding(store.meta, next));
+              await ops.launchesSettled();
+              return readStanding(store.meta);
+            },
+          });
           registerImageRoutes(app, auth, images);
         },
       },

@@ -4,6 +4,9 @@
  *
  *   GET  /v1/agent/holds                         -> {holds: [HoldRecord], held: n}
  *   GET  /v1/agent/holds/{allocation}            -> HoldRecord | 404 (never held here)
+ *   POST /v1/agent/holds/{allocation}/observe    {floor} -> HoldRecord (a `fenced` record: none held, floor raised)
+ *   POST /v1/agent/standing                      {epoch, standing} -> {epoch, standing} once stored and every
+ *                                                launch that began before it has ended (standing.ts)
  *   GET  /v1/agent/volumes                       -> {volumes: [VolumeView]}
  *   GET  /v1/agent/volumes/{allocation}          -> VolumeView (with a structural check)
  *   POST /v1/agent/volumes/{allocation}/verify   -> VolumeCheck
@@ -11,22 +14,36 @@
  *
  * A hold observation is what a replacement launch actor reads before it
  * decides (core/allocation-takeover.ts); it comes from the agent's store,
- * which only the lock-holding agent process writes.
+ * which only the lock-holding agent process writes. The replacement of a
+ * lapsed actor observes with `observe`: when no hold is held, the floor is
+ * raised to the generation it is about to take, in the transaction that
+ * reads, before the answer; a late hold of the lapsed actor is refused
+ * afterwards whichever arrives first.
  */
+import { z } from "zod";
 import { BerthError } from "../core/errors.js";
 import { parseId } from "../core/ids.js";
+import { allocationMachineId } from "../core/allocation-access.js";
 import type { HttpServer } from "../http/server.js";
 import type { IncomingMessage } from "node:http";
 import type { HoldTable } from "./store/holds.js";
 import type { VolumeRecord, VolumeTable } from "./store/volumes.js";
 import type { Volumes } from "./volumes.js";
+import { AGENT_STANDINGS, type StandingRecord } from "./standing.js";
 
 export interface AllocHttpDeps {
   holds: HoldTable;
   /** The volume records. */
   records: VolumeTable;
   volumes: Volumes;
+  /** The clock (epoch ms). */
+  now: () => number;
+  /** Stores a newer standing durably, waits for the launches under way, and says what is stored. */
+  setStanding: (next: StandingRecord) => Promise<StandingRecord>;
 }
+
+const StandingBody = z.object({ epoch: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER), standing: z.enum(AGENT_STANDINGS) }).strict();
+const ObserveBody = z.object({ floor: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER) }).strict();
 
 export function registerAllocRoutes(app: HttpServer, auth: { auth: (req: IncomingMessage) => void }, d: AllocHttpDeps): void {
   // The marker token stays on the host: it proves the directory, it is not shown.
@@ -42,6 +59,11 @@ export function registerAllocRoutes(app: HttpServer, auth: { auth: (req: Incomin
     if (!h) throw new BerthError("not_found", `not_found: allocation ${req.params.allocation!} never held a slot on this host`);
     return h;
   });
+  app.post("/v1/agent/holds/:allocation/observe", { auth: auth.auth, body: ObserveBody }, async (req) => {
+    const id = parseId(req.params.allocation!, "allocation id");
+    return d.holds.observe(id, allocationMachineId(id), req.body.floor, d.now());
+  });
+  app.post("/v1/agent/standing", { auth: auth.auth, body: StandingBody }, async (req) => d.setStanding(req.body));
   app.get("/v1/agent/volumes", auth, async () => ({ volumes: d.records.list().map(view) }));
   app.get("/v1/agent/volumes/:allocation", auth, async (req) => view(volumeOf(req.params.allocation!)));
   app.post("/v1/agent/volumes/:allocation/verify", auth, async (req) => d.volumes.verify(volumeOf(req.params.allocation!).allocationId));

@@ -43,18 +43,25 @@ export class AllocationAgent {
     return { kind: "refused", code: body.error?.code ?? "refused", error: msg };
   }
 
-  /** A fresh look at the allocation's hold on its host: never "absent" unless the agent said so. */
-  async observeHold(hostId: string, allocationId: string): Promise<HoldObservation> {
+  /**
+   * A fresh look at the allocation's hold on its host: never "absent" unless
+   * the agent said so. With `floor` (core/allocation-takeover.ts
+   * `fenceFloor`) the agent, finding no hold held, raises the allocation's
+   * generation floor to it durably before answering.
+   */
+  async observeHold(hostId: string, allocationId: string, floor: number | null = null): Promise<HoldObservation> {
     let r: { status: number; body: unknown };
+    const path = `/v1/agent/holds/${encodeURIComponent(allocationId)}`;
     try {
-      r = await this.call(hostId, "GET", `/v1/agent/holds/${encodeURIComponent(allocationId)}`);
+      r = floor === null ? await this.call(hostId, "GET", path) : await this.call(hostId, "POST", `${path}/observe`, { floor });
     } catch (e) {
       return { kind: "unreadable", why: `the agent did not answer: ${e instanceof Error ? e.message : String(e)}` };
     }
     const body = r.body as { state?: string; generation?: number; allocationId?: string; error?: { code?: string } };
+    if (floor !== null && r.status === 404) return { kind: "unreadable", why: "the agent cannot raise a generation floor (an agent older than this coordinator): upgrade it" };
     if (r.status === 404 && body.error?.code === "not_found") return { kind: "absent" };
     if (r.status === 200 && typeof body.generation === "number") {
-      // A released hold holds nothing: for the takeover it is absent (and the agent refuses any new hold for it).
+      // A released or fenced hold holds nothing: for the takeover it is absent (and the agent refuses any hold below it).
       return body.state === "held" ? { kind: "present", allocationId: body.allocationId ?? allocationId, generation: body.generation } : { kind: "absent" };
     }
     return { kind: "unreadable", why: `agent answered ${r.status}` };
@@ -66,10 +73,10 @@ export class AllocationAgent {
   }
 
   /** One agent route, passed through (volumes, images): its refusals keep the agent's code and message. */
-  async passthrough(hostId: string, method: "GET" | "POST", path: string): Promise<unknown> {
+  async passthrough(hostId: string, method: "GET" | "POST", path: string, payload?: unknown): Promise<unknown> {
     let r: { status: number; body: unknown };
     try {
-      r = await this.call(hostId, method, path);
+      r = await this.call(hostId, method, path, payload);
     } catch (e) {
       throw new BerthError("provider_unavailable", `provider_unavailable: the agent of host ${hostId} did not answer: ${e instanceof Error ? e.message : String(e)}; try again`);
     }

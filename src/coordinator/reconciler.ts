@@ -29,6 +29,7 @@ import { countCapacity } from "./actions/capacity.js";
 import { handleGrantDueRow, invalidateGrantsOfBorrower } from "./actions/grants.js";
 import { onAllocationExpiryDue } from "./actions/allocation-release.js";
 import type { AllocationWorker } from "./allocation-worker.js";
+import { STANDING_RETRY_MS } from "./actions/host-standing.js";
 
 export interface TickResult {
   visited: number;
@@ -117,6 +118,11 @@ async function handle(tx: Tx, ctx: Ctx, executor: ReconcilerDeps["executor"], ro
       if (allocations) tx.afterCommit(() => allocations.drive(kind, row.ref));
       return null;
     }
+    case "host_standing":
+      // Pushed back before the push runs: if it fails (or this coordinator dies), the row comes due again.
+      await setDue(tx, "host_standing", row.ref, now + STANDING_RETRY_MS);
+      if (allocations) tx.afterCommit(() => allocations.drive("host_standing", row.ref));
+      return null;
     default:
       // An unknown kind (a newer coordinator's) is left for it, pushed back so it does not block the index.
       await setDue(tx, row.kind as "op", row.ref, now + 60_000);

@@ -36,6 +36,7 @@ export type ErrorCode =
   | "host_awaiting"
   | "host_busy"
   | "host_switching"
+  | "host_withdrawn"
   | "image_invalid"
   | "image_unavailable"
   | "image_too_large"
@@ -75,6 +76,7 @@ const STATUS: Record<ErrorCode, number> = {
   host_awaiting: 401,
   host_busy: 409,
   host_switching: 409,
+  host_withdrawn: 409,
   /** The image is malformed, fails its digests, escapes its root, or is for another platform: retrying will not help. */
   image_invalid: 422,
   /** A machine's network rules are not the ones recorded with its evidence: it is never lent again. */

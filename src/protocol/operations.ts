@@ -64,6 +64,8 @@ export const allocLaunchArgsSchema = z.strictObject({
   /** The allocation's public key (the client keeps the private half); installed as a grant key until `expiresAt`. */
   publicKey: z.string().max(16_384),
   expiresAt: z.number().int().nonnegative(),
+  /** The host's standing epoch the launch was decided under (src/agent/standing.ts); absent: 0. */
+  standingEpoch: z.number().int().nonnegative().optional(),
 });
 export const allocReleaseArgsSchema = z.strictObject({ allocationId: z.string(), keepVolume: z.boolean() });
 
@@ -96,7 +98,7 @@ export type NormalizedArgs =
   | { kind: "scrub" }
   | { kind: "destroy" }
   | { kind: "alloc_hold"; allocationId: Id; vcpu: number; memoryMib: number }
-  | { kind: "alloc_launch"; allocationId: Id; publicKey: string; fingerprint: string; expiresAt: number }
+  | { kind: "alloc_launch"; allocationId: Id; publicKey: string; fingerprint: string; expiresAt: number; standingEpoch?: number }
   | { kind: "alloc_release"; allocationId: Id; keepVolume: boolean };
 
 function invalidArgs(kind: OperationKind, error: z.ZodError): BerthError {
@@ -135,7 +137,9 @@ export function normalizeArgs(kind: OperationKind, raw: unknown): NormalizedArgs
       const p = allocLaunchArgsSchema.safeParse(raw);
       if (!p.success) throw invalidArgs(kind, p.error);
       const key = parsePublicKey(p.data.publicKey);
-      return { kind, allocationId: parseId(p.data.allocationId, "args.allocationId"), publicKey: key.line, fingerprint: key.fingerprint, expiresAt: p.data.expiresAt };
+      // Epoch 0 is left out, so the arguments (and their hash) of a launch that names none are unchanged.
+      const standingEpoch = p.data.standingEpoch ? { standingEpoch: p.data.standingEpoch } : {};
+      return { kind, allocationId: parseId(p.data.allocationId, "args.allocationId"), publicKey: key.line, fingerprint: key.fingerprint, expiresAt: p.data.expiresAt, ...standingEpoch };
     }
     case "alloc_release": {
       const p = allocReleaseArgsSchema.safeParse(raw);

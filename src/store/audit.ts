@@ -1,9 +1,9 @@
-/** The `audit` table: an append-only trail of every machine state change (with why, migration 10: `detail`). */
+/** The `audit` table: an append-only trail of every machine state change (with why, migration 11: `detail`). */
 import type { Migration } from "./migrate.js";
 import type { Tx } from "./store.js";
 
 export const AUDIT_DETAIL_MIGRATION: Migration = {
-  version: 10,
+  version: 11,
   name: "audit detail",
   sql: `
 ALTER TABLE audit ADD COLUMN detail TEXT;

@@ -5,7 +5,7 @@
 import type { Tx } from "./store.js";
 
 /** Kinds of rows in the due index; each names what its `ref` points at. */
-export type DueKind = "heartbeat" | "claim" | "fill" | "ttl" | "retention" | "op" | "ack" | "grant" | "revoke" | "alloc_expiry" | "alloc_launch" | "alloc_cleanup";
+export type DueKind = "heartbeat" | "claim" | "fill" | "ttl" | "retention" | "op" | "ack" | "grant" | "revoke" | "alloc_expiry" | "alloc_launch" | "alloc_cleanup" | "host_standing";
 
 export interface DueRow {
   kind: string;

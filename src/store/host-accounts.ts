@@ -20,9 +20,11 @@ export interface HostAccountRow {
   used_memory_mib: number;
   used_slots: number;
   standing_since: number;
+  standing_epoch: number;
+  standing_acked: number;
 }
 
-export function hostAccountFromRow(r: HostAccountRow): HostAccount & { org: string; standingSince: number } {
+export function hostAccountFromRow(r: HostAccountRow): HostAccount & { org: string; standingSince: number; standingEpoch: number; standingAcked: number } {
   return {
     hostId: r.host_id,
     org: r.org,
@@ -31,6 +33,8 @@ export function hostAccountFromRow(r: HostAccountRow): HostAccount & { org: stri
     capacity: { vcpu: r.vcpu, memoryMib: r.memory_mib, slots: r.slots },
     used: { vcpu: r.used_vcpu, memoryMib: r.used_memory_mib, slots: r.used_slots },
     standingSince: r.standing_since,
+    standingEpoch: Number(r.standing_epoch ?? 0),
+    standingAcked: Number(r.standing_acked ?? 0),
   };
 }
 
@@ -43,9 +47,9 @@ export function hostAccountFromRow(r: HostAccountRow): HostAccount & { org: stri
  */
 const SWITCHING = "EXISTS (SELECT 1 FROM hosts h WHERE h.id = a.host_id AND (h.identity_state NOT IN ('legacy', 'active') OR h.removing_since IS NOT NULL))";
 const ACCOUNT_COLUMNS = `a.host_id, a.org, a.name, CASE WHEN a.standing = 'ready' AND ${SWITCHING} THEN 'not_ready' ELSE a.standing END AS standing,
-  a.vcpu, a.memory_mib, a.slots, a.used_vcpu, a.used_memory_mib, a.used_slots, a.standing_since`;
+  a.vcpu, a.memory_mib, a.slots, a.used_vcpu, a.used_memory_mib, a.used_slots, a.standing_since, a.standing_epoch, a.standing_acked`;
 
-export async function listHostAccounts(tx: Tx, org: string): Promise<HostAccount[]> {
+export async function listHostAccounts(tx: Tx, org: string): Promise<ReturnType<typeof hostAccountFromRow>[]> {
   return (await tx.all<HostAccountRow>(`SELECT ${ACCOUNT_COLUMNS} FROM host_accounts a WHERE a.org = ? ORDER BY a.host_id`, [org])).map(hostAccountFromRow);
 }
 
@@ -63,7 +67,7 @@ export async function candidateHostAccounts(tx: Tx, org: string, need: { vcpu: n
   return rows.map(hostAccountFromRow);
 }
 
-export async function lockHostAccount(tx: Tx, hostId: string): Promise<(HostAccount & { org: string }) | null> {
+export async function lockHostAccount(tx: Tx, hostId: string): Promise<ReturnType<typeof hostAccountFromRow> | null> {
   const r = await tx.get<HostAccountRow>(`SELECT * FROM host_accounts WHERE host_id = ?${tx.forUpdate}`, [hostId]);
   return r ? hostAccountFromRow(r) : null;
 }
@@ -78,8 +82,11 @@ export async function upsertHostAccount(tx: Tx, hostId: string, org: string, nam
   );
 }
 
-export async function setHostStanding(tx: Tx, hostId: string, standing: HostStanding, now: number): Promise<void> {
-  await tx.run("UPDATE host_accounts SET standing = ?, standing_since = ? WHERE host_id = ?", [standing, now, hostId]);
+/** Sets the standing under a new epoch (the caller holds the row lock); returns the epoch. */
+export async function setHostStanding(tx: Tx, hostId: string, standing: HostStanding, now: number): Promise<number> {
+  await tx.run("UPDATE host_accounts SET standing = ?, standing_since = ?, standing_epoch = standing_epoch + 1 WHERE host_id = ?", [standing, now, hostId]);
+  const r = await tx.get<{ standing_epoch: number }>("SELECT standing_epoch FROM host_accounts WHERE host_id = ?", [hostId]);
+  return Number(r!.standing_epoch);
 }
 
 /** Writes the host's usage; the caller holds the row lock and computed `used` from the locked row. */

@@ -13,6 +13,7 @@ import { NETWORK_MIGRATION } from "./machine-network.js";
 import { HOST_IDENTITY_MIGRATION } from "./host-identity.js";
 import { IMAGES_MIGRATION } from "./images.js";
 import { HOST_REMOVAL_MIGRATION } from "./host-removal.js";
+import { HOST_STANDING_MIGRATION } from "./host-standing.js";
 import { AUDIT_DETAIL_MIGRATION } from "./audit.js";
 
 export const MIGRATIONS: readonly Migration[] = [
@@ -187,5 +188,6 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
   ALLOCATION_LAUNCHES_MIGRATION,
   IMAGES_MIGRATION,
   HOST_REMOVAL_MIGRATION,
+  HOST_STANDING_MIGRATION,
   AUDIT_DETAIL_MIGRATION,
 ];

@@ -20,6 +20,7 @@ const h = new AgentHarness("berth-alloc-ops-");
 after(() => h.close());
 
 const code = (c: string) => (e: unknown) => e instanceof BerthError && e.code === c;
+const pick = (r: { state: string; generation: number }) => [r.state, r.generation];
 const hold = (id: string, g: number, opId = `h-${id}-${g}`) => ({ opId, kind: "alloc_hold" as const, machineId: allocationMachineId(id), generation: g, args: { allocationId: id, vcpu: 2, memoryMib: 4096 } });
 
 test("a hold is taken once per generation; another or a stale generation is refused; release fences every later hold", async () => {
@@ -58,6 +59,23 @@ test("release before any hold fences the allocation: a late first hold is refuse
   const a = await h.agent();
   await a.ops.run({ opId: "r-x2", kind: "alloc_release", machineId: "a-x2", generation: 0, args: { allocationId: "x2", keepVolume: false } });
   await assert.rejects(a.ops.run(hold("x2", 1)), code("conflict"));
+});
+
+test("an observation that raises the floor fences every lower hold, whichever arrives first; a held hold is answered unchanged", async () => {
+  const a = await h.agent();
+  // No hold yet: the observation raises the floor to 2 (durably, before answering).
+  assert.deepEqual(pick(a.store.holds.observe("x4", "a-x4", 2, 1)), ["fenced", 2]);
+  await assert.rejects(a.ops.run(hold("x4", 1)), code("generation_mismatch"), "the lapsed actor's late hold is refused after the observation");
+  assert.equal(a.store.holds.countHeld(), 0);
+  assert.deepEqual(pick(a.store.holds.observe("x4", "a-x4", 1, 2)), ["fenced", 2], "a floor never goes down");
+  assert.deepEqual((await a.ops.run(hold("x4", 2))).result, { allocationId: "x4", generation: 2, existed: false }, "the replacement's generation holds");
+  assert.deepEqual(pick(a.store.holds.observe("x4", "a-x4", 3, 3)), ["held", 2], "a held hold is seen, not fenced over");
+  await assert.rejects(a.ops.run(hold("x4", 3)), code("conflict"));
+  // Other order: the late hold lands first; the observation then sees it held (and a replacement recovers it).
+  await a.ops.run(hold("x5", 1));
+  assert.deepEqual(pick(a.store.holds.observe("x5", "a-x5", 2, 4)), ["held", 1]);
+  await assert.rejects(a.ops.run(hold("x5", 2)), code("conflict"));
+  assert.equal(a.store.holds.countHeld(), 2);
 });
 
 test("the envelope's machine must be the allocation's sandbox", async () => {

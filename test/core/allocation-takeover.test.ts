@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { actorLiveness, takeoverDecision, type ActorRecord, type ActorStanding, type Desire, type HoldObservation } from "../../src/core/allocation-takeover.js";
+import { actorLiveness, fenceFloor, takeoverDecision, type ActorRecord, type ActorStanding, type Desire, type HoldObservation } from "../../src/core/allocation-takeover.js";
 
 const rec: ActorRecord = { allocationId: "a1", generation: 3, actor: "c-old", kind: "actor" };
 const tomb: ActorRecord = { ...rec, kind: "tombstone" };
@@ -24,11 +24,14 @@ const table: Array<[string, ActorStanding, HoldObservation, Desire, string]> = [
   ["hold unreadable: retain", recorded("terminal"), unreadable, "wanted", "retain"],
   ["hold unreadable, retired: retain", recorded("terminal"), unreadable, "retired", "retain"],
   ["actor unreadable: retain", recorded("unreadable"), absent, "retired", "retain"],
-  ["hold of another generation: retain", recorded("terminal"), stale, "wanted", "retain"],
+  // No actor owns these holds: never adopted, never retained forever either (fenced and cleaned).
+  ["hold of another generation, wanted: stale hold", recorded("terminal"), stale, "wanted", "stale_hold"],
+  ["hold of another generation, retired: stale hold", recorded("terminal"), stale, "retired", "stale_hold"],
   ["hold of another allocation: retain", recorded("terminal"), foreign, "wanted", "retain"],
-  ["hold without any actor record: retain", none, matching, "wanted", "retain"],
+  ["hold without any actor record: stale hold", none, matching, "wanted", "stale_hold"],
   ["tombstone and no hold: settled", recorded("terminal", tomb), absent, "wanted", "settled"],
-  ["tombstone and a hold: retain", recorded("terminal", tomb), matching, "retired", "retain"],
+  ["tombstone and a hold: stale hold (the cleanup releases it)", recorded("terminal", tomb), matching, "retired", "stale_hold"],
+  ["tombstone and another allocation's hold: retain", recorded("terminal", tomb), foreign, "retired", "retain"],
 ];
 
 for (const [name, prior, hold, desire, want] of table) {
@@ -50,4 +53,20 @@ test("an actor's lease: running before recordedAt + lease, terminal at equality 
   assert.equal(actorLiveness(1_000, 1_999, 1_000), "running");
   assert.equal(actorLiveness(1_000, 2_000, 1_000), "terminal");
   assert.equal(actorLiveness(1_000, 5_000, 1_000), "terminal");
+});
+
+test("the observation fences (raises the agent's floor) exactly when it can decide a compare-and-set", () => {
+  assert.equal(fenceFloor(recorded("terminal")), 4, "lapsed actor at 3: the floor is the generation a replacement takes");
+  assert.equal(fenceFloor(none), 1);
+  assert.equal(fenceFloor(recorded("running")), null, "a running actor may still take its hold: a plain read");
+  assert.equal(fenceFloor(recorded("unreadable")), null);
+  assert.equal(fenceFloor(recorded("terminal", tomb)), null, "a tombstone is final; the release fences");
+  // Every decision that writes a new generation was made on a fenced observation of that generation.
+  for (const prior of [recorded("terminal"), none]) {
+    for (const desire of ["wanted", "retired"] as const) {
+      const d = takeoverDecision("a1", prior, absent, desire);
+      assert.ok(d.kind === "cas_new_actor" || d.kind === "tombstone");
+      assert.equal(d.next.generation, fenceFloor(prior));
+    }
+  }
 });

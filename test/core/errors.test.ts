@@ -21,6 +21,7 @@ const STATUS: Record<ErrorCode, number> = {
   host_awaiting: 401,
   host_busy: 409,
   host_switching: 409,
+  host_withdrawn: 409,
   image_invalid: 422,
   network_tampered: 409,
   image_unavailable: 502,

@@ -84,6 +84,16 @@ export class AllocRig {
     }
   }
 
+  /**
+   * Sends the coordinators' calls to this host through `proxy` (a fault
+   * injector, test/helpers/agent-proxy.ts): the host's recorded agent address
+   * becomes the proxy's. Again after every agent (re)start, which enrolls anew.
+   */
+  async routeAgentThrough(proxy: { url: string; target: string }): Promise<void> {
+    proxy.target = this.agentUrl;
+    await this.store.transaction((tx) => tx.run("UPDATE hosts SET url = ? WHERE id = ?", [proxy.url, this.hostId]));
+  }
+
   async killAgent(): Promise<void> {
     const a = this.agent;
     if (!a || a.child.exitCode !== null || a.child.signalCode !== null) return;

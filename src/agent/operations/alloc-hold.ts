@@ -4,9 +4,11 @@
  * row too: the dispatcher writes it with the result) commit in ONE
  * transaction: nothing acts outside it. The same generation again answers
  * the same hold (`existed`); another generation while one is held, one below
- * the highest seen, and any hold after release are refused by the
- * preconditions (`holdRefusal`), so two actors that both believe they act can
- * never hold twice.
+ * the highest seen or below the floor a replacement's observation raised
+ * (`fenced`), and any hold after release are refused by the preconditions
+ * (`holdRefusal`, checked again in the transaction that writes the hold), so
+ * two actors that both believe they act can never hold twice, whatever order
+ * their calls arrive in.
  */
 import { BerthError, assertNever } from "../../core/errors.js";
 import type { AllocHoldResult } from "../../protocol/operations.js";
@@ -16,7 +18,11 @@ import type { ArgsOf, OpCall } from "./context.js";
 export async function allocHold(op: OpCall, a: ArgsOf<"alloc_hold">): Promise<void> {
   const { store } = op.deps;
   store.transaction(() => {
-    const existed = store.holds.get(a.allocationId)?.state === "held";
+    const h = store.holds.get(a.allocationId);
+    // Checked again where it is written (the dispatcher checked before): a floor raised meanwhile refuses it.
+    const refusal = holdRefusal(a.allocationId, h, op.generation);
+    if (refusal) throw refusal;
+    const existed = h?.state === "held";
     const now = op.deps.now();
     if (!existed) {
       store.holds.put({ allocationId: a.allocationId, machineId: op.machineId, generation: op.generation, state: "held", vcpu: a.vcpu, memoryMib: a.memoryMib, takenAt: now, releasedAt: null });
@@ -32,6 +38,12 @@ export function holdRefusal(allocationId: string, h: HoldRecord | null, generati
   switch (h.state) {
     case "released":
       return new BerthError("conflict", `conflict: allocation ${allocationId} was released on this host; its slot is never held again`);
+    case "fenced":
+      if (generation >= h.generation) return null;
+      return new BerthError(
+        "generation_mismatch",
+        `generation_mismatch: allocation ${allocationId}'s launch was taken over at generation ${h.generation}; a hold of generation ${generation} is stale and is never taken; nothing was changed`,
+      );
     case "held":
       if (h.generation === generation) return null;
       if (generation < h.generation) return new BerthError("generation_mismatch", `generation_mismatch: allocation ${allocationId}'s slot is held by generation ${h.generation}; generation ${generation} is stale; nothing was changed`);

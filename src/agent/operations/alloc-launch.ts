@@ -5,13 +5,24 @@
  * (intent, then identity: volumes.ts) and linked as the sandbox's workspace;
  * the sandbox is started (`provision`) and the key installed as a grant key
  * (`install_key`), each a step under a derived operation id, so a retry
- * after a crash or a lost reply resumes instead of acting twice.
+ * after a crash or a lost reply resumes instead of acting twice. A launch
+ * decided under a standing epoch older than the host's withdrawal is refused
+ * before anything is made (src/agent/standing.ts); a withdrawal waits for
+ * every launch under way before it is acknowledged.
  */
+import { launchRefusal, raiseStanding, readStanding } from "../standing.js";
 import type { AllocLaunchResult } from "../../protocol/operations.js";
 import type { ArgsOf, OpCall } from "./context.js";
 
 export async function allocLaunch(op: OpCall, a: ArgsOf<"alloc_launch">): Promise<void> {
   const { deps } = op;
+  // Checked again where nothing can come between it and the start (the preconditions checked before);
+  // a launch decided under a newer epoch moves this host to it (the coordinator decided it under a ready standing).
+  deps.store.transaction(() => {
+    const refusal = launchRefusal(readStanding(deps.store.meta), a.allocationId, a.standingEpoch ?? 0);
+    if (refusal) throw refusal;
+    raiseStanding(deps.store.meta, { epoch: a.standingEpoch ?? 0, standing: "ready" });
+  });
   const vol = deps.volumes.ensure(a.allocationId);
   deps.volumes.link(deps.workspacePath(op.machineId), vol);
   const prov = await op.step("p", "provision", op.generation);

@@ -75,6 +75,8 @@ const RECORDED_WITH_RESULT: ReadonlySet<OperationKind> = new Set(["install_key",
 export class AgentOperations {
   /** One operation at a time per machine, and per allocation. */
   readonly #lock = new KeyedLock();
+  /** Launches under way (also those waiting for their allocation's turn): a withdrawal waits for them (standing.ts). */
+  readonly #launches = new Set<Promise<unknown>>();
 
   constructor(private readonly deps: OperationDeps) {}
 
@@ -87,9 +89,19 @@ export class AgentOperations {
       if (sandbox !== req.machineId) {
         throw new BerthError("invalid_request", `invalid_request: machineId ${req.machineId} is not the sandbox of allocation ${args.allocationId} (${sandbox})`);
       }
-      return this.#lock.run(`allocation:${args.allocationId}`, () => this.#execute(intent, args));
+      const p = this.#lock.run(`allocation:${args.allocationId}`, () => this.#execute(intent, args));
+      if (args.kind === "alloc_launch") {
+        this.#launches.add(p);
+        void p.catch(() => undefined).finally(() => this.#launches.delete(p));
+      }
+      return p;
     }
     return this.#lock.run(`machine:${req.machineId}`, () => this.#execute(intent, args));
+  }
+
+  /** Resolves once every launch under way now (and any that starts meanwhile) has ended. */
+  async launchesSettled(): Promise<void> {
+    while (this.#launches.size > 0) await Promise.allSettled([...this.#launches]);
   }
 
   /** A step of an operation, as an operation of its own (derived id, the machine's turn). */

@@ -9,9 +9,11 @@
  *                   only its provision or a destroy, one being destroyed or
  *                   destroyed only destroy, one that does not match its
  *                   record nothing (but destroy of one that is missing).
- *   alloc_hold      the allocation's hold: none, or held by this very
- *                   generation (alloc-hold.ts `holdRefusal`).
- *   alloc_launch    the hold of exactly this generation.
+ *   alloc_hold      the allocation's hold: none, a floor at or below this
+ *                   generation, or held by this very generation
+ *                   (alloc-hold.ts `holdRefusal`).
+ *   alloc_launch    the hold of exactly this generation, and a standing epoch
+ *                   the host's withdrawal has not passed (standing.ts).
  *   alloc_release   always (it fences every later hold).
  */
 import { BerthError, assertNever } from "../../core/errors.js";
@@ -19,6 +21,7 @@ import type { NormalizedArgs, OperationKind } from "../../protocol/operations.js
 import type { MachineRecord } from "../store/machines.js";
 import type { AgentStore } from "../store/store.js";
 import { holdRefusal } from "./alloc-hold.js";
+import { launchRefusal, readStanding } from "../standing.js";
 
 export interface Envelope {
   opId: string;
@@ -36,8 +39,10 @@ export function checkPreconditions(store: AgentStore, env: Envelope, args: Norma
     }
     case "alloc_launch": {
       const h = store.holds.get(args.allocationId);
-      if (!h || h.state !== "held") throw new BerthError("conflict", `conflict: allocation ${args.allocationId} holds no slot on this host${h ? " (released)" : ""}; take the hold first`);
+      if (!h || h.state !== "held") throw new BerthError("conflict", `conflict: allocation ${args.allocationId} holds no slot on this host${h ? ` (${h.state})` : ""}; take the hold first`);
       if (h.generation !== env.generation) throw new BerthError("generation_mismatch", `generation_mismatch: allocation ${args.allocationId}'s hold is generation ${h.generation}, not ${env.generation}; nothing was changed`);
+      const withdrawn = launchRefusal(readStanding(store.meta), args.allocationId, args.standingEpoch ?? 0);
+      if (withdrawn) throw withdrawn;
       return;
     }
     case "alloc_release":

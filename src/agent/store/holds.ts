@@ -2,14 +2,17 @@
  * Allocation slot holds (table `alloc_holds`, migration 3): at most one row
  * per allocation. `held` names the generation of the launch actor that took
  * it; `released` is kept for good, so a late hold of any generation (an actor
- * that outlived its lease) is refused after the allocation was released, and
- * a hold below the highest generation seen is refused always. This is the
- * fence that makes "never two holds" hold even when two coordinators believe
- * they are the actor (src/agent/operations/alloc-hold.ts).
+ * that outlived its lease) is refused after the allocation was released;
+ * `fenced` holds nothing: its generation is a floor raised by a replacement
+ * actor's observation (`observe`), so a hold below it is refused whichever
+ * arrives first, the observation or the late hold. A hold below the highest
+ * generation seen is refused always. This is the fence that makes "never two
+ * holds" hold even when two coordinators believe they are the actor
+ * (src/agent/operations/alloc-hold.ts).
  */
 import type { Statements } from "../../store/sqlite/statements.js";
 
-export type HoldState = "held" | "released";
+export type HoldState = "held" | "released" | "fenced";
 
 export interface HoldRecord {
   allocationId: string;
@@ -63,6 +66,20 @@ export class HoldTable {
        ON CONFLICT (allocation_id) DO UPDATE SET machine_id = excluded.machine_id, generation = excluded.generation, state = excluded.state,
          vcpu = excluded.vcpu, memory_mib = excluded.memory_mib, taken_at = excluded.taken_at, released_at = excluded.released_at`,
     ).run(h.allocationId, h.machineId, h.generation, h.state, h.vcpu, h.memoryMib, h.takenAt, h.releasedAt);
+  }
+
+  /**
+   * A replacement actor's observation: the hold as it is, and, when none is
+   * held, the allocation's generation floor raised to `floor` in the same
+   * transaction (durable before the answer), so any later hold below it is
+   * refused. A held or released hold is answered unchanged.
+   */
+  observe(allocationId: string, machineId: string, floor: number, now: number): HoldRecord {
+    const h = this.get(allocationId);
+    if (h !== null && (h.state !== "fenced" || h.generation >= floor)) return h;
+    const fenced: HoldRecord = { allocationId, machineId, generation: floor, state: "fenced", vcpu: 0, memoryMib: 0, takenAt: now, releasedAt: null };
+    this.put(fenced);
+    return fenced;
   }
 
   countHeld(): number {

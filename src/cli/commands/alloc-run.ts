@@ -153,6 +153,8 @@ interface HostAccountView {
   hostId: string;
   name: string;
   standing: string;
+  /** The standing as it is true now (`withdrawing` until the agent acknowledged a withdrawal). */
+  reported?: string;
   capacity: { vcpu: number; memoryMib: number; slots: number };
   used: { vcpu: number; memoryMib: number; slots: number };
 }
@@ -164,7 +166,7 @@ export function hosts(o: Flags): Promise<void> {
     else
       printTable(
         ["HOST", "ID", "STANDING", "VCPU", "MEMORY", "SLOTS"],
-        r.hosts.map((h) => [h.name, h.hostId, h.standing, `${h.used.vcpu}/${h.capacity.vcpu}`, `${gib(h.used.memoryMib)}/${gib(h.capacity.memoryMib)} GiB`, `${h.used.slots}/${h.capacity.slots}`]),
+        r.hosts.map((h) => [h.name, h.hostId, h.reported ?? h.standing, `${h.used.vcpu}/${h.capacity.vcpu}`, `${gib(h.used.memoryMib)}/${gib(h.capacity.memoryMib)} GiB`, `${h.used.slots}/${h.capacity.slots}`]),
       );
   });
 }
@@ -173,6 +175,7 @@ export function standing(host: string, to: string, o: Flags): Promise<void> {
   return withApi(o, async (api) => {
     const r = await api.call<{ hostId: string; standing: string }>("POST", `/v1/hosts/${seg(host)}/standing`, { standing: to });
     if (o.json) printJson(r);
+    else if (r.standing === "withdrawing") process.stdout.write(`host ${r.hostId}: withdrawing (recorded; its agent has not acknowledged yet: retried until it does, and it takes no new allocation meanwhile; see berth alloc hosts)\n`);
     else process.stdout.write(`host ${r.hostId}: ${r.standing}\n`);
   });
 }

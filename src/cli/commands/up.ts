@@ -10,6 +10,8 @@
  * `berth up -- CMD` brings it all up, runs CMD on a borrowed machine, tears
  * everything down (machines destroyed, agent stopped) and exits with CMD's
  * status. Without a command it runs until interrupted, then tears down.
+ * The agent runs in its own session, so a terminal's Ctrl-C reaches berth
+ * alone; how it stops, and within what bound: up-stop.ts.
  */
 import type { Command } from "commander";
 import { Option } from "commander";
@@ -24,6 +26,7 @@ import { writeFileDurable } from "../../store/durable-file.js";
 import { Api } from "../../client/http.js";
 import { BerthClient } from "../../client/client.js";
 import { describeError, EXIT, exitCodeOf, intArg, loadOrCreateSecret, reportError } from "../common.js";
+import { AGENT_STOP_MS, Interrupted, SIGNAL_EXIT, TEARDOWN_MS, UpSignals } from "../up-stop.js";
 import { parseListen } from "./serve.js";
 import { waitReady } from "./pool.js";
 import { DEFAULT_WAIT_MS, runOnBorrowed } from "./run.js";
@@ -49,17 +52,21 @@ function tokenFile(path: string, make: () => Promise<string>): Promise<string> {
   });
 }
 
-function startAgentProcess(o: UpOptions, dir: string, url: string, enrollToken: string, say: (s: string) => void): Promise<{ child: ChildProcess; line: string }> {
+/**
+ * The agent, in a session of its own (`detached`): a terminal's Ctrl-C or
+ * hangup must reach berth alone, which stops the agent in order (up-stop.ts).
+ */
+function startAgentProcess(o: UpOptions, dir: string, url: string, enrollToken: string, say: (s: string) => void): { child: ChildProcess; ready: Promise<string> } {
   const bin = process.argv[1]!;
   const child = spawn(
     process.execPath,
     [bin, "agent", "--state-dir", join(dir, "agent"), "--coordinator", url, "--runtime", o.runtime, ...(o.runsc !== undefined ? ["--runsc", resolve(o.runsc)] : []), "--runsc-platform", o.runscPlatform, "--slots", String(o.slots), "--name", "local", "--log-level", process.env.BERTH_LOG_LEVEL ?? "error"],
-    { env: { ...process.env, BERTH_ENROLL_TOKEN: enrollToken }, stdio: ["ignore", "pipe", "pipe"] },
+    { env: { ...process.env, BERTH_ENROLL_TOKEN: enrollToken }, stdio: ["ignore", "pipe", "pipe"], detached: true },
   );
   child.stderr!.on("data", (d: Buffer) => {
     if (!o.quiet) process.stderr.write(d);
   });
-  return new Promise((resolveReady, reject) => {
+  const ready = new Promise<string>((resolveReady, reject) => {
     let buf = "";
     const onData = (d: Buffer) => {
       buf += d.toString();
@@ -68,39 +75,93 @@ function startAgentProcess(o: UpOptions, dir: string, url: string, enrollToken: 
         child.stdout!.off("data", onData);
         say(line.replace(/^berth /, ""));
         if (line.includes("runtime=process")) say("runtime: process — plain child processes, NO isolation (install runsc and run as root for gvisor)");
-        resolveReady({ child, line });
+        resolveReady(line);
       }
     };
     child.stdout!.on("data", onData);
     child.once("exit", (code) => reject(new Error(`the agent exited with status ${code} before it was ready (see its messages above)`)));
   });
+  return { child, ready };
 }
 
-async function teardown(api: Api, coord: Coordinator, agent: ChildProcess | null, store: SqliteStore, pools: string[], say: (s: string) => void): Promise<void> {
-  for (const name of pools) await drainAndWait(api, name, say);
-  if (agent && agent.exitCode === null) {
-    agent.kill("SIGTERM");
-    await new Promise((r) => agent.once("exit", r));
+interface Running {
+  dir: string;
+  o: UpOptions;
+  store: SqliteStore;
+  coord: Coordinator | null;
+  api: Api | null;
+  agent: ChildProcess | null;
+  /** The agent's runtime, from its ready line (null: it never said). */
+  runtime: "gvisor" | "process" | null;
+  /** Pools ensured so far, drained in reverse order at the end. */
+  pools: string[];
+}
+
+/** Steps 2–4 of up-stop.ts: drain (bounded, forcible), stop the agent, destroy what is left. */
+async function teardown(r: Running, signals: UpSignals, say: (s: string) => void): Promise<void> {
+  signals.beginStop();
+  const alive = (c: ChildProcess | null): c is ChildProcess => c !== null && c.exitCode === null && c.signalCode === null;
+  if (r.api && alive(r.agent) && r.pools.length > 0) {
+    say(`stopping: destroying the machines of ${r.pools.join(", ")} (up to ${TEARDOWN_MS / 1000} s; Ctrl-C again to force)`);
+    const deadline = Date.now() + TEARDOWN_MS;
+    for (const name of r.pools) {
+      if (signals.force.aborted) break;
+      await drainAndWait(r.api, name, deadline, signals.force, say);
+    }
   }
-  await api.close();
-  await coord.stop();
-  await store.close();
+  if (alive(r.agent)) await stopAgent(r.agent, say);
+  await destroyLeftovers(r, say);
+  await r.api?.close();
+  await r.coord?.stop();
+  await r.store.close();
 }
 
-async function drainAndWait(api: Api, name: string, say: (s: string) => void): Promise<void> {
+async function stopAgent(agent: ChildProcess, say: (s: string) => void): Promise<void> {
+  const exited = new Promise((res) => agent.once("exit", res));
+  agent.kill("SIGTERM");
+  const t = setTimeout(() => {
+    say(`the agent did not stop within ${AGENT_STOP_MS / 1000} s; killing it`);
+    agent.kill("SIGKILL");
+  }, AGENT_STOP_MS);
+  await exited;
+  clearTimeout(t);
+}
+
+/** Step 4: machines the agent did not destroy (a forced stop, an agent that died) are destroyed here, by the same runtime code. */
+async function destroyLeftovers(r: Running, say: (s: string) => void): Promise<void> {
+  const agentDir = join(r.dir, "agent");
+  if (!existsSync(join(agentDir, "machines"))) return;
+  try {
+    const { createRuntime } = await import("../../agent/runtime/index.js");
+    const runtime = createRuntime(r.runtime ?? r.o.runtime, agentDir, { ...(r.o.runsc !== undefined ? { runsc: resolve(r.o.runsc) } : {}), platform: r.o.runscPlatform as "auto" });
+    const left = await runtime.list();
+    if (left.length === 0) return;
+    say(`destroying ${left.length} machine(s) the agent left running`);
+    for (const id of left) {
+      await runtime.destroy(id).catch((e: unknown) => say(`could not destroy ${id}: ${describeError(e)}`));
+    }
+  } catch (e) {
+    say(`could not check for machines left running: ${describeError(e)}`);
+  }
+}
+
+async function drainAndWait(api: Api, name: string, deadline: number, force: AbortSignal, say: (s: string) => void): Promise<void> {
   try {
     const r = await api.call<{ drained: number; remaining: number }>("POST", `/v1/pools/${name}/drain`, { force: true });
     say(`draining pool ${name} (${r.remaining} machine(s))`);
-    const deadline = Date.now() + 30_000;
     for (;;) {
       const p = await api.call<{ states: Record<string, number> }>("GET", `/v1/pools/${name}`);
       const live = Object.entries(p.states).filter(([s]) => s !== "destroyed").reduce((n, [, k]) => n + k, 0);
       if (live === 0) break;
+      if (force.aborted) return;
       if (Date.now() > deadline) {
-        say(`gave up waiting for ${live} machine(s) to be destroyed; they are destroyed on the next start`);
+        say(`${live} machine(s) of pool ${name} not destroyed within ${TEARDOWN_MS / 1000} s; stopping the agent and destroying them directly`);
         break;
       }
-      await new Promise((r) => setTimeout(r, 100));
+      await new Promise((res) => {
+        const t = setTimeout(res, 100);
+        force.addEventListener("abort", () => (clearTimeout(t), res(undefined)), { once: true });
+      });
     }
   } catch (e) {
     say(`teardown: ${describeError(e)}`);
@@ -136,6 +197,8 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
         if (!o.quiet) process.stderr.write(`berth: ${s}\n`);
       };
       const dir = resolve(o.stateDir);
+      // Before anything is started: no signal may kill berth and leave its children running.
+      const signals = new UpSignals(say);
       mkdirSync(dir, { recursive: true, mode: 0o700 });
       // The server side is loaded only by the command that runs it.
       const [{ createToken }, { SqliteStore }, { default: pino }] = await Promise.all([
@@ -143,17 +206,15 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
         import("../../store/sqlite/sqlite-store.js"),
         import("pino"),
       ]);
-      const store = new SqliteStore({ path: join(dir, "berth.db") });
-      let coord: Coordinator | null = null;
-      let agent: ChildProcess | null = null;
-      let api: Api | null = null;
+      const r: Running = { dir, o, store: new SqliteStore({ path: join(dir, "berth.db") }), coord: null, api: null, agent: null, runtime: null, pools: [] };
+      const store = r.store;
       let status: number = EXIT.ok;
       try {
         const secret = loadOrCreateSecret(join(dir, "coordinator.secret"));
         const { host, port } = parseListen(o.listen);
         // Loaded only here: every other command starts without the coordinator.
         const { startCoordinator } = await import("../../coordinator/server.js");
-        coord = await startCoordinator({ store, secret, host, port, config: { portable: o.portable }, log: pino({ level: process.env.BERTH_LOG_LEVEL ?? "warn" }) });
+        const coord = (r.coord = await startCoordinator({ store, secret, host, port, config: { portable: o.portable }, log: pino({ level: process.env.BERTH_LOG_LEVEL ?? "warn" }) }));
         say(`coordinator on ${coord.url} (SQLite ${join(dir, "berth.db")})`);
         const admin = await tokenFile(join(dir, "admin.token"), async () => (await createToken(store, { org: "local", role: "admin", expiresAt: null, label: "berth up admin" }, Date.now(), (n) => randomBytes(n))).token);
         const enroll = await tokenFile(join(dir, "agent.token"), async () => (await createToken(store, { org: "local", role: "agent", expiresAt: null, label: "berth up agent" }, Date.now(), (n) => randomBytes(n))).token);
@@ -164,28 +225,35 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
           writeFileDurable(`${keeperKey}.pub`, pair.publicKey + "\n", 0o644);
         }
         writeFileDurable(join(dir, "client.json"), JSON.stringify({ url: coord.url, tokenFile: "admin.token", keeperKeyFile: "keeper_ed25519", pool: "default" }, null, 2) + "\n", 0o600);
-        api = new Api(coord.url, admin);
-        agent = (await startAgentProcess(o, dir, coord.url, enroll, say)).child;
-        await api.call("POST", "/v1/pools/default/ensure", {
-          minReady: o.minReady,
-          maxReady: Math.max(o.minReady, Math.min(o.slots, o.minReady * 2)),
-          compatibilityKey: "local",
-          access: "keeper",
-          provider: "hosts",
-          keeperKey: readFileSync(`${keeperKey}.pub`, "utf8").trim(),
-        });
-        await waitReady(api, "default", Math.min(1, o.minReady), 120_000, say);
+        const api = (r.api = new Api(coord.url, admin));
+        const started = startAgentProcess(o, dir, coord.url, enroll, say);
+        r.agent = started.child;
+        const line = await signals.interruptible(started.ready);
+        r.runtime = line.includes("runtime=gvisor") ? "gvisor" : "process";
+        r.pools.unshift("default");
+        await signals.interruptible(
+          api.call("POST", "/v1/pools/default/ensure", {
+            minReady: o.minReady,
+            maxReady: Math.max(o.minReady, Math.min(o.slots, o.minReady * 2)),
+            compatibilityKey: "local",
+            access: "keeper",
+            provider: "hosts",
+            keeperKey: readFileSync(`${keeperKey}.pub`, "utf8").trim(),
+          }),
+        );
+        await signals.interruptible(waitReady(api, "default", Math.min(1, o.minReady), 120_000, say));
         if (o.portable) {
           // A second pool for portable access: each borrow brings its own key; nothing is shared with the keeper pool.
-          await api.call("POST", "/v1/pools/agents/ensure", { minReady: 1, maxReady: 2, compatibilityKey: "local", access: "portable", provider: "hosts" });
-          await waitReady(api, "agents", 1, 120_000, say);
+          r.pools.unshift("agents");
+          await signals.interruptible(api.call("POST", "/v1/pools/agents/ensure", { minReady: 1, maxReady: 2, compatibilityKey: "local", access: "portable", provider: "hosts" }));
+          await signals.interruptible(waitReady(api, "agents", 1, 120_000, say));
         }
         if (argv.length > 0) {
           const config = loadConfig({ config: join(dir, "client.json") });
           const target = o.portable ? { pool: "agents", access: "portable" as const } : { pool: "default", access: "keeper" as const };
           const client = new BerthClient({ url: config.url, token: config.token, keeperKeyFile: config.keeperKeyFile });
           try {
-            status = await runOnBorrowed(client, config, argv, { ...target, drain: false, quiet: o.quiet, stdin: "auto", waitMs: DEFAULT_WAIT_MS });
+            status = await signals.delegate(() => runOnBorrowed(client, config, argv, { ...target, drain: false, quiet: o.quiet, stdin: "auto", waitMs: DEFAULT_WAIT_MS }));
           } finally {
             await client.close();
           }
@@ -193,21 +261,19 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
           process.stdout.write(
             `berth is up.\n  coordinator  ${coord.url}\n  dashboard    ${coord.url}/ui (sign in with the admin token)\n  admin token  ${join(dir, "admin.token")} (0600)\n  client conf  ${join(dir, "client.json")}\n\nNext, from this directory:\n  berth pool show default\n  berth run --pool default -- uname -a\nCtrl-C stops berth and destroys its machines.\n`,
           );
-          await new Promise<void>((r) => {
-            process.once("SIGINT", () => r());
-            process.once("SIGTERM", () => r());
-          });
+          await signals.waitForSignal();
         }
       } catch (e) {
-        reportError(e);
-        status = exitCodeOf(e);
-      } finally {
-        if (coord && api) await teardown(api, coord, agent, store, o.portable ? ["agents", "default"] : ["default"], say);
-        else {
-          if (agent && agent.exitCode === null) agent.kill("SIGTERM");
-          await coord?.stop();
-          await store.close();
+        if (e instanceof Interrupted) {
+          say(`${e.signal} while starting: stopping`);
+          status = SIGNAL_EXIT[e.signal];
+        } else {
+          reportError(e);
+          status = exitCodeOf(e);
         }
+      } finally {
+        await teardown(r, signals, say);
+        signals.dispose();
       }
       process.exitCode = status;
     });

@@ -13,6 +13,8 @@ import { BerthError } from "../../core/errors.js";
 import { parseId } from "../../core/ids.js";
 import { checkBudget, type Budget } from "../../core/allocation-budget.js";
 import type { HostStanding } from "../../core/allocation-placement.js";
+import { setDue } from "../../store/due.js";
+import { STANDING_RETRY_MS } from "./host-standing.js";
 import { isPrincipalOf, listOwners, lockOwner, upsertOwnerBudget, type OwnerRecord } from "../../store/alloc-owners.js";
 import { lockHostAccount, setHostStanding, upsertHostAccount, listHostAccounts } from "../../store/host-accounts.js";
 import { appendLedger } from "../../store/allocation-ledger.js";
@@ -37,14 +39,20 @@ export async function ownersOf(ctx: AllocCtx, org: string): Promise<OwnerRecord[
   return ctx.store.transaction((tx) => listOwners(tx, org));
 }
 
-export async function changeHostStanding(ctx: AllocCtx, org: string, rawHost: string, standing: HostStanding): Promise<void> {
+/**
+ * Records a standing change under a new epoch and arms its push to the agent
+ * (actions/host-standing.ts), in one transaction; returns the host id and epoch.
+ */
+export async function changeHostStanding(ctx: AllocCtx, org: string, rawHost: string, standing: HostStanding): Promise<{ hostId: string; epoch: number }> {
   const hostId = parseId(rawHost, "host");
   const now = ctx.now();
-  await ctx.store.transaction(async (tx) => {
+  return ctx.store.transaction(async (tx) => {
     const h = await lockHostAccount(tx, hostId);
     if (!h || h.org !== org) throw new BerthError("not_found", `not_found: no host ${hostId} in this organisation`);
-    await setHostStanding(tx, hostId, standing, now);
-    await appendLedger(tx, { at: now, event: "host_account", org, allocation_id: null, owner: null, host_id: hostId, vcpu: h.capacity.vcpu, memory_mib: h.capacity.memoryMib, detail: standing, actor: ctx.actor });
+    const epoch = await setHostStanding(tx, hostId, standing, now);
+    await setDue(tx, "host_standing", hostId, now + STANDING_RETRY_MS);
+    await appendLedger(tx, { at: now, event: "host_account", org, allocation_id: null, owner: null, host_id: hostId, vcpu: h.capacity.vcpu, memory_mib: h.capacity.memoryMib, detail: `${standing} epoch=${epoch}`, actor: ctx.actor });
+    return { hostId, epoch };
   }, { name: "host_standing" });
 }
 

@@ -9,7 +9,9 @@
  *      unreadable hold counts as an unproven attempt); an absent
  *      hold with a lapsed actor is settled by compare-and-set of the actor
  *      record to a tombstone (a late renewal of that actor then fails and it
- *      stops); a matching hold is released below like any other.
+ *      stops); a matching hold is released below like any other, and so is
+ *      a stale one (another generation, or after the tombstone: no actor
+ *      owns it), so release never waits on a hold forever.
  *   2. `alloc_release` on the agent (operation id fixed per allocation, so a
  *      retry after a crash answers the first result): keys dropped, sessions
  *      cut, every process proven gone, the volume kept or wiped in order, the
@@ -26,7 +28,7 @@
 import { allocationMachineId } from "../../core/allocation-access.js";
 import { allocationTransition } from "../../core/allocation.js";
 import { refund } from "../../core/allocation-budget.js";
-import { actorLiveness, takeoverDecision, type ActorStanding } from "../../core/allocation-takeover.js";
+import { actorLiveness, fenceFloor, takeoverDecision, type ActorStanding } from "../../core/allocation-takeover.js";
 import type { Tx } from "../../store/store.js";
 import { lockOwner, setOwnerUsage } from "../../store/alloc-owners.js";
 import { casActor, readActor } from "../../store/allocation-actors.js";
@@ -60,9 +62,8 @@ export async function driveCleanup(d: AllocWorkerDeps, id: string): Promise<void
   const { a, launch, prior } = start;
 
   // 1. May the launch actor still act?
-  const hold = await agent.observeHold(a.hostId, a.id);
-  const now = ctx.now();
-  const standing: ActorStanding = prior ? { kind: "recorded", record: prior.record, liveness: actorLiveness(prior.recordedAt, now, ctx.config.allocationActorLeaseMs) } : { kind: "none" };
+  const standing: ActorStanding = prior ? { kind: "recorded", record: prior.record, liveness: actorLiveness(prior.recordedAt, ctx.now(), ctx.config.allocationActorLeaseMs) } : { kind: "none" };
+  const hold = await agent.observeHold(a.hostId, a.id, fenceFloor(standing));
   const decision = takeoverDecision(a.id, standing, hold, "retired");
   ctx.log.info({ allocation: a.id, hold, prior: prior?.record ?? null, decision: decision.kind }, "allocation cleanup: launch actor decision");
   if (decision.kind === "retain") {

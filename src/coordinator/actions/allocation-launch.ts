@@ -15,7 +15,11 @@
  *      retry answers the first result).
  *   3. re-check the host's standing (a withdrawal between placement and
  *      launch stops here, before anything runs), renew the lease, then
- *      `alloc_launch`: volume, sandbox, the allocation's key.
+ *      `alloc_launch`: volume, sandbox, the allocation's key. The launch
+ *      carries the standing epoch it was decided under; a withdrawal that
+ *      commits after this check reaches the agent before it counts
+ *      (actions/host-standing.ts), and the agent refuses a launch of an
+ *      older epoch (src/agent/standing.ts): released, cause host_withdrawn.
  *   4. record the result and `launching` → `ready` (one transaction), only
  *      while the actor record is still this actor's.
  *
@@ -27,13 +31,15 @@
  * idempotent), an absent hold with a lapsed actor is replaced by
  * compare-and-set from the exact old record (one of several racing
  * coordinators wins), anything unreadable keeps the obligation and retries.
- * The agent itself refuses a hold below the highest generation it saw or
- * after release, so a late actor can never take a second hold.
+ * The observation that can decide a compare-and-set raises the agent's
+ * generation floor first (`fenceFloor`), and the agent refuses a hold below
+ * its floor, below the highest generation it saw, or after release, so a
+ * late actor can never take a second hold, whatever order its calls arrive in.
  */
 import { createHash } from "node:crypto";
 import { allocationMachineId } from "../../core/allocation-access.js";
 import { launchGate } from "../../core/allocation.js";
-import { actorLiveness, takeoverDecision, type ActorRecord, type ActorStanding } from "../../core/allocation-takeover.js";
+import { actorLiveness, fenceFloor, takeoverDecision, type ActorRecord, type ActorStanding } from "../../core/allocation-takeover.js";
 import type { Tx } from "../../store/store.js";
 import { lockOwner } from "../../store/alloc-owners.js";
 import { casActor, readActor, renewActor } from "../../store/allocation-actors.js";
@@ -108,9 +114,9 @@ async function decide(tx: Tx, d: AllocWorkerDeps, id: string, now: number): Prom
 /** Observe the hold (outside any transaction), decide, and apply the decision by compare-and-set. */
 async function takeOver(d: AllocWorkerDeps, p: Extract<Plan, { kind: "takeover" }>): Promise<Plan> {
   const { ctx } = d;
-  const hold = await d.agent.observeHold(p.a.hostId, p.a.id);
+  const standing: ActorStanding = p.prior ? { kind: "recorded", record: p.prior.record, liveness: actorLiveness(p.prior.recordedAt, ctx.now(), ctx.config.allocationActorLeaseMs) } : { kind: "none" };
+  const hold = await d.agent.observeHold(p.a.hostId, p.a.id, fenceFloor(standing));
   const now = ctx.now();
-  const standing: ActorStanding = p.prior ? { kind: "recorded", record: p.prior.record, liveness: actorLiveness(p.prior.recordedAt, now, ctx.config.allocationActorLeaseMs) } : { kind: "none" };
   const decision = takeoverDecision(p.a.id, standing, hold, "wanted");
   ctx.log.info({ allocation: p.a.id, prior: p.prior?.record ?? null, hold, decision: decision.kind, actor: ctx.actor }, "allocation launch takeover decided");
   return ctx.store.transaction(async (tx): Promise<Plan> => {
@@ -132,6 +138,14 @@ async function takeOver(d: AllocWorkerDeps, p: Extract<Plan, { kind: "takeover" 
         if (a.state === "placed" && !(await casAllocationState(tx, a.id, "placed", "launching", now, null))) return { kind: "none" };
         return { kind: "act", a: { ...a, state: "launching" }, launch: p.launch, actor: { allocationId: a.id, generation: won.generation, actor: ctx.actor, kind: "actor" } };
       }
+      case "stale_hold":
+        // A hold no actor owns (an agent that did not fence the observation): never adopted; the
+        // allocation is released and the cleanup releases the hold on the agent, which fences every later one.
+        if (a.state === "launching") {
+          await noteLaunchError(tx, a.id, `launch abandoned: ${decision.why}`, now);
+          await releaseIn(tx, ctx, a, "launch_failed", false, now);
+        }
+        return { kind: "none" };
       case "tombstone":
       case "settled":
       case "retain":
@@ -169,11 +183,12 @@ async function act(d: AllocWorkerDeps, a: AllocationRecord, launch: LaunchRecord
     const now = ctx.now();
     const cur = await getAllocation(tx, a.id, true);
     if (g2.kind === "release" && cur?.state === "launching") await releaseIn(tx, ctx, cur, g2.cause, false, now);
-    return g2;
+    return { ...g2, epoch: (await lockHostAccount(tx, a.hostId))?.standingEpoch ?? 0 };
   }, { name: "alloc_launch_gate" });
   if (gate.kind !== "launch") return;
   if (!(await renew(d, actor))) return;
-  const res = await agent.op(a.hostId, "alloc_launch", `${opBase(a.id)}-l${g}`, machineId, g, { allocationId: a.id, publicKey: launch.publicKey, expiresAt: a.expiresAt });
+  // The standing epoch this launch was decided under: the agent refuses it once a later withdrawal reached it.
+  const res = await agent.op(a.hostId, "alloc_launch", `${opBase(a.id)}-l${g}`, machineId, g, { allocationId: a.id, publicKey: launch.publicKey, expiresAt: a.expiresAt, ...(gate.epoch ? { standingEpoch: gate.epoch } : {}) });
   if (res.kind === "ambiguous") return noteFailure(d, a.id, `launch: ${res.error}`);
   await ctx.store.transaction(async (tx) => {
     const now = ctx.now();
@@ -184,7 +199,8 @@ async function act(d: AllocWorkerDeps, a: AllocationRecord, launch: LaunchRecord
     if (res.kind === "refused") {
       // The agent refused and changed nothing it did not undo: clean up like a release.
       await noteLaunchError(tx, a.id, `launch refused: ${res.error}`, now);
-      await releaseIn(tx, ctx, cur, "launch_failed", false, now);
+      if (res.code === "host_withdrawn") await releaseIn(tx, ctx, cur, "host_withdrawn", false, now);
+      else await releaseIn(tx, ctx, cur, "launch_failed", false, now);
       return;
     }
     await setLaunched(tx, a.id, res.result, now);

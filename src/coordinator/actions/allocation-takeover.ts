@@ -4,9 +4,6 @@
  * still exactly the one the decision was made on, so of two replacement
  * actors deciding on the same record, exactly one wins; the loser re-reads
  * and decides again. The other arms write nothing.
- *
- * Not wired yet: no launch path calls this (the agent-side slot hold is not
- * built; docs/allocations.md). It is the store half of the takeover.
  */
 import { assertNever } from "../../core/errors.js";
 import type { TakeoverDecision } from "../../core/allocation-takeover.js";
@@ -23,6 +20,7 @@ export async function applyTakeover(tx: Tx, allocationId: string, d: TakeoverDec
       return won ? { kind: "won", generation: d.next.generation } : { kind: "lost" };
     }
     case "recover":
+    case "stale_hold":
     case "retain":
     case "settled":
       return { kind: "no_write" };

@@ -12,7 +12,8 @@
  *   POST /v1/owners/{owner}/admit               admit with a budget (operator)
  *   POST /v1/owners/{owner}/budget              change an admitted owner's budget (operator)
  *   GET  /v1/host-accounts                      hosts' standing and capacity use
- *   POST /v1/hosts/{host}/standing              ready | draining | withdrawn | not_ready (operator)
+ *   POST /v1/hosts/{host}/standing              ready | draining | withdrawn | not_ready (operator); pushed to
+ *                                               the agent: `withdrawing` until it acknowledged
  *
  * Every `{param}` and every body id goes through the one id constructor.
  */
@@ -29,6 +30,8 @@ import { allocationDetail, listAllocationsFor, planAllocation, showAllocation } 
 import { parsePublicKey } from "../../core/ssh-public-key.js";
 import { registerVolumeRoutes } from "./volume-routes.js";
 import type { AllocationAgent } from "../allocation-agent.js";
+import { reportedStanding } from "../../core/host-standing.js";
+import { pushStanding } from "../actions/host-standing.js";
 import { changeHostStanding, ownersOf, setOwnerBudget, listHostAccounts } from "../actions/alloc-owners.js";
 import type { AllocationRecord } from "../../store/allocations.js";
 import type { OwnerRecord } from "../../store/alloc-owners.js";
@@ -121,9 +124,13 @@ export function registerAllocationRoutes(app: HttpServer, d: AllocationRouteDeps
   for (const [path, mustExist] of [["/v1/owners/:owner/admit", false], ["/v1/owners/:owner/budget", true]] as const) {
     app.post(path, { ...auth("operator"), body: budgetSchema }, async (req) => presentOwner(await setOwnerBudget(ctx, req.auth.org, req.params.owner!, req.body, mustExist)));
   }
-  app.get("/v1/host-accounts", auth("member"), async (req) => ({ hosts: await ctx.store.transaction((tx) => listHostAccounts(tx, req.auth.org)) }));
+  app.get("/v1/host-accounts", auth("member"), async (req) => ({
+    hosts: (await ctx.store.transaction((tx) => listHostAccounts(tx, req.auth.org))).map((h) => ({ ...h, reported: reportedStanding(h.standing, h.standingEpoch, h.standingAcked) })),
+  }));
+  // The change is recorded, then pushed to the agent; `standing` is what is true now: `withdrawing` until the agent acknowledged.
   app.post("/v1/hosts/:host/standing", { ...auth("operator"), body: standingSchema }, async (req) => {
-    await changeHostStanding(ctx, req.auth.org, req.params.host!, req.body.standing as (typeof HOST_STANDINGS)[number]);
-    return { hostId: req.params.host, standing: req.body.standing };
+    const { hostId, epoch } = await changeHostStanding(ctx, req.auth.org, req.params.host!, req.body.standing as (typeof HOST_STANDINGS)[number]);
+    const reported = d.agent ? await pushStanding({ ctx, agent: d.agent }, hostId) : null;
+    return { hostId, requested: req.body.standing, standing: reported ?? reportedStanding(req.body.standing as (typeof HOST_STANDINGS)[number], epoch, 0), epoch };
   });
 }

@@ -1,0 +1,103 @@
+/**
+ * Allocations under adversarial timing, with real processes: `berth serve`
+ * coordinators, a real `berth agent`, and between them a loopback proxy
+ * (test/helpers/agent-proxy.ts) that holds, delays, drops or reorders chosen
+ * agent calls the way a slow network does. Each test is a promise of
+ * docs/allocations.md attacked at the point where arrival order decides.
+ */
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { AllocRig } from "../helpers/alloc-rig.js";
+import { startAgentProxy, type AgentProxy } from "../helpers/agent-proxy.js";
+import { generateSshKeyPair } from "../../src/core/ssh-keys.js";
+
+const key = generateSshKeyPair("adversarial-test");
+
+describe("allocations under adversarial timing (real coordinator and agent, a proxy between)", { timeout: 180_000 }, () => {
+  const rig = new AllocRig("sqlite");
+  let proxy: AgentProxy;
+  before(async () => {
+    await rig.start();
+    proxy = await startAgentProxy();
+    await rig.routeAgentThrough(proxy);
+  });
+  after(async () => {
+    await proxy?.close();
+    await rig.close();
+  });
+  const holdsOf = async (id: string) => (await rig.holds()).filter((h) => h.allocationId === id).map((h) => [h.generation, h.state]);
+
+  test("a late hold from a dead actor (generation 1 arriving after the replacement observed) is refused; generation 2 launches; release ends released", async () => {
+    const before = await rig.ownerUse();
+    proxy.rule({ match: (c) => c.opId === "a-T1-h1", action: { kind: "hold" }, times: 1 });
+    proxy.rule({ match: (c) => c.opId === "a-T1-h2", action: { kind: "hold" }, times: 1 });
+    const a = await rig.coordinator();
+    await rig.api(a).call("POST", "/v1/allocations", { id: "T1", size: "small", publicKey: key.publicKey });
+    const h1 = await proxy.held((c) => c.opId === "a-T1-h1");
+    await a.kill("SIGKILL");
+    // The replacement finds the actor lapsed and no hold on the agent: generation 2.
+    const b = await rig.coordinator();
+    const h2 = await proxy.held((c) => c.opId === "a-T1-h2");
+    // The dead actor's hold reaches the agent first, then the replacement's.
+    const late = await h1.release();
+    const won = await h2.release();
+    await rig.waitState("T1", "ready", 20_000);
+    assert.equal(late.status, 409, `the late generation-1 hold is refused: ${JSON.stringify(late.body)}`);
+    assert.equal(won.status, 200, `generation 2 holds: ${JSON.stringify(won.body)}`);
+    assert.deepEqual(await holdsOf("T1"), [[2, "held"]], "exactly one hold, the replacement's");
+    assert.equal((await rig.actor("T1"))?.generation, 2);
+    await rig.api(b).call("POST", "/v1/allocations/T1/release", {});
+    await rig.waitState("T1", "released", 20_000);
+    assert.deepEqual(await rig.ownerUse(), before, "budget back, once");
+    assert.deepEqual(await holdsOf("T1"), [[2, "released"]]);
+    await b.kill();
+  });
+
+  test("a host withdrawn while its launch is in flight never launches there: the agent refuses the launch decided under the older standing", async () => {
+    proxy.rule({ match: (c) => c.opId === "a-W2-l1", action: { kind: "hold" }, times: 1 });
+    const a = await rig.coordinator();
+    const api = rig.api(a);
+    try {
+      const before = await rig.ownerUse();
+      await api.call("POST", "/v1/allocations", { id: "W2", size: "small", publicKey: key.publicKey });
+      const launch = await proxy.held((c) => c.opId === "a-W2-l1");
+      const w = await api.call<{ standing: string }>("POST", `/v1/hosts/${rig.hostId}/standing`, { standing: "withdrawn" });
+      assert.equal(w.standing, "withdrawn", "acknowledged by the agent before it is reported");
+      const late = await launch.release();
+      await rig.waitState("W2", "released", 20_000);
+      assert.equal(late.status, 409, `the launch is refused: ${JSON.stringify(late.body)}`);
+      assert.match(JSON.stringify(late.body), /host_withdrawn/);
+      const machine = await rig.agentGet("/v1/agent/machines/a-W2");
+      assert.ok(machine.status === 404 || (machine.body as { state?: string }).state === "destroyed", `the sandbox never ran: ${JSON.stringify(machine.body)}`);
+      assert.deepEqual(await holdsOf("W2"), [[1, "released"]]);
+      assert.deepEqual(await rig.ownerUse(), before, "budget back");
+    } finally {
+      await api.call("POST", `/v1/hosts/${rig.hostId}/standing`, { standing: "ready" });
+      await a.kill();
+    }
+  });
+
+  test("a withdrawal the agent has not acknowledged is reported withdrawing, and becomes withdrawn once the retried push is acknowledged", async () => {
+    proxy.rule({ match: (c) => c.path === "/v1/agent/standing", action: { kind: "drop" } });
+    const a = await rig.coordinator();
+    const api = rig.api(a);
+    const reported = async () => (await api.call<{ hosts: { hostId: string; reported: string }[] }>("GET", "/v1/host-accounts")).hosts.find((h) => h.hostId === rig.hostId)?.reported;
+    try {
+      const w = await api.call<{ standing: string; requested: string }>("POST", `/v1/hosts/${rig.hostId}/standing`, { standing: "withdrawn" });
+      assert.deepEqual([w.requested, w.standing], ["withdrawn", "withdrawing"]);
+      assert.equal(await reported(), "withdrawing");
+      const plan = await api.call<{ verdicts: { fits: boolean }[] }>("POST", "/v1/allocations/plan", { size: "small" });
+      assert.ok(JSON.stringify(plan).includes("withdrawn"), `no placement on a withdrawing host: ${JSON.stringify(plan)}`);
+      proxy.clearRules();
+      const deadline = Date.now() + 20_000;
+      while ((await reported()) !== "withdrawn") {
+        assert.ok(Date.now() < deadline, "the push is retried until the agent acknowledges");
+        await new Promise((r) => setTimeout(r, 200));
+      }
+    } finally {
+      proxy.clearRules();
+      await api.call("POST", `/v1/hosts/${rig.hostId}/standing`, { standing: "ready" });
+      await a.kill();
+    }
+  });
+});
