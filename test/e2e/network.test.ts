@@ -182,11 +182,13 @@ describe("network policy end to end", { skip: avail.ok ? false : `network polici
     if (rec) assert.equal(rec.evidence?.result, "fail");
   });
   test("rules deleted while a machine waits: it is never lent; quarantined with what changed in its timeline", async () => {
+    // The agent's slots go to this pool (the pools of the tests before are drained).
+    for (const p of ["net", "flaky"]) await c.api.call("POST", `/v1/pools/${p}/drain`, { force: true }).catch(() => undefined);
     await ensure(c, "tamper", [`${target.ip}:${target.allowedPort}`]);
     const ready = await c.waitFor("a ready machine", async () => {
       const p = await c.api.call<PoolShow>("GET", "/v1/pools/tamper");
       return p.networks.find((m) => m.state === "ready" && m.evidence?.result === "pass") ?? null;
-    });
+    }, 90_000);
     // The machine's table, named as the agent names it (src/agent/network/manager.ts).
     const stateDir = resolve(c.agentDir);
     const hex = (s: string, n: number): string => createHash("sha256").update(s).digest("hex").slice(0, n);
@@ -202,7 +204,7 @@ describe("network policy end to end", { skip: avail.ok ? false : `network polici
     const gone = await c.waitFor("the tampered machine quarantined", async () => {
       const m = (await c.machines()).find((x) => x.id === ready.id)!;
       return ["quarantined", "destroying", "destroyed"].includes(m.state) ? m : null;
-    });
+    }, 60_000);
     assert.ok(gone);
     const { SqliteStore } = await import("../../src/store/sqlite/sqlite-store.js");
     const s = new SqliteStore({ path: join(c.coordDir, "berth.db") });
@@ -233,7 +235,8 @@ describe("network policy end to end", { skip: avail.ok ? false : `network polici
     await refused(["169.254.169.254:80"], /platform deny list/);
     await refused(["127.0.0.1:80"], /platform deny list/);
     // All public addresses (private ranges stay refused): the agent provisions it and the probe passes.
+    await c.api.call("POST", "/v1/pools/tamper/drain", { force: true }).catch(() => undefined);
     await ensure(c, "allowcheck", ["0.0.0.0/0"]);
-    await c.waitFor("a ready machine of 0.0.0.0/0", async () => (await c.readyCount("allowcheck")) >= 1);
+    await c.waitFor("a ready machine of 0.0.0.0/0", async () => (await c.readyCount("allowcheck")) >= 1, 90_000);
   });
 });
