@@ -14,6 +14,21 @@
  *
  * Usage: node dist/bench/runtime-cycle.js [--runs 200] [--cli-runs 20] [--runtimes process,gvisor]
  * gvisor is skipped with the reason unless runsc is installed and we are root.
+ *
+ * Two builds of the same gvisor machine, alternating, in one run
+ * (`--compare`; bench/runtime-compare.ts):
+ *   --compare runsc [--old-runsc PATH] [--new-runsc PATH]: the agent on an
+ *     old runsc (default /opt/runsc-20221219/runsc, ptrace) and on a new one
+ *     (default runsc on PATH, its fastest platform);
+ *   --compare image: pools of the host's root and of an OCI image (busybox +
+ *     perl, written by the bench), both on the runsc on PATH; plus the first
+ *     boot of an image the agent has not seen (pull + unpack + boot).
+ * Each of `--rounds` rounds (default 3, the order flipping each round)
+ * starts a fresh `berth serve` + `berth agent` per variant and measures
+ * create (ensure a pool of 1 → the machine ready, then drained; `--creates`
+ * times), and `--runs` cycles of borrow → first byte and return → ready.
+ * Printed: per variant the median over rounds of each round's p50, and the
+ * ratio of the second variant to the first.
  */
 import { spawn } from "node:child_process";
 import { writeFileSync } from "node:fs";
@@ -22,6 +37,12 @@ import { arg, dist, printTable, writeResult, type Dist } from "./lib.js";
 import { ensureHostsPool, firstByte, gvisorSkipReason, sshTo, startCluster, waitMachineReady, waitReadyCount, type BenchCluster, type Borrowed, type Runtime } from "./cluster.js";
 import { Api } from "../src/cli/api.js";
 
+const compare = arg("compare", "");
+if (compare !== "") {
+  const { runCompare } = await import("./runtime-compare.js");
+  await runCompare(compare);
+  process.exit(0);
+}
 const runs = Number(arg("runs", "200"));
 const cliRuns = Number(arg("cli-runs", "20"));
 let runtimes = arg("runtimes", "process,gvisor").split(",") as Runtime[];

@@ -7,7 +7,8 @@
  *   POST /v1/agent/holds/{allocation}/observe    {floor} -> HoldRecord (a `fenced` record: none held, floor raised)
  *   POST /v1/agent/standing                      {epoch, standing} -> {epoch, standing} once stored and every
  *                                                launch that began before it has ended (standing.ts)
- *   GET  /v1/agent/volumes                       -> {volumes: [VolumeView]}
+ *   GET  /v1/agent/volumes                       -> {volumes: [VolumeView], quarantined: [dir name]} (unrecorded
+ *                                                directories moved aside: volumes.ts)
  *   GET  /v1/agent/volumes/{allocation}          -> VolumeView (with a structural check)
  *   POST /v1/agent/volumes/{allocation}/verify   -> VolumeCheck
  *   POST /v1/agent/volumes/{allocation}/reset    -> {removed}  (refused on a volume that fails verify)
@@ -64,7 +65,7 @@ export function registerAllocRoutes(app: HttpServer, auth: { auth: (req: Incomin
     return d.holds.observe(id, allocationMachineId(id), req.body.floor, d.now());
   });
   app.post("/v1/agent/standing", { auth: auth.auth, body: StandingBody }, async (req) => d.setStanding(req.body));
-  app.get("/v1/agent/volumes", auth, async () => ({ volumes: d.records.list().map(view) }));
+  app.get("/v1/agent/volumes", auth, async () => ({ volumes: d.records.list().map(view), quarantined: d.volumes.quarantined() }));
   app.get("/v1/agent/volumes/:allocation", auth, async (req) => view(volumeOf(req.params.allocation!)));
   app.post("/v1/agent/volumes/:allocation/verify", auth, async (req) => d.volumes.verify(volumeOf(req.params.allocation!).allocationId));
   app.post("/v1/agent/volumes/:allocation/reset", auth, async (req) => d.volumes.reset(volumeOf(req.params.allocation!).allocationId));

@@ -19,8 +19,15 @@
  * directory it would make is named by the record) or `release_intent`
  * (recover() finishes the removal at start-up). Nothing is inferred from a
  * directory without a record: a directory with no record is never adopted.
+ * Found at a volume's path when the volume is created (no record, or an
+ * `intent` whose directory holds more than this agent could have made before
+ * a crash: files in data/, or a marker that is not the record's), it is moved
+ * aside, whole, into <stateDir>/volumes-quarantine/<allocation>-<time>/
+ * (a rename: nothing is read, nothing deleted), reported in the agent's log
+ * and in `GET /v1/agent/volumes` (`quarantined`), and the volume is made
+ * fresh.
  */
-import { existsSync, lstatSync, mkdirSync, readFileSync, readlinkSync, rmSync, statSync, symlinkSync, unlinkSync } from "node:fs";
+import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, renameSync, rmSync, statSync, symlinkSync, unlinkSync } from "node:fs";
 import { randomBytes } from "node:crypto";
 import { join, resolve } from "node:path";
 import { BerthError } from "../core/errors.js";
@@ -48,9 +55,36 @@ export interface VolumesDeps {
 
 export class Volumes {
   readonly root: string;
+  /** Where unrecorded directories found at a volume's path are moved aside. */
+  readonly quarantineRoot: string;
   constructor(private readonly d: VolumesDeps) {
     this.root = join(resolve(d.stateDir), "volumes");
+    this.quarantineRoot = join(resolve(d.stateDir), "volumes-quarantine");
     mkdirSync(this.root, { recursive: true, mode: 0o700 });
+  }
+
+  /** Directories moved aside (names `<allocation>-<time>`), oldest first. */
+  quarantined(): string[] {
+    return existsSync(this.quarantineRoot) ? readdirSync(this.quarantineRoot).sort() : [];
+  }
+
+  /** Whether the directory at `path` could be this agent's own unfinished create of `v` (an `intent`). */
+  #ownUnfinished(v: VolumeRecord | null, path: string): boolean {
+    if (v === null || v.state !== "intent") return false;
+    const data = join(path, "data");
+    if (existsSync(data) && (!lstatSync(data).isDirectory() || readdirSync(data).length > 0)) return false;
+    const marker = join(path, "marker");
+    if (existsSync(marker) && readFileSync(marker, "utf8") !== `${v.allocationId} ${v.marker}\n`) return false;
+    return readdirSync(path).every((n) => n === "data" || n === "marker");
+  }
+
+  /** Moves an unrecorded directory at `path` aside, whole (a rename), and says where. */
+  #moveAside(allocationId: string, path: string): string {
+    mkdirSync(this.quarantineRoot, { recursive: true, mode: 0o700 });
+    const to = join(this.quarantineRoot, `${allocationId}-${this.d.now()}`);
+    renameSync(path, to);
+    this.d.log.warn({ allocationId, path, movedTo: to }, "an unrecorded directory was at the volume's path: moved aside, never adopted; an operator may inspect or delete it");
+    return to;
   }
 
   private pathOf(allocationId: string): string {
@@ -67,6 +101,8 @@ export class Volumes {
       return v;
     }
     if (v && v.state !== "intent") throw new BerthError("conflict", `conflict: the workspace volume of allocation ${allocationId} was released (${v.state}); a released allocation is never launched again`);
+    const path = v?.path ?? this.pathOf(allocationId);
+    if (existsSync(path) && !this.#ownUnfinished(v, path)) this.#moveAside(allocationId, path);
     if (!v) {
       v = { allocationId, state: "intent", path: this.pathOf(allocationId), dev: null, ino: null, marker: randomBytes(16).toString("hex"), createdAt: now(), updatedAt: now() };
       records.put(v); // intent, before anything exists on disk

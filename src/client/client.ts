@@ -26,6 +26,7 @@ import { Borrow, type Access } from "./borrow.js";
 import { ConfigError, loadConfig, type ConfigFlags } from "./config.js";
 import { Api, ApiError } from "./http.js";
 import { removeQuietly, type Receipt } from "./receipt.js";
+import { MachineFiles, openSftp, type FileEntry, type TransferOptions } from "./files.js";
 import { connect, preloadSshClient, shellQuote, type ExecResult, type RemoteCommand, type SshConnection, type StartOptions } from "./ssh.js";
 
 export interface ClientOptions {
@@ -396,6 +397,49 @@ export class BerthClient {
   }
 
   /** Close keep-alive connections to the coordinator. */
+  /**
+   * The borrowed machine's files over SFTP: one SFTP session on the borrow's SSH connection
+   * (docs/files.md). `files.close()` ends it; `return` cuts it with the connection.
+   */
+  async files(b: Borrow): Promise<MachineFiles> {
+    if (b.state === "returned") throw new BerthError("borrow_not_active", `borrow_not_active: borrow ${b.id} was returned; its machine's files are gone with it`);
+    return new MachineFiles(await openSftp(await this.ssh(b)));
+  }
+
+  /** One file's bytes (a path relative to the workspace, or absolute). */
+  readFile(b: Borrow, path: string): Promise<Buffer> {
+    return this.#withFiles(b, (f) => f.read(path));
+  }
+
+  /** Create or replace one file whole. */
+  writeFile(b: Borrow, path: string, data: Buffer | string, o: { mode?: number } = {}): Promise<void> {
+    return this.#withFiles(b, (f) => f.write(path, data, o));
+  }
+
+  /** A directory's entries. */
+  listFiles(b: Borrow, path = "."): Promise<FileEntry[]> {
+    return this.#withFiles(b, (f) => f.list(path));
+  }
+
+  /** Copy a local file or (recursive) directory to the machine, keeping modes. */
+  uploadFile(b: Borrow, local: string, remote: string, o: TransferOptions = {}): Promise<void> {
+    return this.#withFiles(b, (f) => f.upload(local, remote, o));
+  }
+
+  /** Copy a file or (recursive) directory from the machine, keeping modes; `LOCAL.partial` until complete. */
+  downloadFile(b: Borrow, remote: string, local: string, o: TransferOptions = {}): Promise<void> {
+    return this.#withFiles(b, (f) => f.download(remote, local, o));
+  }
+
+  async #withFiles<T>(b: Borrow, fn: (f: MachineFiles) => Promise<T>): Promise<T> {
+    const f = await this.files(b);
+    try {
+      return await fn(f);
+    } finally {
+      f.close();
+    }
+  }
+
   close(): Promise<void> {
     return this.api.close();
   }

@@ -187,12 +187,17 @@ export class OperationExecutor {
     if (op.kind === "provision") {
       const found = provisionedMachine(result);
       const net = m.state === "provisioning" ? await this.#network(tx, m, result, 0) : ({ kind: "ready" } as const);
+      // The pool's image changed while this machine was being made for the old one: never lent, replaced.
+      const image = m.state === "provisioning" ? ((await readPool(tx, m.org, m.pool))?.image ?? null) : (m.image ?? null);
+      const staleImage = (m.image ?? null) !== image ? `the pool's image changed to ${image ?? "the host's root"} while it was provisioned for ${m.image ?? "the host's root"}` : null;
       const r =
         net.kind !== "ready"
           ? { ok: false as const, why: net.why }
-          : found
-            ? await this.#deps.registerProvisioned(tx, m, found, now)
-            : { ok: false as const, why: "the provider's proof lacks the machine's incarnation or SSH address" };
+          : staleImage !== null
+            ? { ok: false as const, why: staleImage }
+            : found
+              ? await this.#deps.registerProvisioned(tx, m, found, now)
+              : { ok: false as const, why: "the provider's proof lacks the machine's incarnation or SSH address" };
       if (net.kind === "quarantine") ctx.metrics.quarantined.inc({ pool: m.pool, reason: "network_probe_failed" });
       if (!r.ok && m.state === "provisioning") {
         const d = await applyTransition(tx, ctx, m, { kind: "drain", reason: `not registered: ${r.why}` }, now, { nonce });

@@ -41,6 +41,8 @@ export type ErrorCode =
   | "image_unavailable"
   | "image_too_large"
   | "network_tampered"
+  | "sftp_unavailable"
+  | "transfer_cut"
   | "internal";
 
 const STATUS: Record<ErrorCode, number> = {
@@ -85,6 +87,10 @@ const STATUS: Record<ErrorCode, number> = {
   image_unavailable: 502,
   /** The image (or a layer of it) is over the agent's image cache limit. */
   image_too_large: 413,
+  /** The machine has no SFTP server (an image without openssh-sftp-server). */
+  sftp_unavailable: 422,
+  /** A file transfer ended before it was complete: the borrow was returned or expired, or the connection was lost. */
+  transfer_cut: 502,
   internal: 500,
 };
 

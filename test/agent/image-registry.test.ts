@@ -6,7 +6,8 @@
  * clear error and nothing left in the cache: an unreachable registry,
  * missing or wrong credentials, a blob damaged or cut short on the way (a
  * proxy in front of the registry), an index without linux/amd64, a layer
- * declared over the cache limit.
+ * declared over the cache limit; a pull killed with SIGKILL between two
+ * layers leaves only a temporary directory, which the next start removes.
  */
 import { test, describe, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -16,7 +17,8 @@ import { join } from "node:path";
 import { ImageCache } from "../../src/agent/images/cache.js";
 import { silentLog } from "../../src/agent/log.js";
 import { BerthError, type ErrorCode } from "../../src/core/errors.js";
-import { buildImage, busyboxLayer, indexOf, OS_RELEASE, sha256, writeLayout } from "../helpers/oci-images.js";
+import { spawn } from "node:child_process";
+import { buildImage, busyboxLayer, indexOf, OS_RELEASE, sha256, tarOf, writeLayout } from "../helpers/oci-images.js";
 import { registryAvailable, startBlobProxy, startRegistry, type TestRegistry } from "../helpers/registry.js";
 
 const missing = registryAvailable();
@@ -119,6 +121,55 @@ describe("pulling from a registry", { skip: missing ?? false, timeout: 180_000 }
       assert.equal((await cacheWith().ensure(ref)).id, img.configDigest.slice(7), "the same pull through an honest proxy works");
       await refused(cacheWith(), `${reg.host}/team/base:nope`, "image_invalid", /has no manifest team\/base:nope \(404 MANIFEST_UNKNOWN\)/);
     } finally {
+      await proxy.close();
+      await reg.close();
+    }
+  });
+
+  test("a pull killed with SIGKILL while its second layer is on the way leaves only a .tmp-* directory, which the next start removes", async () => {
+    const reg = await startRegistry(join(base, "reg-kill"));
+    const two = buildImage({ layers: [await busyboxLayer(), await tarOf([{ name: "etc/second", content: "2" }])] });
+    const twoDir = join(base, "two-layout");
+    writeLayout(twoDir, two, "v1");
+    await reg.push(twoDir, "v1", "team/two:1");
+    // Blob GETs in order: the config, the first layer, the second layer (held until the end).
+    let blobs = 0;
+    let atSecond!: () => void;
+    const reached = new Promise<void>((r) => (atSecond = r));
+    let release!: () => void;
+    const released = new Promise<void>((r) => (release = r));
+    const proxy = await startBlobProxy(reg.host, () => "none", async () => {
+      if (++blobs < 3) return;
+      atSecond();
+      await released;
+    });
+    const stateDir = join(base, `agent-${n++}`);
+    const cacheModule = new URL("../../src/agent/images/cache.js", import.meta.url).href;
+    const logModule = new URL("../../src/agent/log.js", import.meta.url).href;
+    const script = `import { ImageCache } from ${JSON.stringify(cacheModule)}; import { silentLog } from ${JSON.stringify(logModule)};
+await new ImageCache({ stateDir: ${JSON.stringify(stateDir)}, maxBytes: 1 << 30, inUse: () => new Map(), log: silentLog }).ensure(${JSON.stringify(`${proxy.host}/team/two:1`)});`;
+    const child = spawn(process.execPath, ["--input-type=module", "-e", script], { stdio: ["ignore", "inherit", "inherit"] });
+    try {
+      await reached;
+      const images = join(stateDir, "images");
+      const tmp = readdirSync(images);
+      assert.equal(tmp.length, 1, String(tmp));
+      assert.match(tmp[0]!, /^\.tmp-/);
+      assert.ok(existsSync(join(images, tmp[0]!, "rootfs", "bin", "busybox")), "the first layer was unpacked when the pull was killed");
+      const exited = new Promise((r) => child.once("exit", r));
+      child.kill("SIGKILL");
+      await exited;
+      // The next start: the half-unpacked directory goes, nothing of it is listed or booted.
+      const c = new ImageCache({ stateDir, maxBytes: 1 << 30, inUse: () => new Map(), log: silentLog });
+      assert.deepEqual(c.list(), []);
+      assert.equal(c.sweep(), 1);
+      assert.deepEqual(readdirSync(images), []);
+      const boot = await c.ensure(`${reg.host}/team/two:1`);
+      assert.equal(boot.id, two.configDigest.slice(7));
+      assert.deepEqual(readdirSync(images), [boot.id]);
+    } finally {
+      child.kill("SIGKILL");
+      release();
       await proxy.close();
       await reg.close();
     }

@@ -26,6 +26,8 @@ const STATUS: Record<ErrorCode, number> = {
   network_tampered: 409,
   image_unavailable: 502,
   image_too_large: 413,
+  sftp_unavailable: 422,
+  transfer_cut: 502,
   borrow_not_active: 409,
   borrow_expired: 409,
   generation_mismatch: 409,

@@ -80,6 +80,15 @@ describe("dashboard in chromium", { skip: BROWSER_SKIP }, () => {
       capacity: { vcpu: 8, memoryMb: 16384, slots: 4 },
       ssh: { host: "127.0.0.1", port: 2222, hostKey: "ssh-ed25519 AAAA", fingerprint: "SHA256:x" },
     });
+    // A gvisor host on an old runsc: the overview names its platform and release, and the warning.
+    await api("agentA").call("POST", "/v1/hosts/enroll", {
+      name: "host-g",
+      url: "http://127.0.0.1:2",
+      runtime: "gvisor",
+      runtimeDetail: { runsc: { version: "0.0~20221219.0", platform: "ptrace" }, warning: "runsc 0.0~20221219.0 is older than 0.0~20240729: inside its machines `ls -l` fails" },
+      capacity: { vcpu: 8, memoryMb: 16384, slots: 4 },
+      ssh: { host: "127.0.0.1", port: 2223, hostKey: "ssh-ed25519 AAAB", fingerprint: "SHA256:y" },
+    });
     await api("adminA").call("POST", `/v1/owners/${tok.memberA!.id}/admit`, { vcpu: 4, memoryMib: 8192, count: 2 });
     await api("memberA").call("POST", "/v1/allocations", { id: "al-dash-1", size: "small", durationMs: 3_600_000 });
     browser = await launch();
@@ -114,6 +123,9 @@ describe("dashboard in chromium", { skip: BROWSER_SKIP }, () => {
     assert.deepEqual(await page.locator("tr[data-pool]").evaluateAll((rows) => rows.map((r) => r.getAttribute("data-pool"))), ["build", "ci"]);
     assert.match(await page.locator('tr[data-pool="ci"]').innerText(), /ready 3 · lent 0 · cleanup 0 \(min 3, max 4\)/);
     assert.match(await page.locator('tr[data-host="host-a"]').innerText(), /process/);
+    const gvisorRow = await page.locator('tr[data-host="host-g"]').innerText();
+    assert.match(gvisorRow, /gvisor ptrace \(runsc 0\.0~20221219\.0\)/);
+    assert.match(gvisorRow, /older than 0\.0~20240729: inside its machines `ls -l` fails/);
     await shot(page, "overview");
     // Keyboard: the focused button keeps the focus while a live refresh changes the page around it.
     const open = streaming(page);

@@ -7,6 +7,8 @@
  */
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
+import { mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { AllocRig } from "../helpers/alloc-rig.js";
 import { startAgentProxy, type AgentProxy } from "../helpers/agent-proxy.js";
 import { generateSshKeyPair } from "../../src/core/ssh-keys.js";
@@ -97,6 +99,28 @@ describe("allocations under adversarial timing (real coordinator and agent, a pr
     } finally {
       proxy.clearRules();
       await api.call("POST", `/v1/hosts/${rig.hostId}/standing`, { standing: "ready" });
+      await a.kill();
+    }
+  });
+
+  test("an unrecorded directory at a volume's path is never adopted: moved aside into the quarantine area, the volume made fresh", async () => {
+    const stale = join(rig.agentDir, "volumes", "Z9");
+    mkdirSync(join(stale, "data"), { recursive: true });
+    writeFileSync(join(stale, "data", "stale.txt"), "left by someone else\n");
+    writeFileSync(join(stale, "marker"), "Z9 junk\n");
+    const a = await rig.coordinator();
+    try {
+      await rig.api(a).call("POST", "/v1/allocations", { id: "Z9", size: "small", publicKey: key.publicKey });
+      await rig.waitState("Z9", "ready", 20_000);
+      assert.deepEqual(readdirSync(join(stale, "data")), [], "the workspace starts empty: nothing of the unrecorded directory is inside");
+      const aside = readdirSync(join(rig.agentDir, "volumes-quarantine")).filter((n) => n.startsWith("Z9-"));
+      assert.equal(aside.length, 1, "moved aside, not deleted");
+      assert.equal(readFileSync(join(rig.agentDir, "volumes-quarantine", aside[0]!, "data", "stale.txt"), "utf8"), "left by someone else\n");
+      const check = await rig.api(a).call<{ ok: boolean }>("POST", "/v1/volumes/Z9/verify", {});
+      assert.equal(check.ok, true);
+      await rig.api(a).call("POST", "/v1/allocations/Z9/release", {});
+      await rig.waitState("Z9", "released", 20_000);
+    } finally {
       await a.kill();
     }
   });

@@ -6,7 +6,9 @@
  * /etc/os-release, tools (busybox, perl from the image), Env and
  * WorkingDir; what a borrower changed is gone after the return (scrubbed
  * back to the image). `berth image ls|rm` through the coordinator; an image
- * in use is not removed; changing a pool's image replaces its machines.
+ * in use is not removed; changing a pool's image replaces its machines:
+ * a lent one only after its return, one still being provisioned (its pull
+ * held at a proxy while the image changes) is never lent.
  * Bad images: an unreachable registry and a layer climbing out of its root
  * are clear errors on `pool ensure --wait` / in `pool show`, and no machine
  * of them is ever ready. The process runtime refuses images at ensure.
@@ -20,7 +22,10 @@ import { join } from "node:path";
 import { berth, Cluster } from "../helpers/cluster.js";
 import { gvisorAvailability } from "../../src/agent/runtime/index.js";
 import { buildImage, busyboxLayer, perlLayer, tarOf, writeLayout } from "../helpers/oci-images.js";
-import { registryAvailable, startRegistry, type TestRegistry } from "../helpers/registry.js";
+import { registryAvailable, startBlobProxy, startRegistry, type TestRegistry } from "../helpers/registry.js";
+import { connect, execStreaming } from "../../src/cli/ssh-client.js";
+import type { SshConnection } from "../../src/client/ssh.js";
+import { Writable } from "node:stream";
 
 const gv = gvisorAvailability();
 const skip = !gv.ok ? `gvisor runtime unavailable: ${(gv as { why: string }).why}` : (registryAvailable() ?? false);
@@ -38,6 +43,8 @@ interface PoolShow {
   counts: { ready: number };
   states: Record<string, number>;
   provisionError: { state: string; error: string } | null;
+  /** The pool's machines not yet destroyed. */
+  networks: Array<{ id: string; state: string }>;
 }
 
 describe("pools from images on gvisor", { skip, timeout: 600_000 }, () => {
@@ -60,7 +67,7 @@ describe("pools from images on gvisor", { skip, timeout: 600_000 }, () => {
     const fromLayout = buildImage({ layers: [...layers, await tarOf([{ name: "etc/berth-source", content: "oci layout\n" }])], env: ["PATH=/usr/bin:/bin", "GREETING=from the layout image"] });
     layoutDir = join(base, "layout");
     writeLayout(layoutDir, fromLayout, "v1");
-    c = await new Cluster({ runtime: "gvisor", slots: 6 }).start();
+    c = await new Cluster({ runtime: "gvisor", slots: 8 }).start();
   });
   after(async () => {
     await c?.close();
@@ -132,6 +139,52 @@ describe("pools from images on gvisor", { skip, timeout: 600_000 }, () => {
     assert.equal(after[0]!.images.some((i) => i.id === regImage.id), false);
   });
 
+  test("the image changed while a machine is lent and while one is still being made: the lent one keeps working until its return, then both are replaced; no borrower gets the old image", async () => {
+    const source = "cat /etc/berth-source 2>/dev/null || echo registry";
+    // Lent: the borrower keeps the machine of the old image for as long as the borrow lasts.
+    const lent = await cli(["pool", "ensure", "lent", "--min-ready", "1", "--max-ready", "1", "--compatibility-key", "lent", "--image", `${reg.host}/team/base:1`, "--wait", "--timeout", "3m"]);
+    assert.equal(lent.status, 0, lent.stderr);
+    const b = await c.api.call<Borrowed>("POST", "/v1/pools/lent/borrow", {});
+    const ssh = await connect({ host: b.machine.ssh.host ?? "127.0.0.1", port: b.machine.ssh.port ?? 22, user: b.machine.ssh.user ?? b.machine.id, hostKey: b.machine.ssh.hostKey ?? "", privateKey: c.keeper.privateKey });
+    try {
+      const changed = await cli(["pool", "ensure", "lent", "--min-ready", "1", "--max-ready", "1", "--compatibility-key", "lent", "--image", `oci:${layoutDir}:v1`]);
+      assert.equal(changed.status, 0, changed.stderr);
+      assert.equal((await execCollect(ssh, source)).trim(), "registry", "the lent machine is not changed under its borrower");
+    } finally {
+      ssh.end();
+    }
+    await c.api.call("POST", `/v1/borrows/${b.borrowId}/return`, { token: b.borrowToken });
+    await c.waitFor("the returned machine of the old image destroyed and a new one ready", async () => {
+      const p = await show("lent");
+      return !p.networks.some((m) => m.id === b.machine.id) && p.counts.ready === 1;
+    }, 180_000);
+    const afterReturn = await cli(["run", "--pool", "lent", "-q", "--", "sh", "-c", source]);
+    assert.equal(afterReturn.stdout, "oci layout\n", afterReturn.stderr);
+
+    // Still being made: its pull is held at the registry while the pool's image changes.
+    let release!: () => void;
+    const released = new Promise<void>((r) => (release = r));
+    let held = 0;
+    const proxy = await startBlobProxy(reg.host, () => "none", async () => {
+      held++;
+      await released;
+    });
+    try {
+      const first = await cli(["pool", "ensure", "race", "--min-ready", "1", "--max-ready", "1", "--compatibility-key", "race", "--image", `${proxy.host}/team/base:1`]);
+      assert.equal(first.status, 0, first.stderr);
+      await c.waitFor("the provision's pull held at the registry", async () => held > 0, 120_000);
+      const second = await cli(["pool", "ensure", "race", "--min-ready", "1", "--max-ready", "1", "--compatibility-key", "race", "--image", `oci:${layoutDir}:v1`]);
+      assert.equal(second.status, 0, second.stderr);
+      release();
+      await c.waitFor("a ready machine in pool race", async () => (await show("race")).counts.ready === 1, 180_000);
+      const r = await cli(["run", "--pool", "race", "-q", "--", "sh", "-c", source]);
+      assert.equal(r.stdout, "oci layout\n", `a machine made for the old image was lent: ${r.stdout}${r.stderr}`);
+    } finally {
+      release();
+      await proxy.close();
+    }
+  });
+
   test("bad images: an unreachable registry and a layer climbing out of its root are clear errors; no machine of them is ever ready", async () => {
     const escape = buildImage({ layers: [layers[0]!, await tarOf([{ name: "../../etc/cron.d/berth-escape", content: "x" }])] });
     const escapeDir = join(base, "escape-layout");
@@ -170,6 +223,22 @@ describe("the process runtime and images", { timeout: 120_000 }, () => {
     }
   });
 });
+
+interface Borrowed {
+  borrowId: string;
+  borrowToken: string;
+  machine: { id: string; ssh: { host: string | null; port: number | null; user: string | null; hostKey: string | null } };
+}
+
+/** Runs `command` over an SSH connection; its stdout. */
+async function execCollect(ssh: SshConnection, command: string): Promise<string> {
+  let out = "";
+  const stdout = new Writable({ write: (chunk: Buffer, _e, cb) => ((out += chunk.toString()), cb()) });
+  const sink = new Writable({ write: (_c, _e, cb) => cb() });
+  const r = await execStreaming(ssh, command, { stdout, stderr: sink });
+  assert.equal(r.code, 0, `${command} exited ${r.code ?? r.signal}`);
+  return out;
+}
 
 /** A loopback port nobody listens on (bound, then closed). */
 async function closedPort(): Promise<number> {

@@ -152,11 +152,13 @@ export async function startRegistry(dir: string, auth: "none" | "basic" | "token
 /**
  * A loopback proxy in front of a registry. `damage` decides, per blob GET,
  * what happens to its body: pass it on, flip one byte, or send half and
- * close the connection.
+ * close the connection. `gate`, when given, is awaited before each blob GET
+ * is passed on (a pull held in the middle).
  */
-export async function startBlobProxy(target: string, damage: () => "none" | "flip" | "truncate"): Promise<{ host: string; close(): Promise<void> }> {
-  const server = createServer((req, res) => {
+export async function startBlobProxy(target: string, damage: () => "none" | "flip" | "truncate", gate?: () => Promise<void>): Promise<{ host: string; close(): Promise<void> }> {
+  const server = createServer(async (req, res) => {
     const isBlob = /\/blobs\/sha256:/.test(req.url ?? "") && req.method === "GET";
+    if (isBlob && gate) await gate();
     const up = request({ host: target.split(":")[0], port: Number(target.split(":")[1]), path: req.url, method: req.method, headers: { ...req.headers, host: target } }, (r) => {
       const how = isBlob && r.statusCode === 200 ? damage() : "none";
       if (how === "none") {

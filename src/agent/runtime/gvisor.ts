@@ -300,6 +300,12 @@ export class GvisorRuntime implements Runtime {
     });
   }
 
+  async forwardRefusal(machineId: string): Promise<string | null> {
+    // The sandbox has its own network stack (loopback only, or its own namespace with a policy).
+    this.mustRecord(machineId);
+    return null;
+  }
+
   exec(machineId: string, req: ExecRequest): Promise<ExecHandle> {
     return this.lock
       .run(machineId, async () => {

@@ -153,6 +153,12 @@ export class ProcessRuntime implements Runtime {
     });
   }
 
+  async forwardRefusal(machineId: string): Promise<string | null> {
+    const rec = this.mustRecord(machineId);
+    if (rec.netns) return null;
+    return `machine ${machineId} runs on the process runtime without a network namespace, so its localhost is the host's own; forwards need a network policy (docs/network.md) or the gvisor runtime`;
+  }
+
   exec(machineId: string, req: ExecRequest): Promise<ExecHandle> {
     // The spawn happens under the machine lock so a concurrent fence can never
     // miss a process started with an incarnation it is about to retire.

@@ -180,4 +180,10 @@ export interface Runtime {
   incarnation(machineId: string): Promise<string | null>;
   /** Every machine the runtime can see on this host under this agent's state directory (for recovery sweeps). */
   list(): Promise<string[]>;
+  /**
+   * Whether a connection to the machine's own loopback can be made from inside it without
+   * reaching the host's: null when it can (gvisor: the sandbox's own network stack; process
+   * with a network namespace: inside it), else why not (process without one: its loopback is the host's).
+   */
+  forwardRefusal(machineId: string): Promise<string | null>;
 }

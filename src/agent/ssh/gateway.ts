@@ -9,8 +9,10 @@
  *   signature must verify. The no-signature probe is answered positively only
  *   for a key that would be authorized. Each channel open re-asks the authority.
  * - What: session channels with exec, shell, pty-req, window-change, env
- *   (allowlist), signal (INT/QUIT/TSTP/TERM/HUP), exit-status/exit-signal. No port
- *   forwarding, no agent or X11 forwarding, no subsystems (sftp is not offered).
+ *   (allowlist), signal (INT/QUIT/TSTP/TERM/HUP), exit-status/exit-signal; the
+ *   `sftp` subsystem (the machine's own sftp-server, as a session); `direct-tcpip`
+ *   to the machine's own loopback only (channels.ts), as a session. No remote
+ *   (-R) or dynamic (-D) forwarding, no agent or X11 forwarding, no other subsystem.
  * - Cutting access: every session is tagged with its key's grant and
  *   fingerprint. `keys.onRevoked` ends every connection of that key at once and
  *   releases its sessions; independently, each session and connection arms a
@@ -33,6 +35,7 @@ import { recoverSessions, type RecoveryReport } from "../sessions/recovery.js";
 import { Session } from "../sessions/session.js";
 import { DEFAULT_TIMING, type Log, type SessionTiming } from "../sessions/types.js";
 import { loadOrCreateHostKey } from "./host-key.js";
+import { forwardArgv, forwardDecision, sftpArgv } from "./channels.js";
 import { fingerprintOf } from "../../core/ssh-public-key.js";
 
 export interface GatewayOptions {
@@ -206,6 +209,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         }
         wireSession(c, key, accept());
       });
+      client.on("tcpip", (accept, reject, info) => {
+        void forward(c, key, accept as unknown as () => ServerChannel, reject, info);
+      });
     });
 
     const lost = () => {
@@ -259,38 +265,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     });
 
     const begin = (argv: string[] | null, acceptCh: () => ServerChannel) => {
-      if (c.ended || closing) return false;
-      const still = keys.authorize(c.machineId!, key.fingerprint, now());
-      if (!stillSameKey(key, still)) {
-        endConn(c, "key no longer authorized");
-        return false;
-      }
-      const channel = acceptCh();
-      const s = new Session(
-        { runtime, store, now, log, timing },
-        {
-          sessionId: newId("s", (n) => randomBytes(n)),
-          machineId: c.machineId!,
-          grantId: key.grantId,
-          fingerprint: key.fingerprint,
-          argv,
-          env: { ...env },
-          pty,
-        },
-        channel,
-      );
-      session = s;
-      c.sessions.add(s);
-      live.add(s);
-      const expiry = key.expiresAt !== null ? armAt(now, key.expiresAt, () => void s.cut(`key expired (grant ${key.grantId})`)) : null;
-      void s.done.then((out) => {
-        expiry?.cancel();
-        c.sessions.delete(s);
-        live.delete(s);
-        log.info({ session: out.sessionId, machine: c.machineId, state: out.state, reason: out.reason }, "session ended");
-      });
-      void s.start();
-      return true;
+      const s = startSession(c, key, argv, { ...env }, pty, acceptCh);
+      if (s) session = s;
+      return s !== null;
     };
 
     ss.on("exec", (accept, reject, info) => {
@@ -299,6 +276,76 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     ss.on("shell", (accept, reject) => {
       if (session || !begin(null, accept)) reject?.();
     });
+    // SFTP (sftp, scp's default protocol, editors' remote modes): the machine's own sftp-server,
+    // run like any command — recorded, cut at return, proven gone by the fence.
+    ss.on("subsystem", (accept, reject, info) => {
+      // Never on a PTY: the SFTP protocol is binary.
+      const s = session || info.name !== "sftp" ? null : startSession(c, key, sftpArgv(), { ...env }, null, accept as unknown as () => ServerChannel);
+      if (s) session = s;
+      else {
+        log.info({ machine: c.machineId, subsystem: String(info.name) }, "subsystem refused");
+        reject?.();
+      }
+    });
+  }
+
+  /** One session on an accepted channel; null (nothing accepted) when the connection is ending or the key is no longer valid. */
+  function startSession(c: Conn, key: InstalledKey, argv: string[] | null, env: Record<string, string>, pty: PtyRequest | null, acceptCh: () => ServerChannel): Session | null {
+    if (c.ended || closing) return null;
+    const still = keys.authorize(c.machineId!, key.fingerprint, now());
+    if (!stillSameKey(key, still)) {
+      endConn(c, "key no longer authorized");
+      return null;
+    }
+    const channel = acceptCh();
+    const s = new Session(
+      { runtime, store, now, log, timing },
+      {
+        sessionId: newId("s", (n) => randomBytes(n)),
+        machineId: c.machineId!,
+        grantId: key.grantId,
+        fingerprint: key.fingerprint,
+        argv,
+        env,
+        pty,
+      },
+      channel,
+    );
+    c.sessions.add(s);
+    live.add(s);
+    const expiry = key.expiresAt !== null ? armAt(now, key.expiresAt, () => void s.cut(`key expired (grant ${key.grantId})`)) : null;
+    void s.done.then((out) => {
+      expiry?.cancel();
+      c.sessions.delete(s);
+      live.delete(s);
+      log.info({ session: out.sessionId, machine: c.machineId, state: out.state, reason: out.reason }, "session ended");
+    });
+    void s.start();
+    return s;
+  }
+
+  /**
+   * `direct-tcpip` (ssh -L, ssh -W): a forward to one of the machine's own ports, run as a
+   * session whose command connects from inside the machine. Every other destination is refused
+   * before a channel exists, as is a machine whose loopback would be the host's.
+   */
+  async function forward(c: Conn, key: InstalledKey, accept: () => ServerChannel, reject: () => void, info: { destIP: string; destPort: number }): Promise<void> {
+    const d = forwardDecision(info.destIP, info.destPort);
+    let why: string | null = d.kind === "refuse" ? `${d.code}: ${d.why}` : null;
+    if (why === null) {
+      try {
+        const r = await runtime.forwardRefusal(c.machineId!);
+        if (r !== null) why = `forward_refused: ${r}`;
+      } catch (e) {
+        why = `forward_refused: ${e instanceof Error ? e.message : String(e)}`;
+      }
+    }
+    if (why !== null || d.kind !== "connect" || c.sessions.size >= MAX_SESSIONS_PER_CONNECTION) {
+      log.info({ machine: c.machineId, dest: `${String(info.destIP)}:${String(info.destPort)}`, why: why ?? "too many sessions" }, "forward refused");
+      reject();
+      return;
+    }
+    if (!startSession(c, key, forwardArgv(process.execPath, d.host, d.port), {}, null, accept)) reject();
   }
 
   await new Promise<void>((resolve, reject) => {

@@ -1,7 +1,8 @@
 /**
  * The overview: every pool of the organisation with its machines as ready /
  * lent / cleanup against min and max; every host with its capacity per
- * dimension, runtime, standing and agent version; and the quarantine list
+ * dimension, runtime (gvisor: the platform and runsc release, and the
+ * warning an old runsc brings), standing and agent version; and the quarantine list
  * with reasons and ages.
  */
 import type { PoolRecord } from "../../../core/pool.js";
@@ -9,7 +10,7 @@ import type { Principal } from "../../auth.js";
 import type { Store } from "../../../store/store.js";
 import { listPools } from "../../../store/pools.js";
 import { countMachinesByPoolState, listQuarantined, type MachineRow } from "../../../store/machines.js";
-import { listHosts, type HostRow } from "../../../store/hosts.js";
+import { listHosts, runtimeDetailOf, type HostRow } from "../../../store/hosts.js";
 import { listHostAccounts } from "../../../store/host-accounts.js";
 import type { HostAccount } from "../../../core/allocation-placement.js";
 import { html, type Html } from "../html.js";
@@ -55,8 +56,15 @@ function poolRow(v: View, pool: PoolRecord, states: Map<string, number>): Html {
 <td>${allows(v.principal, "operator") && pool.maxReady > 0 ? action({ action: `/ui/pools/${pool.name}/drain`, label: "Drain pool", confirm: `Drain pool ${pool.name}? Its capacity drops to zero and its ready machines are destroyed.` }) : ""}</td></tr>`;
 }
 
+/** `gvisor systrap (runsc 0.0~20240729.0)` as `berth host ls` says it, and the warning of an old runsc under it. */
+function runtimeCell(host: HostRow): Html {
+  const d = runtimeDetailOf(host);
+  const text = d?.runsc ? `${host.runtime} ${d.runsc.platform} (runsc ${d.runsc.version})` : host.runtime;
+  return html`<td>${text}${d?.warning ? html`<br><span class="muted" role="note">${d.warning}</span>` : ""}</td>`;
+}
+
 function hostRow(host: HostRow, a: HostAccount | undefined): Html {
-  return html`<tr data-host="${host.name}"><td>${host.name}</td><td>${host.runtime}</td><td>${a?.standing ?? "—"}</td><td class="muted">not reported</td>
+  return html`<tr data-host="${host.name}"><td>${host.name}</td>${runtimeCell(host)}<td>${a?.standing ?? "—"}</td><td class="muted">not reported</td>
 <td>${capacity("machine slots", host.used_slots, host.slots)}</td>
 <td>${a ? html`${capacity("vCPU", a.used.vcpu, a.capacity.vcpu)}<br>${capacity("memory", a.used.memoryMib, a.capacity.memoryMib, " MiB")}<br>${capacity("allocation slots", a.used.slots, a.capacity.slots)}` : html`<span class="muted">no account</span>`}</td></tr>`;
 }
