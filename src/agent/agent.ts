@@ -31,6 +31,8 @@ import { CoordinatorRefusal } from "./identity/coordinator.js";
 import type { SessionRegistry } from "./contracts.js";
 import { enroll, EnrollRefusedError, readEnrollToken, type EnrollRequest } from "./enroll.js";
 import { startGateway, type Gateway } from "./ssh/gateway.js";
+import type { SshAdmissionLimits } from "./ssh/admission.js";
+import type { HttpLimits } from "../http/admission.js";
 import { startHttp, type AgentHttp } from "./http.js";
 import { AgentKeys } from "./keys.js";
 import { errorMessage, silentLog, type AgentLog } from "./log.js";
@@ -105,6 +107,10 @@ export interface AgentOptions {
   network?: NetworkOptions | false;
   /** The lend-time and periodic network checks (network/guard.ts): check interval (0: none) and the probe evidence's maximum age. */
   networkCheck?: { intervalMs?: number; maxEvidenceAgeMs?: number };
+  /** The API's timeouts, connection caps and unauthenticated rate (src/http/admission.ts); unset fields take the defaults. */
+  httpLimits?: Partial<HttpLimits>;
+  /** The SSH gateway's authentication timeout and caps on unauthenticated connections (ssh/admission.ts). */
+  sshAdmission?: Partial<SshAdmissionLimits>;
 }
 
 /** The image cache's default limit (`berth agent --image-cache-max`). */
@@ -207,6 +213,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       now,
       log,
       sessionStore: store.sessions,
+      ...(opts.sshAdmission ? { admission: opts.sshAdmission } : {}),
     });
     cleanups.push(() => gateway.close());
     const sessions = gateway.sessions;
@@ -280,6 +287,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         unrecorded: () => recovery.unrecorded,
         ...(guard ? { lendCheck: (id: string) => guard.lendCheck(id) } : {}),
         log,
+        ...(opts.httpLimits ? { limits: opts.httpLimits } : {}),
         extraRoutes: (app, auth) => {
           registerAllocRoutes(app, auth, {
             holds: store.holds, records: store.volumes, volumes, now,

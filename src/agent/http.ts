@@ -25,6 +25,7 @@ import type { IncomingMessage } from "node:http";
 import { BerthError } from "../core/errors.js";
 import { hashToken, sameHash } from "../core/tokens.js";
 import { createHttpServer, DEFAULT_BODY_LIMIT, type HttpServer } from "../http/server.js";
+import type { HttpLimits } from "../http/admission.js";
 import { zodRefusal } from "../core/refusal.js";
 import type { SessionRegistry } from "./contracts.js";
 import type { AgentKeys } from "./keys.js";
@@ -68,6 +69,8 @@ export interface AgentHttpDeps {
   bodyLimit?: number;
   /** The lend-time network check (network/guard.ts); absent: no machine networks on this agent. */
   lendCheck?: (machineId: string) => Promise<LendCheck>;
+  /** Timeouts, connection caps and the unauthenticated rate (src/http/admission.ts). */
+  limits?: Partial<HttpLimits>;
   /** More routes under the same authentication (the allocation routes, alloc-http.ts). */
   extraRoutes?: (app: HttpServer, auth: { auth: (req: IncomingMessage) => void }) => void;
 }
@@ -94,6 +97,8 @@ export async function startHttp(deps: AgentHttpDeps, listen_: { host: string; po
     log: deps.log,
     internalMessage: "internal: the agent failed to answer; see its log",
     bodyLimit: deps.bodyLimit ?? DEFAULT_BODY_LIMIT,
+    ...(deps.limits ? { limits: deps.limits } : {}),
+    onRefused: (reason) => deps.log.info({ reason }, "http connection or request refused by a limit"),
   });
   const auth = {
     auth: (req: IncomingMessage): void => {

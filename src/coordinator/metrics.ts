@@ -70,6 +70,8 @@ export class Metrics {
   readonly hostIdentitySteps = new client.Counter({ name: "berth_host_identity_steps_total", help: "Host identity switch steps recorded: preparing, prepared, committed, active, enrolled_active", labelNames: ["step"], registers: [this.registry] });
   readonly hostIdentityRefusals = new client.Counter({ name: "berth_host_identity_refusals_total", help: "Host identity refusals by code: host_activated, host_busy, proof_invalid, agent_unavailable", labelNames: ["code"], registers: [this.registry] });
   readonly stoppedReports = new client.Counter({ name: "berth_host_stopped_reports_total", help: "Stopped reports from switching hosts by outcome: taken, moot, ignored", labelNames: ["outcome"], registers: [this.registry] });
+  readonly httpRefusals = new client.Counter({ name: "berth_http_refusals_total", help: "Connections and requests refused before any token was looked at, by reason: connections (the total cap), connections_per_address, rate (unauthenticated routes)", labelNames: ["reason"], registers: [this.registry] });
+  readonly httpConnections = new client.Gauge({ name: "berth_http_connections", help: "Open HTTP connections of the API (at the scrape)", registers: [this.registry] });
   readonly allocationRefusals = new client.Counter({ name: "berth_allocation_refusals_total", help: "Allocation creates refused, by reason: budget_exhausted, no_capacity, not_admitted", labelNames: ["reason"], registers: [this.registry] });
   readonly allocations = new client.Gauge({ name: "berth_allocations", help: "Allocations by state", labelNames: ["state"], registers: [this.registry] });
   readonly ownerUse = new client.Gauge({

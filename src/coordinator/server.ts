@@ -10,6 +10,7 @@ import { Metrics } from "./metrics.js";
 import { DEFAULT_CONFIG, type CoordinatorConfig, type Ctx } from "./context.js";
 import { addRoutes } from "./http/routes.js";
 import { createHttpServer } from "../http/server.js";
+import type { HttpLimits } from "../http/admission.js";
 import { Reconciler, ReconcilerLoop } from "./reconciler.js";
 import { OperationExecutor } from "./executor.js";
 import { providerRegistry, type Provider } from "../providers/provider.js";
@@ -48,6 +49,8 @@ export interface CoordinatorOptions {
   ui?: UiOptions;
   /** When set, `GET /metrics` needs `Authorization: Bearer <token>` with the token whose `hashToken("api", …)` this is. */
   metricsTokenHash?: string | null;
+  /** HTTP timeouts, connection caps and the unauthenticated rate (docs/operations.md); unset fields take the defaults. */
+  httpLimits?: Partial<HttpLimits>;
 }
 
 export interface Coordinator {
@@ -102,13 +105,21 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
   const allocations = new AllocationWorker({ ctx, agent: allocationAgent, pauseAt: pauseForTestAt });
   const reconciler = new Reconciler({ ctx, executor, allocations });
   loop = new ReconcilerLoop(reconciler, o.reconcileIntervalMs ?? 250);
+  let openConnections = () => 0;
   const metricsText = async () => {
+    metrics.httpConnections.set(openConnections());
     metrics.setMachineCounts(await ctx.store.transaction((tx) => machineCounts(tx)));
     const alloc = await ctx.store.transaction(async (tx) => ({ states: await liveAllocationCounts(tx), owners: await allOwners(tx) }));
     metrics.setAllocationCounts(alloc.states, alloc.owners);
     return metrics.registry.metrics();
   };
-  const app = createHttpServer({ log, internalMessage: "internal: the coordinator failed to handle this request; see its log" });
+  const app = createHttpServer({
+    log,
+    internalMessage: "internal: the coordinator failed to handle this request; see its log",
+    ...(o.httpLimits ? { limits: o.httpLimits } : {}),
+    onRefused: (reason) => metrics.httpRefusals.inc({ reason }),
+  });
+  openConnections = () => app.connections();
   addRoutes(app, { ctx, secret: o.secret, metricsText, metricsTokenHash: o.metricsTokenHash ?? null, portable, version: VERSION, allocationAgent });
   const ui = addUiRoutes(app, ctx, o.ui);
   const { url, port } = await app.listen(o.host ?? "127.0.0.1", o.port ?? 0);

@@ -7,6 +7,9 @@ export type ErrorCode =
   | "invalid_id"
   | "invalid_request"
   | "body_too_large"
+  | "rate_limited"
+  | "too_many_connections"
+  | "request_timeout"
   | "unauthorized"
   | "forbidden"
   | "not_found"
@@ -49,6 +52,12 @@ const STATUS: Record<ErrorCode, number> = {
   invalid_id: 400,
   invalid_request: 400,
   body_too_large: 413,
+  /** Too many requests without a token from one client address (`retry-after` says when to come back). */
+  rate_limited: 429,
+  /** A connection over the server's caps (total, per client address). */
+  too_many_connections: 503,
+  /** A request that did not arrive whole within the server's header or request deadline. */
+  request_timeout: 408,
   unauthorized: 401,
   forbidden: 403,
   not_found: 404,

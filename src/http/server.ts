@@ -32,12 +32,13 @@
  * return `TAKEN`; a route may take an HTML form body (`bodyType: "form"`).
  */
 import { createServer, type IncomingHttpHeaders, type IncomingMessage, type Server, type ServerResponse } from "node:http";
-import type { AddressInfo } from "node:net";
+import type { AddressInfo, Socket } from "node:net";
 import type { z } from "zod";
 import { BerthError, isBerthError } from "../core/errors.js";
 import type { Id } from "../core/ids.js";
 import { zodRefusal } from "../core/refusal.js";
 import { Router } from "./router.js";
+import { AddressRate, checkIntervalMs, ConnectionCaps, defaultHttpLimits, refuseConnection, type HttpLimits, type RefusalReason } from "./admission.js";
 
 export const DEFAULT_BODY_LIMIT = 64 * 1024;
 
@@ -52,6 +53,10 @@ export interface HttpServerOptions {
   /** The `internal` answer's message: who failed and where to look. */
   internalMessage: string;
   bodyLimit?: number;
+  /** Timeouts, connection caps and the unauthenticated rate (admission.ts); unset fields take the defaults. */
+  limits?: Partial<HttpLimits>;
+  /** Told of every connection or request refused by a cap or the rate (for a metric). */
+  onRefused?: (reason: RefusalReason) => void;
 }
 
 export interface HttpRequest<B, A> {
@@ -89,6 +94,11 @@ export interface RouteOptions<S extends z.ZodType | undefined, A> {
    * an object of strings (a field sent twice keeps its last value).
    */
   bodyType?: "json" | "form";
+  /**
+   * A route without `auth` is limited per client address (limits.unauthenticatedRate);
+   * `unlimited` exempts one that costs nothing (the health check).
+   */
+  unlimited?: boolean;
 }
 
 type BodyOf<S> = S extends z.ZodType ? z.output<S> : unknown;
@@ -98,6 +108,8 @@ interface Route {
   auth?: (req: IncomingMessage) => unknown;
   body?: z.ZodType;
   bodyType?: "json" | "form";
+  /** Limited per client address: no `auth`, not `unlimited`. */
+  limited: boolean;
   handler: Handler<unknown, unknown>;
 }
 
@@ -108,11 +120,18 @@ export interface HttpServer {
   listen(host: string, port: number): Promise<{ url: string; port: number }>;
   close(): Promise<void>;
   readonly server: Server;
+  /** The limits in force. */
+  readonly limits: HttpLimits;
+  /** Connections open now. */
+  connections(): number;
 }
 
 export function createHttpServer(o: HttpServerOptions): HttpServer {
   const bodyLimit = o.bodyLimit ?? DEFAULT_BODY_LIMIT;
+  const limits: HttpLimits = { ...defaultHttpLimits(), ...o.limits };
   const router = new Router<Route>();
+  const caps = new ConnectionCaps(limits.maxConnections, limits.maxConnectionsPerAddress);
+  const rate = new AddressRate(limits.unauthenticatedRate, limits.unauthenticatedBurst);
 
   const handle = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
     const method = req.method ?? "GET";
@@ -124,6 +143,14 @@ export function createHttpServer(o: HttpServerOptions): HttpServer {
       throw m.error;
     }
     const { route, params } = m;
+    if (route.limited) {
+      const wait = rate.take(req.socket.remoteAddress ?? "", Date.now());
+      if (wait > 0) {
+        o.onRefused?.("rate");
+        res.setHeader("retry-after", String(wait));
+        throw new BerthError("rate_limited", `rate_limited: too many requests without a token from this address; try again in ${wait} s`);
+      }
+    }
     const auth = route.auth ? await route.auth(req) : undefined;
     let body: unknown = undefined;
     if (method !== "GET" && method !== "HEAD") {
@@ -141,32 +168,54 @@ export function createHttpServer(o: HttpServerOptions): HttpServer {
     else send(res, 200, out, null);
   };
 
-  const server = createServer((req, res) => {
+  const server = createServer({ connectionsCheckingInterval: checkIntervalMs(limits) }, (req, res) => {
     handle(req, res).catch((e: unknown) => refuse(req, res, e, o, bodyLimit));
   });
-  server.headersTimeout = 30_000;
-  // Operations (a gVisor fence) may take a while; a request's body is bounded by size, its headers by time.
-  server.requestTimeout = 0;
-  server.keepAliveTimeout = 65_000;
+  // Deadlines for receiving a request only: Node stops timing a request once it is complete, so a
+  // handler may take as long as its work (a gVisor fence) needs. Past either deadline Node answers
+  // 408 and closes the connection.
+  server.headersTimeout = Math.min(limits.headerTimeoutMs, limits.requestTimeoutMs);
+  server.requestTimeout = limits.requestTimeoutMs;
+  server.keepAliveTimeout = limits.idleTimeoutMs;
+  // The caps come before Node's HTTP parser sees the socket: a refused connection costs one write.
+  const parse = server.listeners("connection") as Array<(socket: Socket) => void>;
+  server.removeAllListeners("connection");
+  server.on("connection", (socket: Socket) => {
+    const refused = caps.admit(socket);
+    if (refused !== null) {
+      o.onRefused?.(refused);
+      refuseConnection(socket, refused, caps);
+      return;
+    }
+    for (const l of parse) l.call(server, socket);
+  });
   // Bytes Node's parser refuses (a bad request line or header) get the same shape.
   server.on("clientError", (e: NodeJS.ErrnoException, socket) => {
     if (!socket.writable || e.code === "ECONNRESET") {
       socket.destroy();
       return;
     }
-    const text = JSON.stringify({ error: { code: "invalid_request", message: "invalid_request: the request is not valid HTTP/1.1" } });
+    // Past the header or request deadline Node reports ERR_HTTP_REQUEST_TIMEOUT: answered 408 and closed.
+    const late = e.code === "ERR_HTTP_REQUEST_TIMEOUT";
+    const text = late
+      ? JSON.stringify({ error: { code: "request_timeout", message: "request_timeout: the request did not arrive whole within the server's deadline; the connection is closed" } })
+      : JSON.stringify({ error: { code: "invalid_request", message: "invalid_request: the request is not valid HTTP/1.1" } });
     socket.end(
-      "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json; charset=utf-8\r\ncache-control: no-store\r\n" +
+      `HTTP/1.1 ${late ? "408 Request Timeout" : "400 Bad Request"}\r\ncontent-type: application/json; charset=utf-8\r\ncache-control: no-store\r\n` +
         `content-length: ${Buffer.byteLength(text)}\r\nconnection: close\r\n\r\n${text}`,
     );
+    // Whatever the client does next (it may never read or close), the connection is gone a second later.
+    setTimeout(() => socket.destroy(), 1000).unref();
   });
 
   const add = (method: string) => (path: string, ro: RouteOptions<z.ZodType | undefined, unknown>, handler: Handler<unknown, unknown>) =>
-    router.add(method, path, { auth: ro.auth, body: ro.body, bodyType: ro.bodyType, handler });
+    router.add(method, path, { auth: ro.auth, body: ro.body, bodyType: ro.bodyType, limited: ro.auth === undefined && ro.unlimited !== true, handler });
   return {
     get: add("GET") as HttpServer["get"],
     post: add("POST") as HttpServer["post"],
     server,
+    limits,
+    connections: () => caps.open,
     async listen(host, port) {
       await new Promise<void>((resolve, reject) => {
         server.once("error", reject);
@@ -207,20 +256,29 @@ function refuse(req: IncomingMessage, res: ServerResponse, e: unknown, o: HttpSe
   }
   if (!req.complete) {
     // The client is still sending a body this answer will not read: discard it (so the client can
-    // read the answer rather than a reset), up to a bound, and end the connection after the answer.
+    // read the answer rather than a reset: a chunked body of 10 MB gets its 413), up to a bound in
+    // bytes and in time, and end the connection after the answer.
     res.setHeader("connection", "close");
-    discardBounded(req, bodyLimit * 16);
+    discardBounded(req, Math.max(bodyLimit * 16, LINGER_BYTES), LINGER_MS);
   }
   send(res, r.status, { error: { code: r.code, message: r.message } }, null);
 }
 
-function discardBounded(req: IncomingMessage, bound: number): void {
+/** How much of an unread body is discarded after a refusal, and for how long, before the connection is cut. */
+const LINGER_BYTES = 64 * 1024 * 1024;
+const LINGER_MS = 5_000;
+
+function discardBounded(req: IncomingMessage, bound: number, ms: number): void {
   let seen = 0;
+  const cut = setTimeout(() => req.socket.destroy(), ms);
+  cut.unref();
   req.removeAllListeners("data");
   req.on("data", (c: Buffer) => {
     seen += c.length;
     if (seen > bound) req.socket.destroy();
   });
+  req.once("end", () => clearTimeout(cut));
+  req.once("close", () => clearTimeout(cut));
   req.resume();
 }
 
@@ -250,10 +308,11 @@ function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
       done = true;
       resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks));
     });
-    req.on("error", (e) => {
+    req.on("error", () => {
       if (done) return;
       done = true;
-      reject(e);
+      // The connection ended before the body did (the client went, or the request deadline closed it).
+      reject(new BerthError("invalid_request", "invalid_request: the connection ended before the request body was whole"));
     });
   });
 }

@@ -56,7 +56,17 @@ export interface TestCoordinator {
 }
 
 export async function startTestCoordinator(
-  opts: { engine?: Engine; clock?: TestClock | null; config?: CoordinatorOptions["config"]; reconcile?: boolean; store?: Store; dir?: string; providers?: CoordinatorOptions["providers"]; keepStore?: boolean } = {},
+  opts: {
+    engine?: Engine;
+    clock?: TestClock | null;
+    config?: CoordinatorOptions["config"];
+    reconcile?: boolean;
+    store?: Store;
+    dir?: string;
+    providers?: CoordinatorOptions["providers"];
+    keepStore?: boolean;
+    httpLimits?: CoordinatorOptions["httpLimits"];
+  } = {},
 ): Promise<TestCoordinator> {
   const tmp = opts.dir ? null : tempDir();
   const dir = opts.dir ?? tmp!.path;
@@ -71,6 +81,7 @@ export async function startTestCoordinator(
     reconcile: opts.reconcile ?? true,
     reconcileIntervalMs: 50,
     providers: opts.providers,
+    ...(opts.httpLimits ? { httpLimits: opts.httpLimits } : {}),
   });
   const apis: Api[] = [];
   const token = async (role: Role = "admin", org = "acme", expiresAt: number | null = null) =>

@@ -23,7 +23,7 @@
  *   verified, a mismatch retained and reported.
  */
 import { randomBytes } from "node:crypto";
-import type { AddressInfo } from "node:net";
+import { createServer as createTcpServer, type AddressInfo } from "node:net";
 import ssh2 from "ssh2";
 import type { Connection, PublicKeyAuthContext, AuthContext, ServerChannel, Session as SshSession } from "ssh2";
 import { isId, newId } from "../../core/ids.js";
@@ -35,6 +35,7 @@ import { recoverSessions, type RecoveryReport } from "../sessions/recovery.js";
 import { Session } from "../sessions/session.js";
 import { DEFAULT_TIMING, type Log, type SessionTiming } from "../sessions/types.js";
 import { loadOrCreateHostKey } from "./host-key.js";
+import { SshAdmission, type SshAdmissionLimits, type SshRefusal } from "./admission.js";
 import { forwardArgv, forwardDecision, sftpArgv } from "./channels.js";
 import { fingerprintOf } from "../../core/ssh-public-key.js";
 
@@ -53,6 +54,10 @@ export interface GatewayOptions {
   sessionStore?: SessionStore;
   /** Release graces and drain bounds. */
   timing?: Partial<SessionTiming>;
+  /** The authentication timeout and the caps on unauthenticated connections (admission.ts); unset fields take the defaults. */
+  admission?: Partial<SshAdmissionLimits>;
+  /** Told of every connection refused by a cap or ended by the authentication timeout (for a metric). */
+  onAdmissionRefused?: (reason: SshRefusal) => void;
 }
 
 export interface GatewaySessions extends SessionRegistry {
@@ -73,7 +78,6 @@ export interface Gateway {
 }
 
 const MAX_AUTH_ATTEMPTS = 6;
-const AUTH_TIMEOUT_MS = 30_000;
 const MAX_SESSIONS_PER_CONNECTION = 16;
 const MAX_TIMER_MS = 2 ** 31 - 1;
 
@@ -152,7 +156,11 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     }
   });
 
-  const server = new ssh2.Server({ hostKeys: [host.privateKey], ident: "berth" }, (client) => {
+  const admission = new SshAdmission(opts.admission ?? {}, (reason, address) => {
+    opts.onAdmissionRefused?.(reason);
+    log.info({ reason, address }, reason === "auth_timeout" ? "ssh connection closed: not authenticated in time" : "ssh connection refused: too many unauthenticated connections");
+  });
+  const server = new ssh2.Server({ hostKeys: [host.privateKey], ident: "berth" }, (client, info) => {
     // Before key exchange: small SSH packets otherwise wait on Nagle + delayed ACK (~40 ms a round trip).
     (client as Connection & { setNoDelay(on: boolean): void }).setNoDelay(true);
     const c: Conn = { client, machineId: null, key: null, sessions: new Set(), timer: null, ended: false };
@@ -160,7 +168,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     let attempts = 0;
     const authTimer = setTimeout(() => {
       if (!c.key) endConn(c, "authentication timeout");
-    }, AUTH_TIMEOUT_MS);
+    }, admission.limits.authTimeoutMs);
 
     client.on("authentication", (ctx: AuthContext) => {
       if (closing || ++attempts > MAX_AUTH_ATTEMPTS) {
@@ -193,6 +201,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
 
     client.on("ready", () => {
       clearTimeout(authTimer);
+      admission.authenticated(info.ip, info.port);
       const key = c.key!;
       log.info({ machine: c.machineId, grant: key.grantId, fingerprint: key.fingerprint }, "ssh connection authenticated");
       if (key.expiresAt !== null) {
@@ -348,14 +357,18 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     if (!startSession(c, key, forwardArgv(process.execPath, d.host, d.port), {}, null, accept)) reject();
   }
 
+  // Our own listener, so a connection is admitted (or refused) at TCP accept, before ssh2 reads a byte of it.
+  const tcp = createTcpServer((socket) => {
+    if (admission.admit(socket)) server.injectSocket(socket);
+  });
   await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(opts.listen.port, opts.listen.host, () => {
-      server.off("error", reject);
+    tcp.once("error", reject);
+    tcp.listen(opts.listen.port, opts.listen.host, () => {
+      tcp.off("error", reject);
       resolve();
     });
   });
-  const port = (server.address() as AddressInfo).port;
+  const port = (tcp.address() as AddressInfo).port;
   log.info({ host: opts.listen.host, port, fingerprint: host.fingerprint }, "ssh gateway listening");
 
   const sessions: GatewaySessions = {
@@ -389,7 +402,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     recovered,
     async close() {
       closing = true;
-      const closed = new Promise<void>((r) => server.close(() => r()));
+      const closed = new Promise<void>((r) => tcp.close(() => r()));
+      admission.closeAll();
       const done = [...live].map((s) => s.done);
       for (const c of conns) endConn(c, "gateway closing");
       await Promise.all(done);

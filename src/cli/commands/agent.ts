@@ -12,6 +12,8 @@ import { join, resolve as resolvePath } from "node:path";
 import { Command, InvalidArgumentError, Option } from "commander";
 import pino from "pino";
 import { parseBytes } from "../../core/bytes.js";
+import { durationArg, intArg } from "../common.js";
+import { httpLimitOptions, httpLimitsFrom, type HttpLimitFlags } from "../http-limits.js";
 
 function positiveInt(what: string) {
   return (v: string): number => {
@@ -37,7 +39,7 @@ function defaultStateDir(): string {
 }
 
 export function register(program: Command): void {
-  program
+  const agentCommand = program
     .command("agent")
     .summary("Run the host agent: sandboxes, the SSH gateway, and the API the coordinator calls")
     .description(
@@ -88,7 +90,11 @@ export function register(program: Command): void {
     .option("--network-resolver <ip>", "resolve allow-list names through this DNS server instead of the host's resolver")
     .option("--network-probe-deny <host:port>", "an extra target every readiness probe must find refused (repeatable)", (v: string, acc: string[]) => [...acc, v], [] as string[])
     .option("--network-probe-refused-resolver <ip>", "a resolver every readiness probe must find refused unless the policy allows it (repeatable)", (v: string, acc: string[]) => [...acc, v], [] as string[])
-    .addOption(new Option("--log-level <level>", "log level (logs go to stderr)").choices(["debug", "info", "warn", "error"]).default("info"))
+    .option("--ssh-auth-timeout <duration>", "SSH gateway: a connection must authenticate within this from its TCP connection, else it is closed (default 30s)", durationArg("--ssh-auth-timeout"))
+    .option("--ssh-max-unauthenticated <n>", "SSH gateway: connections not yet authenticated at once, 0 for no cap (default 128)", intArg("--ssh-max-unauthenticated", 0, 1_000_000))
+    .option("--ssh-max-unauthenticated-per-address <n>", "SSH gateway: such connections from one client address, 0 for no cap (default 32)", intArg("--ssh-max-unauthenticated-per-address", 0, 1_000_000))
+    .addOption(new Option("--log-level <level>", "log level (logs go to stderr)").choices(["debug", "info", "warn", "error"]).default("info"));
+  httpLimitOptions(agentCommand, "agent API")
     .addHelpText(
       "after",
       "\nExit codes: 0 stopped by SIGTERM/SIGINT, 1 could not start, 2 usage, 3 another agent holds the state directory,\n" +
@@ -120,7 +126,10 @@ export function register(program: Command): void {
       networkResolver?: string;
       networkProbeDeny: string[];
       networkProbeRefusedResolver: string[];
-    }) => {
+      sshAuthTimeout?: number;
+      sshMaxUnauthenticated?: number;
+      sshMaxUnauthenticatedPerAddress?: number;
+    } & HttpLimitFlags) => {
       const log = pino({ level: o.logLevel, base: { component: "agent" } }, pino.destination({ dest: 2, sync: true }));
       // Handlers first: a signal that arrives while starting (or right after the
       // ready line) stops the agent cleanly instead of killing it mid-write.
@@ -161,6 +170,12 @@ export function register(program: Command): void {
           name: o.name,
           log,
           network: o.network ? await networkOptions(o) : false,
+          httpLimits: httpLimitsFrom(o),
+          sshAdmission: {
+            ...(o.sshAuthTimeout !== undefined ? { authTimeoutMs: o.sshAuthTimeout } : {}),
+            ...(o.sshMaxUnauthenticated !== undefined ? { maxUnauthenticated: o.sshMaxUnauthenticated } : {}),
+            ...(o.sshMaxUnauthenticatedPerAddress !== undefined ? { maxUnauthenticatedPerAddress: o.sshMaxUnauthenticatedPerAddress } : {}),
+          },
         });
       } catch (e) {
         const msg = e instanceof Error ? e.message : String(e);

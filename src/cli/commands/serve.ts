@@ -4,6 +4,7 @@ import { join, resolve } from "node:path";
 import { mkdirSync, readFileSync } from "node:fs";
 import { hashToken } from "../../core/tokens.js";
 import { durationArg, loadOrCreateSecret, openStoreFromFlags, runCommand } from "../common.js";
+import { httpLimitOptions, httpLimitsFrom, type HttpLimitFlags } from "../http-limits.js";
 
 async function startAws(file: string) {
   const { AwsProvider } = await import("../../providers/aws/aws-provider.js");
@@ -38,7 +39,7 @@ export function parseListen(v: string): { host: string; port: number } {
 }
 
 export function register(program: Command): void {
-  program
+  const serve = program
     .command("serve")
     .description("Run the coordinator: HTTP API, reconciler and operation executor")
     .option("--state-dir <dir>", "directory for the SQLite database and the coordinator secret", ".berth")
@@ -48,7 +49,8 @@ export function register(program: Command): void {
     .option("--portable", "enable portable access (per-borrow keys, two-phase acknowledgement); off by default", false)
     .option("--alloc-actor-lease <duration>", "lease of an allocation's launch actor: past it, another coordinator may take the launch over (default 15s)", durationArg("--alloc-actor-lease"))
     .option("--metrics-token-file <file>", "require this token (one line, read at start) as 'Authorization: Bearer' on GET /metrics; default: /metrics is open")
-    .option("--aws-config <file>", "enable the aws provider with this pool configuration (docs/aws.md); credentials come from the AWS SDK's default chain")
+    .option("--aws-config <file>", "enable the aws provider with this pool configuration (docs/aws.md); credentials come from the AWS SDK's default chain");
+  httpLimitOptions(serve, "HTTP API")
     .addHelpText(
       "after",
       `
@@ -59,8 +61,9 @@ with the same --secret-file.
 Example:
   berth serve --state-dir /var/lib/berth --listen 0.0.0.0:7420`,
     )
-    .action((o: { stateDir: string; db?: string; listen: string; secretFile?: string; portable: boolean; awsConfig?: string; allocActorLease?: number; metricsTokenFile?: string }) =>
+    .action((o: { stateDir: string; db?: string; listen: string; secretFile?: string; portable: boolean; awsConfig?: string; allocActorLease?: number; metricsTokenFile?: string } & HttpLimitFlags) =>
       runCommand(async () => {
+        const httpLimits = httpLimitsFrom(o);
         const dir = resolve(o.stateDir);
         mkdirSync(dir, { recursive: true, mode: 0o700 });
         const store = await openStoreFromFlags({ ...o, init: true });
@@ -70,7 +73,7 @@ Example:
         // Loaded only here: every other command starts without the coordinator.
         const { startCoordinator } = await import("../../coordinator/server.js");
         const aws = o.awsConfig ? await startAws(resolve(o.awsConfig)) : null;
-        const c = await startCoordinator({ store, secret, host, port, config: { portable: o.portable, ...(o.allocActorLease !== undefined ? { allocationActorLeaseMs: o.allocActorLease } : {}) }, providers: aws ? [aws.provider] : [], metricsTokenHash });
+        const c = await startCoordinator({ store, secret, host, port, config: { portable: o.portable, ...(o.allocActorLease !== undefined ? { allocationActorLeaseMs: o.allocActorLease } : {}) }, providers: aws ? [aws.provider] : [], metricsTokenHash, httpLimits });
         const stopSweep = aws ? aws.sweep(store, c.ctx.log) : () => undefined;
         c.ctx.log.info({ url: c.url, store: store.dialect, portable: o.portable }, "berth coordinator listening");
         process.stdout.write(`berth coordinator listening on ${c.url} (${store.dialect}${o.portable ? ", portable access enabled" : ""})\n`);

@@ -54,7 +54,7 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
     },
   });
 
-  app.get("/v1/health", {}, async () => ({ status: "ok", version: d.version, store: ctx.store.dialect, portable: ctx.config.portable }));
+  app.get("/v1/health", { unlimited: true }, async () => ({ status: "ok", version: d.version, store: ctx.store.dialect, portable: ctx.config.portable }));
   const metricsAuth = d.metricsTokenHash === null ? {} : { auth: (req: IncomingMessage) => checkMetricsToken(d.metricsTokenHash!, req.headers.authorization) };
   app.get("/metrics", metricsAuth, async () => new Reply(200, await d.metricsText(), "text/plain; version=0.0.4"));
 
