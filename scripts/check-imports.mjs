@@ -21,6 +21,7 @@ export const RULES = [
   { from: "providers/", forbid: ["coordinator/", "agent/", "cli/"], why: "src/providers carry out operations: no coordinator, agent or cli" },
   { from: "agent/", forbid: ["coordinator/", "cli/", "providers/"], why: "the agent is its own process: no coordinator, cli or provider" },
   { from: "coordinator/", forbid: ["agent/", "cli/"], why: "the coordinator talks to agents over HTTP only: no agent or cli" },
+  { from: "mcp/", forbid: ["agent/", "coordinator/", "cli/", "providers/", "store/"], why: "the MCP server is a client: the client library and core only" },
   { from: "cli/", forbid: ["agent/", "coordinator/"], why: "the CLI talks to the coordinator over HTTP: no agent or coordinator internals" },
 ];
 

@@ -20,10 +20,12 @@ const MODULES = {
   borrow: () => import("./commands/borrow.js"),
   run: () => import("./commands/run.js"),
   ssh: () => import("./commands/ssh.js"),
+  cp: () => import("./commands/cp.js"),
   alloc: () => import("./commands/alloc.js"),
   volume: () => import("./commands/volume.js"),
   host: () => import("./commands/host.js"),
   image: () => import("./commands/image.js"),
+  mcp: () => import("./commands/mcp.js"),
 } satisfies Record<string, () => Promise<CommandModule>>;
 
 /** Which module defines each top-level command name. */
@@ -39,11 +41,13 @@ const COMMANDS: Record<string, keyof typeof MODULES> = {
   return: "borrow",
   run: "run",
   ssh: "ssh",
+  cp: "cp",
   alloc: "alloc",
   owner: "alloc",
   volume: "volume",
   host: "host",
   image: "image",
+  mcp: "mcp",
 };
 
 export async function main(argv: string[]): Promise<void> {

@@ -68,7 +68,8 @@ export function configCandidates(flags: ConfigFlags): string[] {
   return [resolve(".berth/client.json"), join(homedir(), ".config/berth/client.json")];
 }
 
-export function loadConfig(flags: ConfigFlags): ClientConfig {
+/** `requireToken: false`: no token is an empty `token` instead of a refusal (a server whose clients bring their own). */
+export function loadConfig(flags: ConfigFlags, o: { requireToken?: boolean } = {}): ClientConfig {
   let file: FileConfig = {};
   let source = "flags/environment";
   let base = process.cwd();
@@ -102,12 +103,12 @@ export function loadConfig(flags: ConfigFlags): ClientConfig {
       throw new ConfigError(`cannot read token file ${tokenFile}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
     }
   }
-  if (!token) {
+  if (!token && o.requireToken !== false) {
     throw new ConfigError("no API token; pass --token-file FILE or set BERTH_TOKEN_FILE (create one with `berth token create`)");
   }
   return {
     url: checkUrl(url, urlFrom),
-    token,
+    token: token ?? "",
     keeperKeyFile: file.keeperKeyFile ? abs(file.keeperKeyFile) : null,
     pool: process.env.BERTH_POOL || (typeof file.pool === "string" && file.pool ? file.pool : null),
     stateDir: source.endsWith("client.json") ? dirname(source) : resolve(".berth"),
