@@ -20,7 +20,7 @@
  * lock). Machines keep running; the next start re-attaches them.
  */
 import { readFileSync } from "node:fs";
-import { hostname } from "node:os";
+import { availableParallelism, hostname, totalmem } from "node:os";
 import { join } from "node:path";
 import { parseId } from "../core/ids.js";
 import { hashToken } from "../core/tokens.js";
@@ -45,6 +45,7 @@ import type { RegistryOptions } from "./images/registry.js";
 import type { Runtime } from "./runtime/types.js";
 import { AgentStore } from "./store/store.js";
 import { raiseStanding, readStanding } from "./standing.js";
+import { defaultHostCapacity } from "../core/host-capacity.js";
 import { registerAllocRoutes } from "./alloc-http.js";
 import { enforcementOf } from "./runtime/limits.js";
 import { Volumes } from "./volumes.js";
@@ -155,8 +156,10 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
   // The coordinator knows a host by this name (an id: re-enrolling under it keeps the host).
   const name = parseId(opts.name ?? (hostname().replace(/[^A-Za-z0-9_-]/g, "-").slice(0, 128) || "host"), "host name");
   const slots = opts.slots ?? 4;
-  const vcpu = opts.vcpu ?? 2;
-  const memoryMb = opts.memoryMb ?? 2048;
+  // The host's real capacity minus a stated reserve, unless told otherwise (core/host-capacity.ts).
+  const real = defaultHostCapacity(availableParallelism(), totalmem());
+  const vcpu = opts.vcpu ?? real.vcpu;
+  const memoryMb = opts.memoryMb ?? real.memoryMb;
 
   const store = AgentStore.open(opts.stateDir);
   const cleanups: Array<() => Promise<void> | void> = [() => store.close()];

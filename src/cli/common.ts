@@ -18,7 +18,7 @@ import { ConfigError, loadConfig, type ClientConfig, type ConfigFlags } from "..
 import { writeFileDurable } from "../store/durable-file.js";
 import { debugEnabled, helpPointer } from "./io.js";
 
-export const EXIT = { ok: 0, error: 1, usage: 2, unavailable: 69, cleanup: 75, expired: 124, pipe: 141 } as const;
+export const EXIT = { ok: 0, error: 1, usage: 2, locked: 3, unavailable: 69, cleanup: 75, expired: 124, pipe: 141 } as const;
 
 /** The command was asked for something it cannot be asked (missing target, wrong directory): exit 2, with the help pointer. */
 export class UsageError extends Error {
@@ -98,6 +98,7 @@ export function exitCodeOf(e: unknown): number {
   const code = e instanceof ApiError || isBerthError(e) ? e.code : null;
   if (code === "pool_exhausted" || code === "provider_unavailable" || code === "store_busy" || code === "no_capacity") return EXIT.unavailable;
   if ((e as { code?: string }).code === "ECONNREFUSED") return EXIT.unavailable;
+  if ((e as { code?: string }).code === "state_dir_locked") return EXIT.locked;
   return EXIT.error;
 }
 

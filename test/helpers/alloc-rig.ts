@@ -37,6 +37,8 @@ export class AllocRig {
   agentUrl = "";
   hostId = "";
   readonly coordinators: ServeProcess[] = [];
+  /** The agent's capacity flags (set before start; without --vcpu/--memory-mb it offers the host's real capacity). */
+  agentArgs: string[] = ["--vcpu", "16", "--memory-mb", "32768", "--slots", "8"];
 
   /** keepFirst: leave the coordinator that set things up running (else each test starts its own). */
   constructor(readonly engine: Engine = "sqlite", readonly keepFirst = false, readonly leaseArgs: string[] = ["--alloc-actor-lease", "1s"], readonly runtime: "process" | "gvisor" = "process") {}
@@ -73,7 +75,7 @@ export class AllocRig {
   async startAgent(coordinatorUrl: string): Promise<void> {
     this.agent = this.h.spawnAgent({
       stateDir: this.agentDir, coordinator: coordinatorUrl, enrollTokenFile: join(this.tmp.path, "agent.token"), name: "h1", runtime: this.runtime,
-      extraArgs: ["--vcpu", "16", "--memory-mb", "32768", "--slots", "8"],
+      extraArgs: this.agentArgs,
     });
     const ready = await this.agent.ready;
     this.agentUrl = ready.url;

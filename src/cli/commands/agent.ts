@@ -82,8 +82,8 @@ export function register(program: Command): void {
     .option("--registry-auth <file>", "registry credentials, Docker's config.json shape ({\"auths\": {\"HOST:PORT\": {\"auth\": base64(user:password)}}}); mode 0600")
     .option("--insecure-registry <host:port>", "reach this registry over plain HTTP (repeatable; loopback registries always are)", (v: string, acc: string[]) => [...acc, v], [] as string[])
     .option("--slots <n>", "machines this host offers", positiveInt("--slots"), 4)
-    .option("--vcpu <n>", "vCPUs this host offers", positiveInt("--vcpu"), 2)
-    .option("--memory-mb <n>", "memory this host offers, in MiB", positiveInt("--memory-mb"), 2048)
+    .option("--vcpu <n>", "vCPUs this host offers (default: every CPU of this host)", positiveInt("--vcpu"))
+    .option("--memory-mb <n>", "memory this host offers, in MiB (default: this host's memory minus max(1 GiB, 10 %) kept for the host)", positiveInt("--memory-mb"))
     .option("--name <name>", "this host's name at the coordinator (default: the system host name)")
     .option("--no-network", "refuse machines with a network policy (egress) on this host")
     .option("--network-range <cidr>", "address range of machine networks, a /30 per machine (default 10.213.0.0/16)")
@@ -93,6 +93,8 @@ export function register(program: Command): void {
     .option("--ssh-auth-timeout <duration>", "SSH gateway: a connection must authenticate within this from its TCP connection, else it is closed (default 30s)", durationArg("--ssh-auth-timeout"))
     .option("--ssh-max-unauthenticated <n>", "SSH gateway: connections not yet authenticated at once, 0 for no cap (default 128)", intArg("--ssh-max-unauthenticated", 0, 1_000_000))
     .option("--ssh-max-unauthenticated-per-address <n>", "SSH gateway: such connections from one client address, 0 for no cap (default 32)", intArg("--ssh-max-unauthenticated-per-address", 0, 1_000_000))
+    // For `berth up`, which runs the agent in a session of its own: its end (even kill -9) closes the pipe.
+    .addOption(new Option("--stop-on-stdin-eof", "stop (as on SIGTERM) when standard input reaches end of file").hideHelp())
     .addOption(new Option("--log-level <level>", "log level (logs go to stderr)").choices(["debug", "info", "warn", "error"]).default("info"));
   httpLimitOptions(agentCommand, "agent API")
     .addHelpText(
@@ -117,8 +119,8 @@ export function register(program: Command): void {
       registryAuth?: string;
       insecureRegistry: string[];
       slots: number;
-      vcpu: number;
-      memoryMb: number;
+      vcpu?: number;
+      memoryMb?: number;
       name?: string;
       logLevel: string;
       network: boolean;
@@ -126,6 +128,7 @@ export function register(program: Command): void {
       networkResolver?: string;
       networkProbeDeny: string[];
       networkProbeRefusedResolver: string[];
+      stopOnStdinEof?: boolean;
       sshAuthTimeout?: number;
       sshMaxUnauthenticated?: number;
       sshMaxUnauthenticatedPerAddress?: number;
@@ -139,6 +142,11 @@ export function register(program: Command): void {
       };
       process.once("SIGTERM", () => onSignal("SIGTERM"));
       process.once("SIGINT", () => onSignal("SIGINT"));
+      if (o.stopOnStdinEof) {
+        process.stdin.on("end", () => onSignal("stdin EOF"));
+        process.stdin.on("error", () => onSignal("stdin EOF"));
+        process.stdin.resume();
+      }
       // Loaded only here: every other command starts without the agent.
       const [{ startAgent }, { readEnrollToken }, { AgentLockedError }, { FloorRefusedError }] = await Promise.all([
         import("../../agent/agent.js"),
@@ -165,8 +173,8 @@ export function register(program: Command): void {
             registry: { ...(o.registryAuth !== undefined ? { authFile: resolvePath(o.registryAuth) } : {}), insecure: o.insecureRegistry },
           },
           slots: o.slots,
-          vcpu: o.vcpu,
-          memoryMb: o.memoryMb,
+          ...(o.vcpu !== undefined ? { vcpu: o.vcpu } : {}),
+          ...(o.memoryMb !== undefined ? { memoryMb: o.memoryMb } : {}),
           name: o.name,
           log,
           network: o.network ? await networkOptions(o) : false,

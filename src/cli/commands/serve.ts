@@ -3,6 +3,7 @@ import type { Command } from "commander";
 import { join, resolve } from "node:path";
 import { mkdirSync, readFileSync } from "node:fs";
 import { hashToken } from "../../core/tokens.js";
+import { StateDirLock } from "../state-lock.js";
 import { durationArg, loadOrCreateSecret, openStoreFromFlags, runCommand } from "../common.js";
 import { httpLimitOptions, httpLimitsFrom, type HttpLimitFlags } from "../http-limits.js";
 
@@ -66,6 +67,8 @@ Example:
         const httpLimits = httpLimitsFrom(o);
         const dir = resolve(o.stateDir);
         mkdirSync(dir, { recursive: true, mode: 0o700 });
+        // Shared: other berth serves may use this directory's database too, a berth up may not (state-lock.ts).
+        const lock = StateDirLock.take(dir, "berth serve");
         const store = await openStoreFromFlags({ ...o, init: true });
         const secret = loadOrCreateSecret(o.secretFile ? resolve(o.secretFile) : join(dir, "coordinator.secret"));
         const { host, port } = parseListen(o.listen);
@@ -75,6 +78,7 @@ Example:
         const aws = o.awsConfig ? await startAws(resolve(o.awsConfig)) : null;
         const c = await startCoordinator({ store, secret, host, port, config: { portable: o.portable, ...(o.allocActorLease !== undefined ? { allocationActorLeaseMs: o.allocActorLease } : {}) }, providers: aws ? [aws.provider] : [], metricsTokenHash, httpLimits });
         const stopSweep = aws ? aws.sweep(store, c.ctx.log) : () => undefined;
+        lock.setUrl(c.url);
         c.ctx.log.info({ url: c.url, store: store.dialect, portable: o.portable }, "berth coordinator listening");
         process.stdout.write(`berth coordinator listening on ${c.url} (${store.dialect}${o.portable ? ", portable access enabled" : ""})\n`);
         process.stdout.write(`dashboard at ${c.url}/ui (sign in with an API token: berth token create)\n`);
@@ -86,6 +90,7 @@ Example:
         stopSweep();
         await c.stop();
         await store.close();
+        lock.release();
         return 0;
       }),
     );

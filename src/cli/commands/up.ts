@@ -26,6 +26,7 @@ import { writeFileDurable } from "../../store/durable-file.js";
 import { Api } from "../../client/http.js";
 import { BerthClient } from "../../client/client.js";
 import { describeError, EXIT, exitCodeOf, intArg, loadOrCreateSecret, reportError } from "../common.js";
+import { StateDirLock } from "../state-lock.js";
 import { AGENT_STOP_MS, Interrupted, SIGNAL_EXIT, TEARDOWN_MS, UpSignals } from "../up-stop.js";
 import { parseListen } from "./serve.js";
 import { waitReady } from "./pool.js";
@@ -55,14 +56,18 @@ function tokenFile(path: string, make: () => Promise<string>): Promise<string> {
 /**
  * The agent, in a session of its own (`detached`): a terminal's Ctrl-C or
  * hangup must reach berth alone, which stops the agent in order (up-stop.ts).
+ * Its standard input is a pipe from berth: if berth dies without stopping it
+ * (kill -9), the agent sees end of file and stops, releasing its directory.
  */
 function startAgentProcess(o: UpOptions, dir: string, url: string, enrollToken: string, say: (s: string) => void): { child: ChildProcess; ready: Promise<string> } {
   const bin = process.argv[1]!;
   const child = spawn(
     process.execPath,
-    [bin, "agent", "--state-dir", join(dir, "agent"), "--coordinator", url, "--runtime", o.runtime, ...(o.runsc !== undefined ? ["--runsc", resolve(o.runsc)] : []), "--runsc-platform", o.runscPlatform, "--slots", String(o.slots), "--name", "local", "--log-level", process.env.BERTH_LOG_LEVEL ?? "error"],
-    { env: { ...process.env, BERTH_ENROLL_TOKEN: enrollToken }, stdio: ["ignore", "pipe", "pipe"], detached: true },
+    [bin, "agent", "--state-dir", join(dir, "agent"), "--coordinator", url, "--runtime", o.runtime, ...(o.runsc !== undefined ? ["--runsc", resolve(o.runsc)] : []), "--runsc-platform", o.runscPlatform, "--slots", String(o.slots), "--name", "local", "--log-level", process.env.BERTH_LOG_LEVEL ?? "error", "--stop-on-stdin-eof"],
+    { env: { ...process.env, BERTH_ENROLL_TOKEN: enrollToken }, stdio: ["pipe", "pipe", "pipe"], detached: true },
   );
+  // Never written: its other end closes when berth ends, however it ends, and the agent then stops.
+  child.stdin!.on("error", () => undefined);
   child.stderr!.on("data", (d: Buffer) => {
     if (!o.quiet) process.stderr.write(d);
   });
@@ -200,6 +205,17 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
       // Before anything is started: no signal may kill berth and leave its children running.
       const signals = new UpSignals(say);
       mkdirSync(dir, { recursive: true, mode: 0o700 });
+      // Before the database is opened or any file written: a second berth up here refuses,
+      // and can neither drain this one's pools nor point client.json elsewhere.
+      let lock: StateDirLock;
+      try {
+        lock = StateDirLock.take(dir, "berth up");
+      } catch (e) {
+        signals.dispose();
+        reportError(e);
+        process.exitCode = exitCodeOf(e);
+        return;
+      }
       // The server side is loaded only by the command that runs it.
       const [{ createToken }, { SqliteStore }, { default: pino }] = await Promise.all([
         import("../../store/api-tokens.js"),
@@ -216,6 +232,7 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
         const { startCoordinator } = await import("../../coordinator/server.js");
         const coord = (r.coord = await startCoordinator({ store, secret, host, port, config: { portable: o.portable }, log: pino({ level: process.env.BERTH_LOG_LEVEL ?? "warn" }) }));
         say(`coordinator on ${coord.url} (SQLite ${join(dir, "berth.db")})`);
+        lock.setUrl(coord.url);
         const admin = await tokenFile(join(dir, "admin.token"), async () => (await createToken(store, { org: "local", role: "admin", expiresAt: null, label: "berth up admin" }, Date.now(), (n) => randomBytes(n))).token);
         const enroll = await tokenFile(join(dir, "agent.token"), async () => (await createToken(store, { org: "local", role: "agent", expiresAt: null, label: "berth up agent" }, Date.now(), (n) => randomBytes(n))).token);
         const keeperKey = join(dir, "keeper_ed25519");
@@ -274,6 +291,7 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
       } finally {
         await teardown(r, signals, say);
         signals.dispose();
+        lock.release();
       }
       process.exitCode = status;
     });
