@@ -7,6 +7,7 @@ import type { Store } from "./store.js";
 import { hashToken, newToken } from "../core/tokens.js";
 import { newId } from "../core/ids.js";
 import type { Role } from "../core/roles.js";
+import type { Tx } from "./store.js";
 import { setDue } from "./due.js";
 import { countLiveGrantsOfBorrower } from "./grants.js";
 
@@ -60,6 +61,13 @@ export async function createToken(
     ]),
   );
   return { id, token, org: input.org, role: input.role, expiresAt: input.expiresAt };
+}
+
+/** Inserts a token row inside the caller's transaction (a reset's one-time enroll token). */
+export async function insertToken(tx: Tx, row: { id: string; org: string; role: Role; hash: string; label: string | null }, now: number): Promise<void> {
+  await tx.run("INSERT INTO api_tokens (id, org, role, hash, label, created_at, expires_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?, NULL, NULL)", [
+    row.id, row.org, row.role, row.hash, row.label, now,
+  ]);
 }
 
 /**

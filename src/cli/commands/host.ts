@@ -83,6 +83,37 @@ export function register(program: Command): void {
 
   clientOpts(
     host
+      .command("reset-identity")
+      .summary("Put a host back to awaiting its agent, with a one-time enroll token that binds a new identity key")
+      .description(
+        "Put a host back to awaiting its agent: its recorded identity key is forgotten, its host credentials are " +
+          "revoked, and a one-time enroll token is printed (once). Start the host's real agent with that token " +
+          "(--enroll-token-file): its enrollment proves its key, the host is active on it, and the token is spent. " +
+          "The shared enroll token is still refused for the host. Refused while the host lends a machine (host_busy). " +
+          "Needs an admin token; audited (host_identity_reset).",
+      )
+      .argument("<host>", "host name (see `berth host ls`)"),
+  ).action((name: string, o: { json: boolean; url?: string; tokenFile?: string; config?: string }) =>
+    runCommand(async () => {
+      const { api } = clientFrom(o);
+      try {
+        const r = await api.call<{ host: string; hostId: string; state: string; enrollToken: string }>("POST", `/v1/hosts/${encodeURIComponent(name)}/reset-identity`, {});
+        if (o.json) printJson(r);
+        else {
+          process.stderr.write(
+            `host ${r.host} (${r.hostId}) awaits its agent. Write the one-time enroll token below to a file (mode 0600) and start the host's agent with --enroll-token-file FILE; it is shown only now.\n`,
+          );
+          process.stdout.write(`${r.enrollToken}\n`);
+        }
+        return 0;
+      } finally {
+        await api.close();
+      }
+    }),
+  );
+
+  clientOpts(
+    host
       .command("activate")
       .summary("Switch a host (or every host) from the shared enroll token to its own identity key")
       .description(

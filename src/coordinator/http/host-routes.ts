@@ -8,6 +8,7 @@
  *   POST /v1/hosts/self/describe      (host credential) -> {hostId, hostCallToken}
  *   POST /v1/hosts/self/stopped       (host credential) -> {moot}
  *   POST /v1/hosts/{host}/activate    (operator) {force} -> {host, hostId, state, machines, endedBorrows}
+ *   POST /v1/hosts/{host}/reset-identity (admin) {} -> {host, hostId, state: "awaiting", enrollToken}
  *
  * The host credential is checked before the body is read, like API tokens.
  */
@@ -18,6 +19,7 @@ import type { Ctx } from "../context.js";
 import { activateHost, authenticateHost, commitHost, describeHost, hostActive, issueChallenge, openSession, takeStoppedReports } from "../actions/host-identity.js";
 import { activateSchema, hostActiveSchema, hostDescribeSchema, hostSessionSchema, stoppedReportsSchema } from "./schemas.js";
 import { z } from "zod";
+import { resetHostIdentity } from "../actions/host-reset.js";
 
 export function registerHostRoutes(
   app: HttpServer,
@@ -31,5 +33,6 @@ export function registerHostRoutes(
   app.post("/v1/hosts/self/active", { ...host, body: hostActiveSchema }, async (req) => hostActive(ctx, req.auth, req.body.version));
   app.post("/v1/hosts/self/describe", { ...host, body: hostDescribeSchema }, async (req) => describeHost(ctx, req.auth, secret, req.body));
   app.post("/v1/hosts/self/stopped", { ...host, body: stoppedReportsSchema }, async (req) => takeStoppedReports(ctx, req.auth, req.body.reports));
+  app.post("/v1/hosts/:host/reset-identity", { ...d.auth("admin"), body: z.strictObject({}) }, async (req) => resetHostIdentity(ctx, req.auth, req.params.host!));
   app.post("/v1/hosts/:host/activate", { ...d.auth("operator"), body: activateSchema }, async (req) => activateHost(ctx, req.auth, req.params.host!, req.body.force, secret));
 }
