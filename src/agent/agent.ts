@@ -51,6 +51,7 @@ import { enforcementOf } from "./runtime/limits.js";
 import { Volumes } from "./volumes.js";
 import { MachineNetworks, type NetworkOptions } from "./network/manager.js";
 import { networkAvailability } from "./network/host.js";
+import { DEFAULT_CHECK_INTERVAL_MS, NetworkGuard } from "./network/guard.js";
 import { coordinatorServices } from "./network/coordinator.js";
 
 export interface AgentOptions {
@@ -105,6 +106,8 @@ export interface AgentOptions {
    * allows it (Linux, root, `ip` and `nft`).
    */
   network?: NetworkOptions | false;
+  /** The lend-time and periodic network checks (network/guard.ts): check interval (0: none) and the probe evidence's maximum age. */
+  networkCheck?: { intervalMs?: number; maxEvidenceAgeMs?: number };
   /** The API's timeouts, connection caps and unauthenticated rate (src/http/admission.ts); unset fields take the defaults. */
   httpLimits?: Partial<HttpLimits>;
   /** The SSH gateway's authentication timeout and caps on unauthenticated connections (ssh/admission.ts). */
@@ -131,6 +134,8 @@ export interface RunningAgent {
   sessions: SessionRegistry;
   /** Machine networks, or why this agent has none. */
   network: MachineNetworks | { unavailable: string };
+  /** The lend-time and periodic checks of machine networks (null: no machine networks here). */
+  guard: NetworkGuard | null;
   /** The image cache (null: this runtime boots no images). */
   images: ImageCache | null;
   /** Settles once enrolled (or at once without a coordinator); never rejects. */
@@ -189,13 +194,19 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     const keys = new AgentKeys({ store, now, log });
     cleanups.push(() => keys.close());
     // Machine networks: the agent's own ports are known once its listeners run.
-    const ports: Array<{ port: number; why: string }> = [];
+    const ports: Array<{ host: string; port: number; why: string }> = [];
     const coordinator = opts.coordinatorUrl !== undefined ? await coordinatorServices(opts.coordinatorUrl) : [];
     const avail = opts.network === false ? { ok: false as const, why: "disabled on this agent" } : networkAvailability();
     const network: MachineNetworks | { unavailable: string } = avail.ok
       ? new MachineNetworks({ records: store.networks, stateDir: opts.stateDir, log, now, agentPorts: () => ports, coordinator: () => coordinator }, opts.network || {})
       : { unavailable: avail.why };
+    if (network instanceof MachineNetworks) cleanups.push(() => network.close());
     const recovery = await recover({ store, runtime, keys, now, log, network: network instanceof MachineNetworks ? network : null });
+    const guard = network instanceof MachineNetworks ? new NetworkGuard({ network, store, keys, runtime, log, now }, { maxEvidenceAgeMs: opts.networkCheck?.maxEvidenceAgeMs }) : null;
+    if (guard) {
+      guard.start(opts.networkCheck?.intervalMs ?? DEFAULT_CHECK_INTERVAL_MS);
+      cleanups.push(() => guard.stop());
+    }
 
     const gateway: Gateway = await startGateway({
       hostKeyPath: join(opts.stateDir, "ssh_host_ed25519_key"),
@@ -210,11 +221,12 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     cleanups.push(() => gateway.close());
     const sessions = gateway.sessions;
 
-    ports.push({ port: gateway.port, why: "agent SSH gateway" });
+    ports.push({ host: sshListen.host, port: gateway.port, why: "agent SSH gateway" });
     const volumes = new Volumes({ stateDir: opts.stateDir, records: store.volumes, now, log });
     volumes.recover();
     const ops = new AgentOperations({
       store, keys, runtime, sessions, network, volumes, images, now, log,
+      ...(guard ? { lendCheck: (id: string) => guard.lendCheck(id), retire: (id: string, v: Parameters<NetworkGuard["retire"]>[1]) => guard.retire(id, v) } : {}),
       workspacePath: (machineId) => join(opts.stateDir, "machines", machineId, "workspace"),
       enforcement: (vcpu, memoryMib) => enforcementOf(runtime, vcpu, memoryMib),
     });
@@ -276,6 +288,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
         identity: () => ({ hostId, name, runtime: runtime.kind, slots, version: AGENT_VERSION }),
         tokenHash: () => store.meta.get(META_TOKEN_HASH),
         unrecorded: () => recovery.unrecorded,
+        ...(guard ? { lendCheck: (id: string) => guard.lendCheck(id) } : {}),
         log,
         ...(opts.httpLimits ? { limits: opts.httpLimits } : {}),
         extraRoutes: (app, auth) => {
@@ -293,7 +306,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       listen,
     );
     cleanups.push(() => http.close());
-    ports.push({ port: http.port, why: "agent API" });
+    ports.push({ host: listen.host, port: http.port, why: "agent API" });
 
     url = `http://${bracket(advertised)}:${http.port}`;
 
@@ -438,6 +451,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
       volumes,
       sessions,
       network,
+      guard,
       images,
       enrolled,
       identity,

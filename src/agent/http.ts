@@ -12,6 +12,9 @@
  *   POST /v1/agent/identity/prepare {challenge, force, generations}
  *                                   -> {publicKey, signature, step}   (docs/host-identity.md)
  *   GET  /v1/agent/metrics          -> Prometheus text (the identity switch's steps and refusals)
+ *   POST /v1/agent/machines/{id}/network-check
+ *                                   -> {ok: true, digest, evidenceAt, reprobed} | {ok: false, why, diff}
+ *                                      (the lend-time check, network/guard.ts; a mismatch retires the machine)
  *
  * Every route needs `Authorization: Bearer <host-call token>`, checked before
  * the body is read. The agent holds only `hashToken("host-call", token)` and
@@ -28,6 +31,7 @@ import type { SessionRegistry } from "./contracts.js";
 import type { AgentKeys } from "./keys.js";
 import type { AgentLog } from "./log.js";
 import type { AgentOperations } from "./operations/dispatch.js";
+import type { LendCheck } from "./network/guard.js";
 import { operationRequestSchema as opEnvelope } from "../protocol/operations.js";
 import type { AgentStore, MachineRecord } from "./store/store.js";
 import type { HostSwitch } from "./identity/host-switch.js";
@@ -63,6 +67,8 @@ export interface AgentHttpDeps {
   unrecorded: () => string[];
   log: AgentLog;
   bodyLimit?: number;
+  /** The lend-time network check (network/guard.ts); absent: no machine networks on this agent. */
+  lendCheck?: (machineId: string) => Promise<LendCheck>;
   /** Timeouts, connection caps and the unauthenticated rate (src/http/admission.ts). */
   limits?: Partial<HttpLimits>;
   /** More routes under the same authentication (the allocation routes, alloc-http.ts). */
@@ -130,6 +136,15 @@ export async function startHttp(deps: AgentHttpDeps, listen_: { host: string; po
     const m = deps.store.machines.get(req.params.machineId!);
     if (m === null) throw new BerthError("not_found", `not_found: machine ${req.params.machineId!} is not on this host`);
     return view(deps, m);
+  });
+  app.post("/v1/agent/machines/:machineId/network-check", auth, async (req) => {
+    const id = req.params.machineId!;
+    if (!deps.lendCheck) {
+      const m = deps.store.machines.get(id);
+      if (m === null) throw new BerthError("not_found", `not_found: machine ${id} is not on this host`);
+      return m.state === "running" ? { ok: true, machineId: id, digest: "none", evidenceAt: null, reprobed: false } : { ok: false, machineId: id, why: `machine ${id} is ${m.state}`, diff: [] };
+    }
+    return deps.lendCheck(id);
   });
   app.get("/v1/agent/ops/:opId", auth, async (req) => {
     const op = deps.store.operations.get(req.params.opId!);

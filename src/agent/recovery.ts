@@ -115,6 +115,14 @@ export async function recover(deps: RecoveryDeps): Promise<RecoveryReport> {
       mismatch(`network: the namespace or veth of machine ${m.id} is not the recorded one`);
       continue;
     }
+    if (deps.network && deps.network.get(m.id) && unfinished.length === 0) {
+      // The rules a previous process recorded must be the rules in force (table, addresses, routes).
+      const v = await deps.network.verify(m.id, { namespace: true });
+      if (!v.ok) {
+        mismatch(`network: ${v.why}${v.diff.length > 0 ? `; diff: ${v.diff.join(" | ")}` : ""}`);
+        continue;
+      }
+    }
     const dropped = keys.attach(m.id, m.generation);
     report.droppedKeys += dropped.length;
     report.reattached.push(m.id);

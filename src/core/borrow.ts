@@ -4,7 +4,8 @@
  * deadline has passed (every comparison here is `now >= deadline`).
  */
 export interface BorrowCore {
-  state: "active" | "returned" | "abandoned" | "expired";
+  /** `withdrawn`: ended by the coordinator before it was answered (its machine failed the lend-time check). */
+  state: "active" | "returned" | "abandoned" | "expired" | "withdrawn";
   heartbeatDeadline: number;
   expiresAt: number;
 }

@@ -43,6 +43,7 @@ export type ErrorCode =
   | "image_invalid"
   | "image_unavailable"
   | "image_too_large"
+  | "network_tampered"
   | "sftp_unavailable"
   | "transfer_cut"
   | "internal";
@@ -89,6 +90,8 @@ const STATUS: Record<ErrorCode, number> = {
   host_withdrawn: 409,
   /** The image is malformed, fails its digests, escapes its root, or is for another platform: retrying will not help. */
   image_invalid: 422,
+  /** A machine's network rules are not the ones recorded with its evidence: it is never lent again. */
+  network_tampered: 409,
   /** The image's registry or file could not be reached or read: retried. */
   image_unavailable: 502,
   /** The image (or a layer of it) is over the agent's image cache limit. */

@@ -16,6 +16,23 @@ export interface ProbeCheck {
   got: string;
   ms: number;
   ok: boolean;
+  /** Refusal checks: what the machine's own refuse chain counted during the check, e.g. "refuse counter +1". */
+  witness?: string;
+}
+
+/**
+ * The rules a probe ran against, as read back from the kernel: a digest of
+ * the machine's nftables table (handles included, packet counts left out)
+ * and of its namespace's addresses and routes, and their normalised lines
+ * (kept on the agent, to show what changed).
+ */
+export interface RulesWitness {
+  /** `sha256:` + hex over the table's normalised lines. */
+  digest: string;
+  /** `sha256:` + hex over the namespace's addresses and routes. */
+  namespaceDigest: string;
+  lines?: string[];
+  namespaceLines?: string[];
 }
 
 export interface ReadinessEvidence {
@@ -29,6 +46,8 @@ export interface ReadinessEvidence {
   checks: ProbeCheck[];
   /** Names pinned at set-up and their addresses. */
   pinned: Record<string, string[]>;
+  /** The rules as they were read back before the checks (and found unchanged after them). */
+  rules?: RulesWitness;
   /** Set when the probe could not run at all. */
   error?: string;
 }
@@ -60,6 +79,24 @@ export function readinessVerdict(
 
 /** Short form kept on the coordinator's machine row and shown by `pool show`. */
 export function evidenceSummary(e: ReadinessEvidence): Omit<ReadinessEvidence, "pinned"> {
-  const { pinned: _pinned, ...rest } = e;
-  return rest;
+  const { pinned: _pinned, rules, ...rest } = e;
+  return { ...rest, ...(rules ? { rules: { digest: rules.digest, namespaceDigest: rules.namespaceDigest } } : {}) };
+}
+
+/** What changed between two lists of normalised lines: `- line` gone, `+ line` new (a multiset difference), at most `max`. */
+export function linesDiff(before: readonly string[], after: readonly string[], max = 20): string[] {
+  const minus = (x: readonly string[], y: readonly string[]): string[] => {
+    const left = new Map<string, number>();
+    for (const l of y) left.set(l, (left.get(l) ?? 0) + 1);
+    const out: string[] = [];
+    for (const l of x) {
+      const n = left.get(l) ?? 0;
+      if (n > 0) left.set(l, n - 1);
+      else out.push(l);
+    }
+    return out;
+  };
+  const out = [...minus(before, after).map((l) => `- ${l}`), ...minus(after, before).map((l) => `+ ${l}`)];
+  if (out.length === 0 && before.join("\n") !== after.join("\n")) out.push("~ the same lines in another order");
+  return out.slice(0, max);
 }

@@ -94,12 +94,6 @@ export function cidrWithin(inner: string, outer: string): boolean {
   return a !== null && b !== null && a[0] >= b[0] && a[1] <= b[1];
 }
 
-function cidrOverlaps(a: string, b: string): boolean {
-  const x = cidrRange(a);
-  const y = cidrRange(b);
-  return x !== null && y !== null && x[0] <= y[1] && y[0] <= x[1];
-}
-
 const NAME_RE = /^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/;
 
 function bad(entry: string, why: string): BerthError {
@@ -195,10 +189,36 @@ export function permitsTcp(p: NetworkPolicy, ip: string, port: number, resolved:
   return false;
 }
 
-/** Whether an allow entry could ever overlap a range (used to refuse a policy that opens the machine range). */
+/** The machine address range agents use unless started with another (`--network-range`). */
+export const DEFAULT_MACHINE_RANGE = "10.213.0.0/16";
+
+/**
+ * An allow entry that lies wholly inside a range (the machine range): it
+ * could open nothing, since the range is always refused, so it is refused
+ * where it is written. An entry that merely contains the range (10.0.0.0/8,
+ * 0.0.0.0/0) is accepted and opens everything else it names.
+ */
 export function allowOverlaps(p: NetworkPolicy, cidr: string): string | null {
   if (p.mode !== "egress") return null;
-  for (const e of p.allow.map(parseAllowEntry)) if (e.cidr !== null && cidrOverlaps(e.cidr, cidr)) return e.text;
+  for (const e of p.allow.map(parseAllowEntry)) if (e.cidr !== null && cidrWithin(e.cidr, cidr)) return e.text;
+  return null;
+}
+
+/**
+ * Why a policy cannot be written as it is (pool ensure), or null: an entry
+ * the platform deny list always wins over opens nothing and would only
+ * make the readiness probe or every provision fail. Names the entry and the rule.
+ */
+export function policyRefusal(p: NetworkPolicy, machineRange: string = DEFAULT_MACHINE_RANGE): string | null {
+  if (p.mode !== "egress") return null;
+  for (const e of p.allow.map(parseAllowEntry)) {
+    if (e.ports !== null && [...Array(e.ports[1] - e.ports[0] + 1).keys()].every((i) => (SMTP_PORTS as readonly number[]).includes((e.ports as [number, number])[0] + i))) {
+      return `invalid_request: network allow entry ${e.text} opens only SMTP (ports ${SMTP_PORTS.join(", ")}), which the platform deny list always refuses; remove it`;
+    }
+    if (e.cidr !== null && cidrWithin(e.cidr, machineRange)) {
+      return `invalid_request: network allow entry ${e.text} lies in the machine range ${machineRange}, which the platform deny list always refuses (machines never reach each other); remove it`;
+    }
+  }
   return null;
 }
 

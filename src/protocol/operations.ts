@@ -203,8 +203,15 @@ export const readinessEvidenceSchema = z.object({
     got: z.string(),
     ms: z.number(),
     ok: z.boolean(),
+    witness: z.string().optional(),
   })),
   pinned: z.record(z.string(), z.array(z.string())),
+  rules: z.object({
+    digest: z.string(),
+    namespaceDigest: z.string(),
+    lines: z.array(z.string()).optional(),
+    namespaceLines: z.array(z.string()).optional(),
+  }).optional(),
   error: z.string().optional(),
 });
 

@@ -73,7 +73,15 @@ export interface Provider {
   /** Creates machines of its own (cloud instances), so provisioning takes no slot on an enrolled host. */
   readonly selfPlaced?: boolean;
   run(op: OperationRequest): Promise<OperationOutcome>;
+  /**
+   * The lend-time check of a machine with a network policy: its live rules
+   * are the ones recorded with its readiness evidence (docs/network.md).
+   * Absent: the provider enforces no network policy.
+   */
+  checkNetwork?(machine: MachineRow): Promise<NetworkCheck>;
 }
+
+export type NetworkCheck = { ok: true; digest: string; reprobed: boolean } | { ok: false; why: string; diff: string[] };
 
 export interface Providers {
   get(name: string): Provider | undefined;

@@ -8,7 +8,7 @@ export interface BorrowRow {
   machine_id: string;
   principal: string;
   token_hash: string;
-  state: "active" | "returned" | "abandoned" | "expired";
+  state: "active" | "returned" | "abandoned" | "expired" | "withdrawn";
   generation: number;
   created_at: number;
   heartbeat_deadline: number;

@@ -14,6 +14,7 @@ import { HOST_IDENTITY_MIGRATION } from "./host-identity.js";
 import { IMAGES_MIGRATION } from "./images.js";
 import { HOST_REMOVAL_MIGRATION } from "./host-removal.js";
 import { HOST_STANDING_MIGRATION } from "./host-standing.js";
+import { AUDIT_DETAIL_MIGRATION } from "./audit.js";
 
 export const MIGRATIONS: readonly Migration[] = [
   {
@@ -188,4 +189,5 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
   IMAGES_MIGRATION,
   HOST_REMOVAL_MIGRATION,
   HOST_STANDING_MIGRATION,
+  AUDIT_DETAIL_MIGRATION,
 ];

@@ -74,18 +74,32 @@ describe("network policy", () => {
     assert.ok(text.startsWith("table inet berth_ab_cd {}\ndelete table inet berth_ab_cd\n"), "reloading is one atomic replace");
   });
 
-  it("probe plan: permit target from the allow list, metadata, agent and coordinator ports, resolvers", () => {
+  it("probe plan: permit target from the allow list, metadata, the canary, agent listeners where they listen, coordinator, resolvers", () => {
     const policy = makePolicy("egress", ["pkg.example:443"], ["10.0.0.53"]);
     const plan = probePlan({
-      policy, resolved: { "pkg.example": ["198.51.100.7"] }, gatewayIp: "10.213.0.1", agentPorts: [{ port: 7400, why: "agent API" }],
+      policy, resolved: { "pkg.example": ["198.51.100.7"] }, gatewayIp: "10.213.0.1", canaryPort: 40001,
+      agentPorts: [{ host: "0.0.0.0", port: 7400, why: "agent API" }, { host: "192.0.2.77", port: 7422, why: "agent SSH gateway" }, { host: "127.0.0.1", port: 7500, why: "loopback only" }],
       coordinator: [{ ip: "192.0.2.10", port: 7300 }], settings: { deny: [{ host: "198.51.100.7", port: 443, why: "x" }], refusedResolvers: ["10.0.0.53", "10.255.255.53"] },
       machineRange: "10.213.0.0/16",
     });
     const t = plan.map((x) => `${x.kind} ${x.host}:${x.port}`);
     assert.deepEqual(t, [
-      "permit 198.51.100.7:443", "deny 169.254.169.254:80", "deny 10.213.0.1:7400", "deny 192.0.2.10:7300",
+      "permit 198.51.100.7:443", "deny 169.254.169.254:80", "deny 10.213.0.1:40001", "deny 10.213.0.1:7400", "deny 192.0.2.77:7422", "deny 192.0.2.10:7300",
       "dns-answer 10.0.0.53:53", "dns-refused 10.255.255.53:53", "pinned pkg.example:0",
-    ], "a deny target the policy permits and an allowed resolver are not probed as refused");
+    ], "a wildcard listener is probed at the gateway, a bound one at its address, a loopback one not at all; a deny target the policy permits and an allowed resolver are not probed as refused");
+  });
+
+  it("probe plan: the permit check never aims at a port the deny list always refuses", () => {
+    const policy = makePolicy("egress", ["198.51.100.9:20-30", "203.0.113.5:443"]);
+    const plan = probePlan({
+      policy, resolved: {}, gatewayIp: "10.213.0.1", canaryPort: null, agentPorts: [], coordinator: [], settings: {}, machineRange: "10.213.0.0/16",
+    });
+    assert.deepEqual(plan.filter((x) => x.kind === "permit").map((x) => `${x.host}:${x.port}`), ["198.51.100.9:20"], "the range's first port that is open");
+    const smtpOnly = probePlan({
+      policy: makePolicy("egress", ["198.51.100.9:465"]), resolved: {}, gatewayIp: "10.213.0.1", canaryPort: null, agentPorts: [], coordinator: [],
+      settings: { permit: { host: "203.0.113.8", port: 80 } }, machineRange: "10.213.0.0/16",
+    });
+    assert.deepEqual(smtpOnly.filter((x) => x.kind === "permit").map((x) => `${x.host}:${x.port}`), ["203.0.113.8:80"], "not the SMTP port: the configured target");
   });
 
   it("readiness verdict: ready only with passing evidence for the machine's policy and generation", () => {

@@ -26,6 +26,7 @@ const STATUS: Record<ErrorCode, number> = {
   host_switching: 409,
   host_withdrawn: 409,
   image_invalid: 422,
+  network_tampered: 409,
   image_unavailable: 502,
   image_too_large: 413,
   sftp_unavailable: 422,

@@ -10,7 +10,10 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, type ChildProcess } from "node:child_process";
-import { join } from "node:path";
+import { join, resolve } from "node:path";
+import { createHash } from "node:crypto";
+import { execFileSync } from "node:child_process";
+import { existsSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { Cluster, berthSync, startProcess } from "../helpers/cluster.js";
 import { connect, execStreaming } from "../../src/cli/ssh-client.js";
 import { networkAvailability } from "../../src/agent/network/host.js";
@@ -75,8 +78,27 @@ describe("network policy end to end", { skip: avail.ok ? false : `network polici
   });
   after(async () => {
     extra?.kill("SIGKILL");
+    const tag = createHash("sha256").update(resolve(c.agentDir)).digest("hex").slice(0, 4);
     await c.close();
     await target.close();
+    // Whatever a machine still being made when the agent stopped left: every object named with this agent's tag.
+    const quiet = (args: string[]): void => {
+      try {
+        execFileSync(args[0]!, args.slice(1), { stdio: "ignore" });
+      } catch {
+        /* gone */
+      }
+    };
+    for (const l of readdirSync("/sys/class/net")) if (l.startsWith(`bm${tag}`)) quiet(["ip", "link", "del", l]);
+    for (const line of execFileSync("nft", ["list", "tables"], { encoding: "utf8" }).split("\n")) {
+      const t = /^table inet (berth_(\w+)_\w+)$/.exec(line.trim());
+      if (t && t[2] === tag) quiet(["nft", "delete", "table", "inet", t[1]!]);
+    }
+    for (const ns of existsSync("/run/netns") ? readdirSync("/run/netns") : []) if (ns.startsWith(`berth-${tag}-`)) quiet(["ip", "netns", "del", ns]);
+    const leases = "/run/berth/net-leases";
+    for (const f of existsSync(leases) ? readdirSync(leases) : []) {
+      if (readFileSync(join(leases, f), "utf8").includes(JSON.stringify(resolve(c.agentDir)))) rmSync(join(leases, f), { force: true });
+    }
   });
 
   test("borrower reaches the allowed target only; evidence per generation; a policy change rotates machines; pool show and metrics", async () => {
@@ -158,5 +180,63 @@ describe("network policy end to end", { skip: avail.ok ? false : `network polici
     const p = await c.api.call<PoolShow>("GET", "/v1/pools/flaky");
     const rec = p.networks.find((m) => m.id === b.machine.id);
     if (rec) assert.equal(rec.evidence?.result, "fail");
+  });
+  test("rules deleted while a machine waits: it is never lent; quarantined with what changed in its timeline", async () => {
+    // The agent's slots go to this pool (the pools of the tests before are drained).
+    for (const p of ["net", "flaky"]) await c.api.call("POST", `/v1/pools/${p}/drain`, { force: true }).catch(() => undefined);
+    await ensure(c, "tamper", [`${target.ip}:${target.allowedPort}`]);
+    const ready = await c.waitFor("a ready machine", async () => {
+      const p = await c.api.call<PoolShow>("GET", "/v1/pools/tamper");
+      return p.networks.find((m) => m.state === "ready" && m.evidence?.result === "pass") ?? null;
+    }, 90_000);
+    // The machine's table, named as the agent names it (src/agent/network/manager.ts).
+    const stateDir = resolve(c.agentDir);
+    const hex = (s: string, n: number): string => createHash("sha256").update(s).digest("hex").slice(0, n);
+    const table = `berth_${hex(stateDir, 4)}_${hex(`${stateDir}\0${ready.id}`, 8)}`;
+    execFileSync("nft", ["delete", "table", "inet", table]);
+    let lent: Borrow | null = null;
+    try {
+      lent = await c.api.call<Borrow>("POST", "/v1/pools/tamper/borrow", {});
+    } catch (e) {
+      assert.match(String(e), /pool_exhausted/, "no other machine: the borrow is refused, not answered with the tampered one");
+    }
+    assert.notEqual(lent?.machine.id, ready.id, "the machine whose rules were deleted is never lent");
+    const gone = await c.waitFor("the tampered machine quarantined", async () => {
+      const m = (await c.machines()).find((x) => x.id === ready.id)!;
+      return ["quarantined", "destroying", "destroyed"].includes(m.state) ? m : null;
+    }, 60_000);
+    assert.ok(gone);
+    const { SqliteStore } = await import("../../src/store/sqlite/sqlite-store.js");
+    const s = new SqliteStore({ path: join(c.coordDir, "berth.db") });
+    try {
+      const trail = await s.transaction((tx) => tx.all<{ event: string; to_state: string; detail: string | null }>("SELECT event, to_state, detail FROM audit WHERE machine_id = ? ORDER BY seq", [ready.id]));
+      const q = trail.find((t) => t.event === "quarantine");
+      assert.ok(q, JSON.stringify(trail));
+      assert.match(q.detail ?? "", /lend-time check: network rules not as recorded: .*table .* is gone/);
+      const borrows = await s.transaction((tx) => tx.all<{ state: string; reason: string }>("SELECT state, reason FROM borrows WHERE machine_id = ?", [ready.id]));
+      assert.deepEqual(borrows.map((b) => b.state), ["withdrawn"], "the borrow that took it was withdrawn before any answer");
+    } finally {
+      await s.close();
+    }
+    if (lent) await c.api.call("POST", `/v1/borrows/${lent.borrowId}/return`, { token: lent.borrowToken });
+  });
+
+  test("allow lists are validated where they are written: entries the deny list always wins over are refused, 0.0.0.0/0 is accepted", async () => {
+    const refused = async (allow: string[], why: RegExp): Promise<void> => {
+      await assert.rejects(ensure(c, "allowcheck", allow), (e: Error) => {
+        assert.match(String(e.message), /invalid_request/);
+        assert.match(String(e.message), why);
+        return true;
+      });
+    };
+    await refused([`${target.ip}:25`], /opens only SMTP/);
+    await refused(["203.0.113.7:587"], /opens only SMTP/);
+    await refused(["10.213.0.5:80"], /lies in the machine range 10\.213\.0\.0\/16/);
+    await refused(["169.254.169.254:80"], /platform deny list/);
+    await refused(["127.0.0.1:80"], /platform deny list/);
+    // All public addresses (private ranges stay refused): the agent provisions it and the probe passes.
+    await c.api.call("POST", "/v1/pools/tamper/drain", { force: true }).catch(() => undefined);
+    await ensure(c, "allowcheck", ["0.0.0.0/0"]);
+    await c.waitFor("a ready machine of 0.0.0.0/0", async () => (await c.readyCount("allowcheck")) >= 1, 90_000);
   });
 });

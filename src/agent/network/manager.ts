@@ -22,10 +22,11 @@
 import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, rmSync, unlinkSync, writeFileSync, writeSync } from "node:fs";
 import { lookup } from "node:dns/promises";
 import { createHash } from "node:crypto";
+import { createServer, type Server } from "node:net";
 import { join, resolve as resolvePath } from "node:path";
 import { BerthError } from "../../core/errors.js";
-import { cidrRange, intToIp, parseAllowEntry, policyFingerprint, allowOverlaps, type NetworkPolicy } from "../../core/network-policy.js";
-import type { ReadinessEvidence } from "../../core/network-evidence.js";
+import { cidrRange, intToIp, parseAllowEntry, policyFingerprint, allowOverlaps, DEFAULT_MACHINE_RANGE, type NetworkPolicy } from "../../core/network-policy.js";
+import { linesDiff, type ReadinessEvidence, type RulesWitness } from "../../core/network-evidence.js";
 import type { AgentLog } from "../log.js";
 import { errorMessage } from "../log.js";
 import type { Runtime } from "../runtime/types.js";
@@ -33,9 +34,10 @@ import { KeyedLock } from "../keyed-lock.js";
 import { cmd, ifindex, listLinks, listNetns, listTables, must, netnsInode } from "./host.js";
 import { machineRuleset } from "./ruleset.js";
 import type { NetRecord, NetworkTable } from "../store/networks.js";
-import { checksFromReport, evidenceOf, probePlan, runInside, type ProbeSettings } from "./probe.js";
+import { checksFromSteps, evidenceOf, probePlan, runInside, type ProbeSettings } from "./probe.js";
+import { NftSession } from "./nft-session.js";
 
-export const DEFAULT_MACHINE_RANGE = "10.213.0.0/16";
+export { DEFAULT_MACHINE_RANGE };
 export const DEFAULT_LEASE_DIR = "/run/berth/net-leases";
 
 export interface NetworkOptions {
@@ -56,8 +58,8 @@ export interface NetworkDeps {
   stateDir: string;
   log: AgentLog;
   now: () => number;
-  /** The agent's own ports (API, SSH gateway), refused from inside and probed. */
-  agentPorts: () => Array<{ port: number; why: string }>;
+  /** The agent's own listeners (API, SSH gateway): bound address and port, refused from inside and probed. */
+  agentPorts: () => Array<{ host: string; port: number; why: string }>;
   /** The coordinator's address:port pairs, refused from inside and probed. */
   coordinator: () => Array<{ ip: string; port: number }>;
 }
@@ -70,11 +72,30 @@ export interface SweepReport {
   leases: number;
 }
 
+/** The outcome of comparing a machine's live rules with the recorded ones. */
+export type RulesVerdict =
+  | { ok: true; digest: string; evidenceAt: number | null }
+  | { ok: false; why: string; diff: string[] };
+
 export interface NetworkCounters {
   setUp: number;
   tornDown: number;
   probes: { pass: number; fail: number };
+  /** Comparisons of live rules with the recorded ones (lend checks, returns, the periodic check, recovery). */
+  checks: { match: number; mismatch: number };
   stale: SweepReport;
+}
+
+function digestOf(lines: readonly string[]): string {
+  return "sha256:" + createHash("sha256").update(lines.join("\n")).digest("hex");
+}
+
+/** The refusal of a machine whose rules are not the recorded ones: what changed, for the audit timeline. */
+export function tampered(machineId: string, v: Extract<RulesVerdict, { ok: false }>): BerthError {
+  return new BerthError(
+    "network_tampered",
+    `network_tampered: the network rules of machine ${machineId} are not the ones recorded with its evidence: ${v.why}${v.diff.length > 0 ? `; diff: ${v.diff.join(" | ")}` : ""}; the machine is not lent again (quarantine and destroy it)`,
+  );
 }
 
 function hex(s: string, n: number): string {
@@ -85,7 +106,7 @@ export class MachineNetworks {
   readonly store: NetworkTable;
   readonly tag: string;
   readonly range: string;
-  readonly counters: NetworkCounters = { setUp: 0, tornDown: 0, probes: { pass: 0, fail: 0 }, stale: { records: 0, netns: 0, links: 0, tables: 0, leases: 0 } };
+  readonly counters: NetworkCounters = { setUp: 0, tornDown: 0, probes: { pass: 0, fail: 0 }, checks: { match: 0, mismatch: 0 }, stale: { records: 0, netns: 0, links: 0, tables: 0, leases: 0 } };
   readonly #deps: NetworkDeps;
   readonly #opts: NetworkOptions;
   readonly #stateDir: string;
@@ -94,6 +115,8 @@ export class MachineNetworks {
   readonly #rangeFirst: number;
   readonly #slots: number;
   readonly #lock = new KeyedLock();
+  readonly #nft = new NftSession();
+  #canary: Promise<{ server: Server; port: number }> | null = null;
 
   constructor(deps: NetworkDeps, opts: NetworkOptions = {}) {
     this.#deps = deps;
@@ -133,7 +156,7 @@ export class MachineNetworks {
   async #setUp(machineId: string, policy: NetworkPolicy): Promise<NetRecord> {
     if (policy.mode !== "egress") throw new Error("setUp needs an egress policy");
     const overlap = allowOverlaps(policy, this.range);
-    if (overlap) throw new BerthError("invalid_request", `invalid_request: allow entry ${overlap} overlaps the machine range ${this.range}; machines never reach each other`);
+    if (overlap) throw new BerthError("invalid_request", `invalid_request: allow entry ${overlap} lies in the machine range ${this.range} of this host, which is always refused (machines never reach each other)`);
     const fingerprint = policyFingerprint(policy);
     const now = this.#deps.now();
     let rec = this.store.get(machineId);
@@ -146,7 +169,7 @@ export class MachineNetworks {
     if (!rec) {
       rec = {
         machineId, state: "intent", policy, fingerprint, slot: null, ...names, netnsInode: null, hostIfindex: null, nftHandle: null,
-        resolved: {}, evidence: null, createdAt: now, updatedAt: now,
+        resolved: {}, evidence: null, rules: null, createdAt: now, updatedAt: now,
       };
       this.store.put(rec); // intent, before anything exists
     }
@@ -171,6 +194,7 @@ export class MachineNetworks {
     const handle = (await listTables()).get(names.table) ?? null;
     const up: NetRecord = {
       ...rec, state: "up", resolved, netnsInode: netnsInode(names.netns), hostIfindex: ifindex(names.hostIf), nftHandle: handle, updatedAt: this.#deps.now(),
+      rules: await this.#readBack(names.table, names.netns),
     };
     if (up.netnsInode === null || up.hostIfindex === null || up.nftHandle === null) {
       throw new BerthError("operation_failed", `operation_failed: the network of machine ${machineId} is not complete after set-up`);
@@ -320,34 +344,159 @@ export class MachineNetworks {
     return new BerthError("operation_failed", `operation_failed: the network of machine ${machineId} does not match its record (${what}); it is left untouched; quarantine the machine`);
   }
 
-  /** Loads the machine's rules again (after a return: whatever happened since, the rules are exactly the policy's). */
+  /**
+   * Loads the machine's rules again (after a return) — only once they were
+   * found exactly as recorded: rules changed while the machine was lent are
+   * the borrower's evidence, reported (`network_tampered`), never silently
+   * repaired.
+   */
   reapply(machineId: string): Promise<void> {
     return this.#lock.run(machineId, async () => {
       const rec = this.store.get(machineId);
       if (!rec || rec.state !== "up" || rec.slot === null) throw new BerthError("operation_failed", `operation_failed: machine ${machineId} has no network set up`);
-      if (!this.#matches(rec)) throw this.#foreign(machineId, "namespace or veth changed");
+      const v = await this.#verify(rec, true);
+      if (!v.ok) throw tampered(machineId, v);
       await must("nft", ["-f", "-"], `reloading nftables table ${rec.table}`, this.#ruleset(rec, this.addresses(rec.slot).guest, rec.resolved));
       const handle = (await listTables()).get(rec.table) ?? null;
-      this.store.put({ ...rec, nftHandle: handle, updatedAt: this.#deps.now() });
+      this.store.put({ ...rec, nftHandle: handle, rules: await this.#readBack(rec.table, rec.netns), updatedAt: this.#deps.now() });
     });
   }
 
-  /** Probes from inside the machine; records and returns the evidence (never throws for a failed probe). */
+  // ---- the rules as they are ----------------------------------------------
+
+  /** The machine's table read back from the kernel: normalised lines (handles kept, packet counts zeroed) and the refuse chain's packet count. */
+  async #liveTable(table: string): Promise<{ lines: string[]; refused: number | null } | null> {
+    let parsed: unknown;
+    try {
+      parsed = await this.#nft.ask(`list table inet ${table}`);
+    } catch {
+      return null;
+    }
+    const items = ((parsed as { nftables?: unknown[] }).nftables ?? []) as Array<Record<string, Record<string, unknown>>>;
+    const lines: string[] = [];
+    let refused: number | null = null;
+    for (const item of items) {
+      const [kind, body] = Object.entries(item)[0] ?? [];
+      if (!kind || !body || kind === "metainfo") continue;
+      if (kind === "rule" && body.chain === "refuse" && refused === null) {
+        for (const x of (body.expr as Array<Record<string, { packets?: number }>>) ?? []) if (x.counter && typeof x.counter.packets === "number") refused = x.counter.packets;
+      }
+      lines.push(`${kind} ${JSON.stringify(body, (k, v: unknown) => (k === "counter" ? "counter" : v))}`);
+    }
+    return { lines, refused };
+  }
+
+  async #liveNamespace(netns: string): Promise<string[]> {
+    const r = await cmd("ip", ["-n", netns, "-j", "-b", "-"], "addr show\nroute show\n");
+    if (r.code !== 0) return [`unreadable: ${r.stderr.trim().slice(0, 200)}`];
+    const out: string[] = [];
+    for (const chunk of r.stdout.split("\n").filter((l) => l.trim().startsWith("["))) {
+      for (const o of JSON.parse(chunk) as Array<Record<string, unknown>>) {
+        if ("addr_info" in o) {
+          out.push(`link ${String(o.ifname)} ${JSON.stringify(o.flags)}`);
+          for (const a of (o.addr_info as Array<Record<string, unknown>>) ?? []) out.push(`addr ${String(o.ifname)} ${String(a.family)} ${String(a.local)}/${String(a.prefixlen)}`);
+        } else {
+          out.push(`route ${String(o.dst)} via ${String(o.gateway ?? "-")} dev ${String(o.dev)} ${String(o.protocol ?? "")} ${String(o.scope ?? "")}`);
+        }
+      }
+    }
+    return out;
+  }
+
+  async #readBack(table: string, netns: string): Promise<RulesWitness> {
+    const t = await this.#liveTable(table);
+    if (!t) throw new BerthError("operation_failed", `operation_failed: nftables table ${table} could not be read back after loading it`);
+    const ns = await this.#liveNamespace(netns);
+    return { digest: digestOf(t.lines), namespaceDigest: digestOf(ns), lines: t.lines, namespaceLines: ns };
+  }
+
+  async #verify(rec: NetRecord, namespace: boolean): Promise<RulesVerdict> {
+    const v = await this.#compare(rec, namespace);
+    this.counters.checks[v.ok ? "match" : "mismatch"]++;
+    return v;
+  }
+
+  async #compare(rec: NetRecord, namespace: boolean): Promise<RulesVerdict> {
+    if (rec.state !== "up") return { ok: false, why: `the network of machine ${rec.machineId} is ${rec.state}, not up`, diff: [] };
+    if (!rec.rules) return { ok: false, why: `no rules were recorded for machine ${rec.machineId}'s network`, diff: [] };
+    const ino = netnsInode(rec.netns);
+    if (ino !== rec.netnsInode) return { ok: false, why: `namespace ${rec.netns} is ${ino === null ? "gone" : `inode ${ino}`}, recorded inode ${rec.netnsInode}`, diff: [] };
+    const idx = ifindex(rec.hostIf);
+    if (idx !== rec.hostIfindex) return { ok: false, why: `veth ${rec.hostIf} is ${idx === null ? "gone" : `ifindex ${idx}`}, recorded ${rec.hostIfindex}`, diff: [] };
+    const live = await this.#liveTable(rec.table);
+    if (!live) return { ok: false, why: `nftables table ${rec.table} is gone`, diff: (rec.rules.lines ?? []).slice(0, 5).map((l) => `- ${l}`) };
+    const digest = digestOf(live.lines);
+    if (digest !== rec.rules.digest) return { ok: false, why: `the rules of table ${rec.table} changed (${rec.rules.digest.slice(0, 19)} recorded, ${digest.slice(0, 19)} now)`, diff: linesDiff(rec.rules.lines ?? [], live.lines) };
+    if (namespace) {
+      const ns = await this.#liveNamespace(rec.netns);
+      if (digestOf(ns) !== rec.rules.namespaceDigest) return { ok: false, why: `the addresses or routes of namespace ${rec.netns} changed`, diff: linesDiff(rec.rules.namespaceLines ?? [], ns) };
+    }
+    return { ok: true, digest, evidenceAt: rec.evidence?.at ?? null };
+  }
+
+  /**
+   * Compares the machine's live rules with the recorded ones (table always;
+   * the namespace's addresses and routes too when `namespace`). Never changes
+   * anything; serialised with set-up, reload and removal of the machine's network.
+   */
+  verify(machineId: string, opts: { namespace?: boolean } = {}): Promise<RulesVerdict> {
+    return this.#lock.run(machineId, async () => {
+      const rec = this.store.get(machineId);
+      if (!rec) return { ok: false as const, why: `machine ${machineId} has no network record`, diff: [] };
+      return this.#verify(rec, opts.namespace ?? false);
+    });
+  }
+
+  /** The agent's canary listener on every host address (started once): refused from inside, so a refusal is told apart from "nothing listens". */
+  canaryPort(): Promise<number> {
+    this.#canary ??= new Promise((resolve, reject) => {
+      const server = createServer((s) => s.destroy());
+      server.once("error", reject);
+      server.listen(0, "0.0.0.0", () => {
+        server.unref();
+        resolve({ server, port: (server.address() as { port: number }).port });
+      });
+    });
+    return this.#canary.then((c) => c.port);
+  }
+
+  /** Stops the canary and the nft session (agent shutdown). */
+  async close(): Promise<void> {
+    this.#nft.close();
+    const c = this.#canary;
+    this.#canary = null;
+    if (c) await c.then((x) => new Promise<void>((r) => x.server.close(() => r()))).catch(() => undefined);
+  }
+
+  /**
+   * Probes from inside the machine; records and returns the evidence (never
+   * throws for a failed probe). The rules are compared with the recorded ones
+   * before the checks and read again after them: evidence passes only for
+   * rules that were in force, unchanged, for the whole probe, and each
+   * refusal check carries the refuse chain's count as its witness.
+   */
   async probe(machineId: string, runtime: Runtime, generation: number): Promise<ReadinessEvidence> {
     const rec = this.store.get(machineId);
     if (!rec || rec.slot === null) throw new BerthError("operation_failed", `operation_failed: machine ${machineId} has no network set up`);
     const startedAt = this.#deps.now();
     const plan = probePlan({
       policy: rec.policy, resolved: rec.resolved, gatewayIp: this.addresses(rec.slot).host, agentPorts: this.#deps.agentPorts(),
-      coordinator: this.#deps.coordinator(), settings: this.#opts.probe ?? {}, machineRange: this.range,
+      canaryPort: await this.canaryPort(), coordinator: this.#deps.coordinator(), settings: this.#opts.probe ?? {}, machineRange: this.range,
     });
     const incarnation = await runtime.incarnation(machineId);
+    const meta = { fingerprint: rec.fingerprint, generation, incarnation, startedAt, pinned: rec.resolved };
     let evidence: ReadinessEvidence;
     try {
-      const out = await runInside(runtime, machineId, plan, this.#opts.probe?.dnsName ?? Object.keys(rec.resolved)[0] ?? "berth-probe.invalid", process.execPath);
-      evidence = evidenceOf(checksFromReport(plan, out), { fingerprint: rec.fingerprint, generation, incarnation, startedAt, now: this.#deps.now(), pinned: rec.resolved });
+      const before = await this.verify(machineId, { namespace: true });
+      if (!before.ok) throw new Error(`the rules are not the recorded ones: ${before.why}${before.diff.length > 0 ? `: ${before.diff.join("; ")}` : ""}`);
+      const counter = async (): Promise<number | null> => (await this.#liveTable(rec.table))?.refused ?? null;
+      const steps = await runInside(runtime, machineId, plan, this.#opts.probe?.dnsName ?? Object.keys(rec.resolved)[0] ?? "berth-probe.invalid", process.execPath, counter);
+      const after = await this.verify(machineId);
+      if (!after.ok) throw new Error(`the rules changed during the probe: ${after.why}`);
+      const { lines: _l, namespaceLines: _n, ...witness } = this.store.get(machineId)?.rules ?? (rec.rules as RulesWitness);
+      evidence = evidenceOf(checksFromSteps(plan, steps), { ...meta, now: this.#deps.now(), rules: witness });
     } catch (e) {
-      evidence = evidenceOf([], { fingerprint: rec.fingerprint, generation, incarnation, startedAt, now: this.#deps.now(), pinned: rec.resolved, error: errorMessage(e) });
+      evidence = evidenceOf([], { ...meta, now: this.#deps.now(), error: errorMessage(e) });
     }
     this.counters.probes[evidence.result]++;
     this.store.put({ ...(this.store.get(machineId) ?? rec), evidence, updatedAt: this.#deps.now() });

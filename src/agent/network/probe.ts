@@ -6,16 +6,23 @@
  *
  * Checks:
  *   permit       TCP connect to the policy's probe target (the first allow
- *                entry with a port, or the agent's --network-probe-permit) answers
- *   deny         TCP connects are refused (reset / ICMP), not dropped: the cloud
- *                metadata address, the host (agent API and SSH gateway ports on
- *                the machine's gateway address), the coordinator, extra targets
+ *                entry with a port the deny list leaves open, or the agent's
+ *                configured permit target) answers; none without one
+ *   deny         TCP connects are refused by the machine's own rules: the client
+ *                sees a reset or ICMP admin-prohibited AND the table's refuse
+ *                chain counts the packet during that check (its witness). Targets:
+ *                the cloud metadata address, the agent's canary listener on the
+ *                host, the agent's API and SSH gateway where they listen (a
+ *                listener bound to loopback cannot be routed to and is not
+ *                probed), the coordinator, extra targets
  *   dns-answer   each allowed resolver answers a UDP query
- *   dns-refused  a resolver the policy does not allow is refused
+ *   dns-refused  a resolver the policy does not allow is refused (with its witness)
  *   pinned       each pinned name resolves (hosts file) to its pinned addresses
+ * The program runs one check per line it reads on stdin, so the host reads
+ * the counter between checks.
  */
 import { METADATA_ADDRESS, parseAllowEntry, permitsTcp, type NetworkPolicy } from "../../core/network-policy.js";
-import type { ProbeCheck, ReadinessEvidence } from "../../core/network-evidence.js";
+import type { ProbeCheck, ReadinessEvidence, RulesWitness } from "../../core/network-evidence.js";
 import type { Runtime } from "../runtime/types.js";
 
 export interface ProbeTarget {
@@ -43,8 +50,10 @@ export interface PlanInput {
   resolved: Record<string, string[]>;
   /** The machine's gateway: the host's end of its veth. */
   gatewayIp: string;
-  /** Ports of the agent on this host (API, SSH gateway). */
-  agentPorts: Array<{ port: number; why: string }>;
+  /** The agent's listeners on this host (API, SSH gateway): the address each is bound to and its port. */
+  agentPorts: Array<{ host: string; port: number; why: string }>;
+  /** The agent's canary: a listener on every host address, so a refusal of it is told apart from "nothing listening". */
+  canaryPort: number | null;
   /** Coordinator address:port pairs. */
   coordinator: Array<{ ip: string; port: number }>;
   settings: ProbeSettings;
@@ -55,14 +64,26 @@ export function probePlan(i: PlanInput): ProbeTarget[] {
   const p = i.policy;
   if (p.mode !== "egress") return [];
   const out: ProbeTarget[] = [];
-  const withPort = p.allow.map(parseAllowEntry).find((e) => e.ports !== null);
-  if (withPort && withPort.ports) {
-    const host = withPort.cidr !== null ? (withPort.cidr.includes("/") ? null : withPort.cidr) : (i.resolved[withPort.name as string]?.[0] ?? null);
-    if (host !== null) out.push({ kind: "permit", host, port: withPort.ports[0], why: `allow entry ${withPort.text}` });
+  // The permit target: an allow entry with a port that the deny list leaves open (never one the platform
+  // always refuses, e.g. SMTP), or the operator's configured target; else no permit check.
+  for (const e of p.allow.map(parseAllowEntry)) {
+    if (e.ports === null) continue;
+    const host = e.cidr !== null ? (e.cidr.includes("/") ? null : e.cidr) : (i.resolved[e.name as string]?.[0] ?? null);
+    if (host === null) continue;
+    const port = [e.ports[0], e.ports[1]].find((x) => permitsTcp(p, host, x, i.resolved, [i.machineRange]));
+    if (port === undefined) continue;
+    out.push({ kind: "permit", host, port, why: `allow entry ${e.text}` });
+    break;
   }
   if (!out.some((t) => t.kind === "permit") && i.settings.permit) out.push({ kind: "permit", host: i.settings.permit.host, port: i.settings.permit.port, why: "configured permit target" });
   out.push({ kind: "deny", host: METADATA_ADDRESS, port: 80, why: "cloud metadata" });
-  for (const a of i.agentPorts) out.push({ kind: "deny", host: i.gatewayIp, port: a.port, why: a.why });
+  if (i.canaryPort !== null) out.push({ kind: "deny", host: i.gatewayIp, port: i.canaryPort, why: "the agent's canary listener (host)" });
+  for (const a of i.agentPorts) {
+    // A listener on a loopback address cannot be reached from a machine's namespace by routing: nothing to probe.
+    if (a.host.startsWith("127.") || a.host === "::1" || a.host === "localhost") continue;
+    const wildcard = a.host === "0.0.0.0" || a.host === "::" || a.host === "";
+    out.push({ kind: "deny", host: wildcard ? i.gatewayIp : a.host, port: a.port, why: a.why });
+  }
   for (const c of i.coordinator) out.push({ kind: "deny", host: c.ip, port: c.port, why: "coordinator" });
   for (const d of i.settings.deny ?? []) {
     if (!permitsTcp(p, d.host, d.port, i.resolved, [i.machineRange])) out.push({ kind: "deny", host: d.host, port: d.port, why: d.why });
@@ -96,72 +117,156 @@ function udp(t) { return new Promise((res) => { const t0 = process.hrtime.bigint
   s.connect(t.port, t.host, (err) => { if (err) return fin("error:" + err.code); s.send(query(), (e2) => { if (e2) fin(e2.code === "ECONNREFUSED" ? "refused" : (e2.code === "EHOSTUNREACH" || e2.code === "ENETUNREACH" || e2.code === "EPERM") ? "unreachable" : "error:" + e2.code); }); }); }); }
 function pinned(t) { return new Promise((res) => { const t0 = Date.now(); dns.lookup(t.host, { all: true, family: 4 }, (e, addrs) => {
   res({ got: e ? "error:" + e.code : "resolved:" + addrs.map((a) => a.address).sort().join(","), ms: Date.now() - t0 }); }); }); }
-(async () => { for (const t of plan) { const r = t.kind === "pinned" ? await pinned(t) : t.kind.startsWith("dns") ? await udp(t) : await tcp(t);
-  process.stdout.write(JSON.stringify({ ...t, ...r }) + "\n"); } })();
+const rl = require("readline").createInterface({ input: process.stdin });
+rl.on("line", async (line) => { const i = Number(line); const t = plan[i]; if (!t) return;
+  const r = t.kind === "pinned" ? await pinned(t) : t.kind.startsWith("dns") ? await udp(t) : await tcp(t);
+  process.stdout.write(JSON.stringify({ ...t, ...r, i }) + "\n"); });
+rl.on("close", () => process.exit(0));
 `;
 
-function judge(t: ProbeTarget, got: string): boolean {
+/** What a check saw, and for a refusal check the rule's own witness. */
+export interface StepReport {
+  got: string;
+  ms: number;
+  /** Packets the machine's refuse chain counted during this check (refusal checks); null: not read. */
+  refusals: number | null;
+}
+
+function isRefusal(t: ProbeTarget): boolean {
+  return t.kind === "deny" || t.kind === "dns-refused";
+}
+
+/**
+ * A refusal check passes only when the client saw a refusal (TCP reset or
+ * ICMP admin-prohibited) AND the machine's own refuse chain counted a packet
+ * during that check: a reset from a closed port, a missing table or a rule
+ * that let the packet through elsewhere all leave the counter where it was.
+ */
+function judge(t: ProbeTarget, r: StepReport): boolean {
   switch (t.kind) {
     case "permit":
-      return got === "open";
+      return r.got === "open";
     case "deny":
-      return got === "refused" || got === "unreachable";
-    case "dns-answer":
-      return got === "answered";
     case "dns-refused":
-      return got === "refused" || got === "unreachable";
+      return (r.got === "refused" || r.got === "unreachable") && r.refusals !== null && r.refusals >= 1;
+    case "dns-answer":
+      return r.got === "answered";
     case "pinned":
-      return got === `resolved:${[...(t.expect ?? [])].sort().join(",")}`;
+      return r.got === `resolved:${[...(t.expect ?? [])].sort().join(",")}`;
   }
 }
 
-/** Reads the program's report into checks; a target without a line fails. */
-export function checksFromReport(plan: ProbeTarget[], stdout: string): ProbeCheck[] {
-  const lines = new Map<string, { got: string; ms: number }>();
-  for (const line of stdout.split("\n")) {
-    try {
-      const o = JSON.parse(line) as { kind: string; host: string; port: number; got: string; ms: number };
-      lines.set(`${o.kind} ${o.host} ${o.port}`, { got: String(o.got), ms: Math.round(Number(o.ms) * 10) / 10 });
-    } catch {
-      /* not a report line */
-    }
-  }
-  return plan.map((t) => {
-    const r = lines.get(`${t.kind} ${t.host} ${t.port}`);
+/** Reads the steps' reports into checks; a target without a report fails. */
+export function checksFromSteps(plan: ProbeTarget[], steps: Array<StepReport | null>): ProbeCheck[] {
+  return plan.map((t, i) => {
+    const r = steps[i] ?? null;
     const target = t.kind === "pinned" ? t.host : `${t.host}:${t.port}`;
     if (!r) return { kind: t.kind, target, why: t.why, got: "no report", ms: 0, ok: false };
-    return { kind: t.kind, target, why: t.why, got: r.got, ms: r.ms, ok: judge(t, r.got) };
+    const witness = isRefusal(t) ? { witness: r.refusals === null ? "refuse counter unreadable" : `refuse counter +${r.refusals}` } : {};
+    return { kind: t.kind, target, why: t.why, got: r.got, ms: Math.round(r.ms * 10) / 10, ok: judge(t, r), ...witness };
   });
 }
 
-/** Runs the probe inside the machine through the runtime; resolves to its stdout (bounded wait). */
-export async function runInside(runtime: Runtime, machineId: string, plan: ProbeTarget[], dnsName: string, nodeBin: string, timeoutMs = 20_000): Promise<string> {
+/**
+ * Runs the probe inside the machine through the runtime, one check at a
+ * time: the refuse chain's counter is read before and after each refusal
+ * check (`refusals`), so each check carries its own witness. Bounded wait.
+ */
+export async function runInside(
+  runtime: Runtime, machineId: string, plan: ProbeTarget[], dnsName: string, nodeBin: string,
+  refuseCounter: () => Promise<number | null>, timeoutMs = 20_000,
+): Promise<Array<StepReport | null>> {
   const h = await runtime.exec(machineId, { argv: [nodeBin, "-e", PROBE_PROGRAM, JSON.stringify(plan), dnsName], env: {} });
-  h.stdin.end();
-  const chunks: Buffer[] = [];
-  const ended = new Promise<void>((r) => {
-    h.stdout.on("data", (c: Buffer) => chunks.push(Buffer.from(c)));
-    h.stdout.once("end", () => r());
-    h.stdout.once("close", () => r());
-  });
   h.stderr.resume();
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<"timeout">((r) => (timer = setTimeout(() => r("timeout"), timeoutMs)));
-  const done = await Promise.race([Promise.all([h.exited, ended]), timeout]);
-  clearTimeout(timer);
-  if (done === "timeout") {
+  let buf = "";
+  let waiting: ((line: string | null) => void) | null = null;
+  const lines: string[] = [];
+  let ended = false;
+  const deliver = (): void => {
+    if (!waiting) return;
+    const w = waiting;
+    if (lines.length > 0) {
+      waiting = null;
+      w(lines.shift() as string);
+    } else if (ended) {
+      waiting = null;
+      w(null);
+    }
+  };
+  h.stdout.on("data", (c: Buffer) => {
+    buf += c.toString("utf8");
+    let i: number;
+    while ((i = buf.indexOf("\n")) >= 0) {
+      lines.push(buf.slice(0, i));
+      buf = buf.slice(i + 1);
+    }
+    deliver();
+  });
+  const end = (): void => {
+    ended = true;
+    deliver();
+  };
+  h.stdout.once("end", end);
+  h.stdout.once("close", end);
+  const deadline = Date.now() + timeoutMs;
+  const next = (): Promise<string | null> =>
+    new Promise((resolve) => {
+      const timer = setTimeout(() => {
+        waiting = null;
+        resolve(null);
+      }, Math.max(0, deadline - Date.now()));
+      waiting = (l) => {
+        clearTimeout(timer);
+        resolve(l);
+      };
+      deliver();
+    });
+  const out: Array<StepReport | null> = [];
+  let timedOut = false;
+  try {
+    for (let i = 0; i < plan.length; i++) {
+      const t = plan[i] as ProbeTarget;
+      const before = isRefusal(t) ? await refuseCounter() : null;
+      h.stdin.write(`${i}\n`);
+      const line = await next();
+      if (line === null) {
+        timedOut = !ended;
+        break;
+      }
+      const after = isRefusal(t) ? await refuseCounter() : null;
+      let o: { got?: unknown; ms?: unknown; i?: unknown };
+      try {
+        o = JSON.parse(line) as typeof o;
+      } catch {
+        out.push(null);
+        continue;
+      }
+      if (Number(o.i) !== i) {
+        out.push(null);
+        continue;
+      }
+      out.push({ got: String(o.got), ms: Number(o.ms), refusals: before !== null && after !== null ? after - before : null });
+    }
+  } finally {
+    h.stdin.end();
+  }
+  if (timedOut) {
     await h.signalGroup("SIGKILL").catch(() => false);
     h.killClient("SIGKILL");
     throw new Error(`the network probe in machine ${machineId} did not finish within ${timeoutMs} ms`);
   }
-  return Buffer.concat(chunks).toString("utf8");
+  await Promise.race([h.exited, new Promise((r) => setTimeout(r, 2_000))]);
+  return out;
 }
 
 export function evidenceOf(
   checks: ProbeCheck[],
-  meta: { fingerprint: string; generation: number; incarnation: string | null; startedAt: number; now: number; pinned: Record<string, string[]>; error?: string },
+  meta: {
+    fingerprint: string; generation: number; incarnation: string | null; startedAt: number; now: number; pinned: Record<string, string[]>; error?: string;
+    rules?: RulesWitness;
+  },
 ): ReadinessEvidence {
-  const pass = meta.error === undefined && checks.length > 0 && checks.every((c) => c.ok) && checks.some((c) => c.kind === "deny");
+  const pass = meta.error === undefined && meta.rules !== undefined && checks.length > 0 && checks.every((c) => c.ok) && checks.some((c) => c.kind === "deny");
   return {
     result: pass ? "pass" : "fail",
     policyFingerprint: meta.fingerprint,
@@ -171,6 +276,7 @@ export function evidenceOf(
     durationMs: meta.now - meta.startedAt,
     checks,
     pinned: meta.pinned,
+    ...(meta.rules !== undefined ? { rules: meta.rules } : {}),
     ...(meta.error !== undefined ? { error: meta.error } : {}),
   };
 }

@@ -10,7 +10,8 @@ import type { NormalizedArgs, OperationKind, OperationResult, OperationResults }
 import type { SessionRegistry } from "../contracts.js";
 import type { AgentKeys } from "../keys.js";
 import { errorMessage, type AgentLog } from "../log.js";
-import type { MachineNetworks } from "../network/manager.js";
+import type { MachineNetworks, RulesVerdict } from "../network/manager.js";
+import type { LendCheck } from "../network/guard.js";
 import type { Runtime } from "../runtime/types.js";
 import type { MachineRecord } from "../store/machines.js";
 import type { AgentStore } from "../store/store.js";
@@ -28,6 +29,10 @@ export interface OperationDeps {
   sessions: SessionRegistry;
   /** Machine networks (network policy `egress`), or why this host cannot enforce one. */
   network: MachineNetworks | { unavailable: string };
+  /** The lend-time check of a machine's network (network/guard.ts); absent: no machine networks here. */
+  lendCheck?: (machineId: string) => Promise<LendCheck>;
+  /** Retires a machine whose network rules are not the recorded ones (network/guard.ts). */
+  retire?: (machineId: string, v: Extract<RulesVerdict, { ok: false }>) => void;
   /** Allocation workspace volumes (intent, identity, release). */
   volumes: Volumes;
   /** The image cache that pulls and unpacks the images machines boot (images/cache.ts); null: this runtime boots none. */

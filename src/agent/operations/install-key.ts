@@ -13,7 +13,8 @@ import { BerthError } from "../../core/errors.js";
 import type { InstallKeyResult } from "../../protocol/operations.js";
 import { supersededAt } from "../keys.js";
 import type { StoredKey } from "../store/keys.js";
-import { attachIfNeeded, commit, machineOf, type ArgsOf, type OpCall } from "./context.js";
+import { attachIfNeeded, commit, machineOf, networkOf, type ArgsOf, type OpCall } from "./context.js";
+import { tampered } from "../network/manager.js";
 
 export async function installKey(op: OpCall, a: ArgsOf<"install_key">): Promise<void> {
   const { deps } = op;
@@ -27,6 +28,11 @@ export async function installKey(op: OpCall, a: ArgsOf<"install_key">): Promise<
       "conflict",
       `conflict: the key of grant ${a.grantId} was already removed from machine ${op.machineId} at generation ${op.generation}; a removed key is never installed again`,
     );
+  }
+  // A portable grant is lent here: the machine's rules must be the recorded ones (network/guard.ts).
+  if (a.mode === "grant" && deps.lendCheck && networkOf(deps, op.machineId)) {
+    const c = await deps.lendCheck(op.machineId);
+    if (!c.ok) throw tampered(op.machineId, c);
   }
   attachIfNeeded(deps, op.machineId);
   const m = machineOf(deps, op.machineId);

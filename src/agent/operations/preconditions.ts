@@ -84,7 +84,8 @@ function machinePrecondition(env: Envelope, kind: OperationKind, m: MachineRecor
       if (kind === "destroy") return;
       throw new BerthError("conflict", `conflict: machine ${machineId} was destroyed; use a new machine id`);
     case "mismatch":
-      if (kind === "destroy" && m.mismatch?.startsWith("missing")) return;
+      // Nothing left to signal, or a machine retired because its network rules changed (its processes are its own): destroy may end it.
+      if (kind === "destroy" && (m.mismatch?.startsWith("missing") || m.mismatch?.startsWith("network:"))) return;
       throw new BerthError(
         "conflict",
         `conflict: machine ${machineId} does not match its record (${m.mismatch ?? "unknown"}); the agent will not touch it; an operator must inspect it`,

@@ -2,10 +2,14 @@
  * scrub: the machine's workspace is as new, after a fence. gVisor's scrub may
  * restart the sandbox (a new incarnation): the record takes what the
  * runtime's own record says now, so the next start recognises the machine.
- * A machine with a network has its rules put back exactly as its policy says
- * and probed from inside before it may be ready again.
+ * A machine with a network has its rules compared with the recorded ones
+ * first: rules changed during the lend are the borrower's evidence — the
+ * scrub fails with what changed (`network_tampered`; the coordinator
+ * quarantines), the machine is retired and nothing is repaired. Otherwise
+ * the rules are loaded again and probed from inside before it may be ready.
  */
 import type { ReadinessEvidence } from "../../core/network-evidence.js";
+import { BerthError } from "../../core/errors.js";
 import type { ScrubResult } from "../../protocol/operations.js";
 import { commit, machineOf, networkOf, type OpCall } from "./context.js";
 
@@ -21,7 +25,15 @@ export async function scrub(op: OpCall): Promise<void> {
   const net = networkOf(deps, op.machineId);
   let evidence: ReadinessEvidence | null = null;
   if (net) {
-    await net.reapply(op.machineId);
+    try {
+      await net.reapply(op.machineId);
+    } catch (e) {
+      if (e instanceof BerthError && e.code === "network_tampered") {
+        const v = await net.verify(op.machineId, { namespace: true });
+        if (!v.ok) deps.retire?.(op.machineId, v);
+      }
+      throw e;
+    }
     evidence = await net.probe(op.machineId, runtime, op.generation);
   }
   const result: ScrubResult = { incarnationBefore: m.incarnation, incarnation: seen.incarnation, scrubbed: true, ...(evidence ? { network: evidence } : {}) };

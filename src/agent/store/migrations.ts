@@ -147,6 +147,14 @@ export const AGENT_MIGRATIONS: Migration[] = [
       );
     `,
   },
+  {
+    // src/agent/store/networks.ts: the rules as loaded and read back (digests and lines), compared before every lend
+    version: 6,
+    name: "machine network rules witness",
+    sql: `
+      ALTER TABLE machine_networks ADD COLUMN rules TEXT;
+    `,
+  },
 ];
 
 /** Named migrations of the scheme before `schema_version` (adopted once, by version). */

@@ -7,7 +7,7 @@
  * proven gone; then the row is deleted.
  */
 import type { NetworkPolicy } from "../../core/network-policy.js";
-import type { ReadinessEvidence } from "../../core/network-evidence.js";
+import type { ReadinessEvidence, RulesWitness } from "../../core/network-evidence.js";
 import type { Statements } from "../../store/sqlite/statements.js";
 
 export type NetState = "intent" | "up" | "releasing";
@@ -26,6 +26,8 @@ export interface NetRecord {
   nftHandle: number | null;
   resolved: Record<string, string[]>;
   evidence: ReadinessEvidence | null;
+  /** The rules as last loaded by the agent and read back from the kernel (migration 6); null before. */
+  rules: RulesWitness | null;
   createdAt: number;
   updatedAt: number;
 }
@@ -44,6 +46,7 @@ interface Row {
   nft_handle: number | null;
   resolved: string | null;
   evidence: string | null;
+  rules: string | null;
   created_at: number;
   updated_at: number;
 }
@@ -63,6 +66,7 @@ function fromRow(r: Row): NetRecord {
     nftHandle: r.nft_handle,
     resolved: r.resolved ? (JSON.parse(r.resolved) as Record<string, string[]>) : {},
     evidence: r.evidence ? (JSON.parse(r.evidence) as ReadinessEvidence) : null,
+    rules: r.rules ? (JSON.parse(r.rules) as RulesWitness) : null,
     createdAt: r.created_at,
     updatedAt: r.updated_at,
   };
@@ -82,17 +86,18 @@ export class NetworkTable {
 
   put(n: NetRecord): void {
     this.q(
-      `INSERT INTO machine_networks (machine_id, state, policy, fingerprint, slot, netns, host_if, nft_table, netns_inode, host_ifindex, nft_handle, resolved, evidence, created_at, updated_at)
-       VALUES (@machineId, @state, @policy, @fingerprint, @slot, @netns, @hostIf, @table, @netnsInode, @hostIfindex, @nftHandle, @resolved, @evidence, @createdAt, @updatedAt)
+      `INSERT INTO machine_networks (machine_id, state, policy, fingerprint, slot, netns, host_if, nft_table, netns_inode, host_ifindex, nft_handle, resolved, evidence, rules, created_at, updated_at)
+       VALUES (@machineId, @state, @policy, @fingerprint, @slot, @netns, @hostIf, @table, @netnsInode, @hostIfindex, @nftHandle, @resolved, @evidence, @rules, @createdAt, @updatedAt)
        ON CONFLICT(machine_id) DO UPDATE SET state = excluded.state, policy = excluded.policy, fingerprint = excluded.fingerprint,
          slot = excluded.slot, netns = excluded.netns, host_if = excluded.host_if, nft_table = excluded.nft_table,
          netns_inode = excluded.netns_inode, host_ifindex = excluded.host_ifindex, nft_handle = excluded.nft_handle,
-         resolved = excluded.resolved, evidence = excluded.evidence, updated_at = excluded.updated_at`,
+         resolved = excluded.resolved, evidence = excluded.evidence, rules = excluded.rules, updated_at = excluded.updated_at`,
     ).run({
       ...n,
       policy: JSON.stringify(n.policy),
       resolved: JSON.stringify(n.resolved),
       evidence: n.evidence === null ? null : JSON.stringify(n.evidence),
+      rules: n.rules === null ? null : JSON.stringify(n.rules),
     });
   }
 

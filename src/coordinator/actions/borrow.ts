@@ -25,6 +25,11 @@ import type { Ctx } from "../context.js";
 import { refuseDeadToken, type Principal } from "../auth.js";
 import { applyTransition } from "./transition.js";
 import { borrowOrRepeat, chosenIdConflict, chosenIdTaken } from "./chosen-id.js";
+import { lendCheck, needsLendCheck, withdrawBorrow } from "./lend-check.js";
+
+function lendExhausted(poolName: string, last: string): BerthError {
+  return new BerthError("pool_exhausted", `pool_exhausted: pool ${poolName}: the machines taken failed the lend-time network check and were quarantined (last: ${last.slice(0, 600)}); borrow again`);
+}
 
 export interface KeeperBorrowResult {
   borrowId: string;
@@ -44,11 +49,29 @@ export interface ChosenBorrow {
   borrowToken: string;
 }
 
+/** A taken machine failed its lend-time network check: the borrow was withdrawn, the machine quarantined. */
+class LendRefused extends Error {}
+
+/** How many machines one borrow request may find failing their lend-time check before it gives up. */
+const LEND_ATTEMPTS = 3;
+
 export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string, chosen: ChosenBorrow | null = null): Promise<KeeperBorrowResult> {
-  if (!chosen) return borrowKeeperOnce(ctx, p, poolName, null);
+  if (!chosen) {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await borrowKeeperOnce(ctx, p, poolName, null);
+      } catch (e) {
+        if (!(e instanceof LendRefused)) throw e;
+        if (attempt >= LEND_ATTEMPTS) throw lendExhausted(poolName, e.message);
+      }
+    }
+  }
   return borrowOrRepeat(
     chosen.borrowId,
-    () => borrowKeeperOnce(ctx, p, poolName, chosen),
+    () => borrowKeeperOnce(ctx, p, poolName, chosen).catch((e: unknown) => {
+      // A client-chosen id names the withdrawn borrow now: the client borrows again with a new one.
+      throw e instanceof LendRefused ? lendExhausted(poolName, e.message) : e;
+    }),
     () => ctx.store.transaction((tx) => earlierBorrow(tx, p, poolName, chosen, ctx.now()), { name: "borrow_repeat" }),
   );
 }
@@ -101,6 +124,14 @@ async function borrowKeeperOnce(ctx: Ctx, p: Principal, poolName: string, chosen
     throw new BerthError("pool_exhausted", `pool_exhausted: pool ${poolName} has no ready machine right now; try again shortly (the pool is being refilled)`);
   }
   if (out.work) ctx.kick();
+  if (needsLendCheck(out.machine)) {
+    // After the commit, before the answer: the machine's rules must be the ones its evidence was probed against.
+    const why = await lendCheck(ctx, out.machine);
+    if (why !== null) {
+      await withdrawBorrow(ctx, borrowId, out.machine.id, out.machine.generation, why);
+      throw new LendRefused(`machine ${out.machine.id}: ${why}`);
+    }
+  }
   ctx.metrics.warm.inc({ pool: out.pool, result: "hit" });
   ctx.metrics.borrowRequests.inc({ pool: out.pool, access: "keeper", outcome: "ok" });
   ctx.metrics.observeBorrow({

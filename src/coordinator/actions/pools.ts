@@ -12,7 +12,7 @@ import { insertPoolIfAbsent, listPools as listPoolRecords, lockPool, readPool, u
 import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
 import { fillPool } from "./fill.js";
-import { NO_NETWORK, policyFingerprint, type NetworkPolicy } from "../../core/network-policy.js";
+import { NO_NETWORK, policyFingerprint, policyRefusal, type NetworkPolicy } from "../../core/network-policy.js";
 import { poolMachineNetworks, staleReadyMachineIds, type MachineNetworkRow } from "../../store/machine-network.js";
 import { lockMachine } from "../../store/machines.js";
 import { applyTransition } from "./transition.js";
@@ -70,6 +70,8 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
   if (image !== null && input.provider === "hosts" && settings.network.mode === "egress") {
     throw new BerthError("invalid_request", `invalid_request: pool ${input.name}: an image machine cannot have network egress in this version (its readiness probe runs the agent's own Node inside the machine, which an image does not have); use --network none`);
   }
+  const refused = policyRefusal(settings.network);
+  if (refused !== null) throw new BerthError("invalid_request", refused);
   const fingerprint = policyFingerprint(settings.network);
   const now = ctx.now();
   const seed = ctx.randomBytes(32);

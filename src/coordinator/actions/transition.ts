@@ -42,7 +42,7 @@ export async function applyTransition(
   const lentTo = opts.lentTo !== undefined ? opts.lentTo : t.machine.state === "ready" || t.machine.state === "destroyed" ? null : m.lent_to;
   const next: MachineRow = { ...m, state: t.machine.state, generation: t.machine.generation, state_since: t.machine.stateSince, ready_since: t.machine.readySince, reason: t.machine.reason, lent_to: lentTo };
   await writeTransition(tx, m, next);
-  await audit(tx, { at: now, machineId: m.id, subject: opts.subject ?? null, event: event.kind, from: m.state, to: next.state, generation: next.generation, actor: ctx.actor });
+  await audit(tx, { at: now, machineId: m.id, subject: opts.subject ?? null, event: event.kind, from: m.state, to: next.state, generation: next.generation, actor: ctx.actor, detail: "reason" in event ? event.reason : null });
   const opIds: string[] = [];
   const provider = ctx.providers.get(m.provider);
   for (const e of t.effects) {

@@ -9,7 +9,8 @@
  * executor retries with the same id to learn the outcome. A reply whose
  * result does not match the contract proves nothing: ambiguous too.
  */
-import type { OperationOutcome, OperationRequest, Provider, ProviderCapabilities } from "../provider.js";
+import type { NetworkCheck, OperationOutcome, OperationRequest, Provider, ProviderCapabilities } from "../provider.js";
+import type { MachineRow } from "../../store/machines.js";
 import type { HostRow } from "../../store/hosts.js";
 import { callAgent, type AgentReply } from "./agent-call.js";
 import { parseOperationResult, type InstallKeyArgs, type OperationKind, type OperationRequest as AgentOperationRequest, type OperationResults } from "../../protocol/operations.js";
@@ -21,6 +22,8 @@ export interface HostsProviderDeps {
   secret: Uint8Array;
   /** Per-call timeout; past it the outcome is ambiguous. */
   timeoutMs?: number;
+  /** The lend-time network check's timeout (default 5 s); past it the check failed. */
+  checkTimeoutMs?: number;
 }
 
 const CAPABILITIES: ProviderCapabilities = { provision: true, installKey: true, revokeKey: true, fence: true, scrub: true, destroy: true, observeIdentity: true };
@@ -49,6 +52,22 @@ export class HostsProvider implements Provider {
     if (!host) return { status: 404, body: { error: { code: "not_found", message: `host ${hostId} is not enrolled` } } };
     const r = await callAgent(this.deps.secret, host, method, path, body, this.deps.timeoutMs ?? 60_000);
     return { status: r.status, body: r.body };
+  }
+
+  /** The lend-time network check on the machine's agent; an agent that does not answer is a failed check (fail closed). */
+  async checkNetwork(machine: MachineRow): Promise<NetworkCheck> {
+    if (!machine.host_id) return { ok: false, why: `machine ${machine.id} has no host`, diff: [] };
+    const host = await this.deps.host(machine.host_id);
+    if (!host) return { ok: false, why: `host ${machine.host_id} is not enrolled`, diff: [] };
+    try {
+      const r = await callAgent(this.deps.secret, host, "POST", `/v1/agent/machines/${machine.resource_id}/network-check`, {}, this.deps.checkTimeoutMs ?? 5_000);
+      const b = r.body as { ok?: unknown; digest?: unknown; reprobed?: unknown; why?: unknown; diff?: unknown };
+      if (r.status === 200 && b.ok === true && typeof b.digest === "string") return { ok: true, digest: b.digest, reprobed: b.reprobed === true };
+      if (r.status === 200 && b.ok === false) return { ok: false, why: String(b.why), diff: Array.isArray(b.diff) ? b.diff.map(String) : [] };
+      return { ok: false, why: `agent ${host.name} answered the network check with ${r.status}: ${r.body.error?.message ?? "an unreadable body"}`, diff: [] };
+    } catch (e) {
+      return { ok: false, why: `agent ${host.name} did not answer the network check: ${e instanceof Error ? e.message : String(e)}`, diff: [] };
+    }
   }
 
   async run(op: OperationRequest): Promise<OperationOutcome> {

@@ -35,6 +35,6 @@ export function renderMachine(v: View, d: MachineData): Html {
 <tr><th>Lent to</th><td>${m.lent_to ?? "—"}</td></tr></tbody></table>
 ${canDrain ? html`<div class="actions">${action({ action: `/ui/machines/${m.id}/drain`, label: "Drain machine", confirm: `Drain machine ${m.id}? It will be destroyed.` })}</div>` : ""}
 <h2 id="timeline">Timeline (${d.trail.length}${d.trail.length === TRAIL_LIMIT ? `, the latest ${TRAIL_LIMIT}` : ""})</h2>
-<table aria-labelledby="timeline"><thead><tr><th>When</th><th>Event</th><th>From</th><th>To</th><th class="num">Generation</th><th>Subject</th><th>Coordinator</th></tr></thead>
-<tbody>${d.trail.map((e) => html`<tr><td>${iso(e.at)}</td><td>${e.event}</td><td class="state">${e.from ?? "—"}</td><td class="state">${e.to}</td><td class="num">${e.generation}</td><td>${e.subject ?? ""}</td><td><code>${e.actor}</code></td></tr>`)}</tbody></table>`;
+<table aria-labelledby="timeline"><thead><tr><th>When</th><th>Event</th><th>From</th><th>To</th><th class="num">Generation</th><th>Subject</th><th>Coordinator</th><th>Why</th></tr></thead>
+<tbody>${d.trail.map((e) => html`<tr><td>${iso(e.at)}</td><td>${e.event}</td><td class="state">${e.from ?? "—"}</td><td class="state">${e.to}</td><td class="num">${e.generation}</td><td>${e.subject ?? ""}</td><td><code>${e.actor}</code></td><td>${e.detail ?? ""}</td></tr>`)}</tbody></table>`;
 }
