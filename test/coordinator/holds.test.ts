@@ -137,6 +137,10 @@ describe("2,000 incomplete connections against a running coordinator", { skip: S
       "3000",
       "--max-connections-per-address",
       "128",
+      // The token-free rate limit is proven apart (test/http/admission); here the held
+      // requests of one address must meet only the connection caps.
+      "--unauthenticated-rate",
+      "1000",
     ]);
     out = lines(serve);
     url = (await out.next(/berth coordinator listening on (http:\/\/\S+)/, 30_000))[1]!;

@@ -10,10 +10,14 @@
  *
  * Seen failing before the command existed: `berth host reset-identity`
  * was an unknown command (exit 2), so a stranded host had no way back.
+ * Seen failing later: the agent removed its enroll token file on every
+ * tick while the coordinator refused it `host_awaiting`, so the one-time
+ * token written there was gone before the rebind read it (ENOENT, never
+ * active again).
  */
 import { after, describe, it } from "node:test";
 import assert from "node:assert/strict";
-import { writeFileSync } from "node:fs";
+import { existsSync, writeFileSync } from "node:fs";
 import { request } from "undici";
 import { generateSshKeyPair } from "../../src/core/ssh-keys.js";
 import { Fleet } from "../helpers/identity-fleet.js";
@@ -92,6 +96,9 @@ describe("berth host reset-identity (real coordinator, real agent, the CLI)", ()
     await f.waitFor("h1 active again", async () => (await hostView(f, "h1")).identity.state === "active", 90_000).catch((e: unknown) => {
       throw new Error(`${String(e)}; the agent said:\n${f.agents.get("h1")!.output().slice(-3000)}`);
     });
+    // The spent one-time token does not stay on the host's disk.
+    const tokenFile = f.agents.get("h1")!.tokenFile;
+    await f.waitFor("the token file removed", async () => !existsSync(tokenFile), 10_000);
     const after_ = await hostView(f, "h1");
     assert.equal(after_.id, before.id, "the same host");
     assert.ok(after_.identity.keyFingerprint !== null);

@@ -276,13 +276,16 @@ export class SwitchAuthority {
     }
     if (d.record.record.step === "active" && !this.#announced) {
       d.claimFloor();
-      d.purge();
       try {
         await d.advertise();
       } catch (e) {
         d.onRefusal("advertise_failed");
         throw e;
       }
+      // The token file goes once the coordinator has taken the active host (the cloud step removed
+      // the shared token already): until then the file may hold the one-time token of an
+      // operator's reset (`host_awaiting`), which the rebind reads and must still find.
+      d.purge();
       this.#announced = true;
       this.#paused?.resume();
       this.#paused = null;
