@@ -28,6 +28,7 @@ import { Api, ApiError } from "./http.js";
 import { removeQuietly, type Receipt } from "./receipt.js";
 import { MachineFiles, openSftp, type FileEntry, type TransferOptions } from "./files.js";
 import { connect, preloadSshClient, shellQuote, type ExecResult, type RemoteCommand, type SshConnection, type StartOptions } from "./ssh.js";
+import type { RouteReply } from "../protocol/api.js";
 
 export interface ClientOptions {
   /** Coordinator URL, e.g. http://127.0.0.1:7420 */
@@ -108,15 +109,6 @@ export interface RunResult extends ExecOutput {
   returnError: unknown;
 }
 
-interface BorrowReply {
-  borrowId: string;
-  borrowToken: string;
-  grantToken?: string;
-  heartbeatMs: number;
-  expiresAt: number;
-  machine: Receipt["machine"];
-}
-
 /** Pauses before sending a borrow again after its reply was lost. */
 const RESEND_PAUSES_MS = [50, 250, 1000];
 
@@ -187,10 +179,10 @@ export class BerthClient {
     const started = Date.now();
     let pause = 25;
     let resent = 0;
-    let r: BorrowReply;
+    let r: RouteReply<"POST /v1/pools/{pool}/borrow">;
     for (;;) {
       try {
-        r = await this.api.call<BorrowReply>("POST", `/v1/pools/${encodeURIComponent(o.pool)}/borrow`, body, o.preloadSsh ? preloadSshClient : undefined);
+        r = await this.api.send("POST /v1/pools/{pool}/borrow", { pool: o.pool }, body, o.preloadSsh ? { onSent: preloadSshClient } : {});
         break;
       } catch (e) {
         if (resent < RESEND_PAUSES_MS.length && replyLost(e) && !o.signal?.aborted) {
@@ -234,19 +226,18 @@ export class BerthClient {
   async ack(b: Borrow): Promise<Borrow> {
     const r = b.receipt;
     if (r.access !== "portable" || r.state === "active") return b;
-    const a = await this.api.call<{ state: string; expiresAt: number; machine: Receipt["machine"] & { state: string } }>("POST", `/v1/borrows/${r.borrowId}/ack`, {
-      token: r.borrowToken,
-      grantToken: r.grantToken,
-      publicKey: r.publicKey,
-    });
+    if (r.grantToken === null || r.publicKey === null) throw new BerthError("invalid_request", `invalid_request: portable borrow ${r.borrowId} has no grant token or public key in its receipt`);
+    const a = await this.api.send("POST /v1/borrows/{id}/ack", { id: r.borrowId }, { token: r.borrowToken, grantToken: r.grantToken, publicKey: r.publicKey });
     if (a.state !== "active") throw new BerthError("operation_failed", `operation_failed: borrow ${r.borrowId} is ${a.state} after acknowledgement, not active`);
-    b.update({ ...r, state: "active", expiresAt: a.expiresAt, machine: { id: a.machine.id, generation: a.machine.generation, ssh: a.machine.ssh } });
+    const m = a.machine;
+    if (m?.generation === undefined || m.ssh === undefined) throw new ApiError(200, "invalid_reply", `invalid_reply: the acknowledged borrow ${r.borrowId} names no machine to reach`);
+    b.update({ ...r, state: "active", expiresAt: a.expiresAt, machine: { id: m.id, generation: m.generation, ssh: m.ssh } });
     return b;
   }
 
   heartbeat(b: Borrow): Promise<{ heartbeatDeadline: number; expiresAt: number }> {
     const r = b.receipt;
-    return this.api.call("POST", `/v1/borrows/${r.borrowId}/heartbeat`, { token: r.borrowToken, ...(r.grantToken ? { grantToken: r.grantToken } : {}) });
+    return this.api.send("POST /v1/borrows/{id}/heartbeat", { id: r.borrowId }, { token: r.borrowToken, ...(r.grantToken ? { grantToken: r.grantToken } : {}) });
   }
 
   /** Give the machine back. Repeating it (say after a lost reply) answers where the first return went. */
@@ -256,7 +247,7 @@ export class BerthClient {
     if (conn) void conn.then((c) => c.end(), () => undefined);
     const r = b.receipt;
     const wasReturned = r.state === "returned";
-    const a = await this.api.call<{ state: string; cleanup?: string; repeated?: boolean }>("POST", `/v1/borrows/${r.borrowId}/return`, {
+    const a = await this.api.send("POST /v1/borrows/{id}/return", { id: r.borrowId }, {
       token: r.borrowToken,
       disposition: o.drain ? "drain" : "ready",
       ...(r.grantToken ? { grantToken: r.grantToken } : {}),
@@ -306,8 +297,8 @@ export class BerthClient {
     try {
       this.#keeperKey();
     } catch (e) {
-      const p = await this.api.call<{ access?: string }>("GET", `/v1/pools/${encodeURIComponent(pool)}`);
-      if (p.access && p.access !== "keeper") throw new BerthError("namespace_conflict", `namespace_conflict: pool ${pool} is a ${p.access} pool; borrow it with access ${p.access} (berth run --pool-access ${p.access})`);
+      const p = await this.api.send("GET /v1/pools/{pool}", { pool });
+      if (p.access !== "keeper") throw new BerthError("namespace_conflict", `namespace_conflict: pool ${pool} is a ${p.access} pool; borrow it with access ${p.access} (berth run --pool-access ${p.access})`);
       throw e;
     }
   }

@@ -8,6 +8,7 @@
  * command 100-200 ms on this class of machine, more than the whole borrow.
  */
 import { Agent, request as httpRequest, type IncomingMessage, type RequestOptions } from "node:http";
+import { API, replyMismatch, routePath, type Route, type RouteBody, type RouteParams, type RouteReply } from "../protocol/api.js";
 
 export class ApiError extends Error {
   constructor(
@@ -97,12 +98,32 @@ export class Api {
     return { status: res.status, body: parsed, text: res.text };
   }
 
+  /**
+   * One call of a coordinator route (src/protocol/api.ts): the path built from
+   * `params`, the reply parsed by the route's schema. A refusal is an ApiError
+   * with the server's code; a reply that does not match the contract is an
+   * ApiError `invalid_reply` naming the first offending field.
+   */
+  async send<R extends Route>(route: R, params: RouteParams<R>, body?: RouteBody<R>, o: { query?: string; onSent?: () => void } = {}): Promise<RouteReply<R>> {
+    const space = route.indexOf(" ");
+    const path = routePath(route, params as Record<string, string>) + (o.query ? `?${o.query}` : "");
+    const r = await this.raw(route.slice(0, space), path, body, {}, o.onSent);
+    refusal(r);
+    const schema = API[route].reply;
+    if (schema === null) return r.text as RouteReply<R>;
+    const parsed = schema.safeParse(r.body);
+    if (!parsed.success) throw new ApiError(r.status, "invalid_reply", replyMismatch(route, parsed.error.issues));
+    return parsed.data as RouteReply<R>;
+  }
+
+  /**
+   * A request by method and path, its JSON reply unchecked: for tests and
+   * benchmarks that send what no route accepts on purpose. berth's own code
+   * calls routes with `send`.
+   */
   async call<T = Record<string, unknown>>(method: string, path: string, body?: unknown, onSent?: () => void): Promise<T> {
     const r = await this.raw(method, path, body, {}, onSent);
-    if (r.status >= 400) {
-      const err = (r.body as { error?: { code?: string; message?: string } } | undefined)?.error;
-      throw new ApiError(r.status, err?.code ?? "http_error", err?.message ?? `the coordinator answered ${r.status}`);
-    }
+    refusal(r);
     return r.body as T;
   }
 
@@ -110,4 +131,11 @@ export class Api {
     this.#agent?.destroy();
     return Promise.resolve();
   }
+}
+
+/** A status of 400 or more as the ApiError the server's error body names. */
+function refusal(r: { status: number; body: unknown }): void {
+  if (r.status < 400) return;
+  const err = (r.body as { error?: { code?: string; message?: string } } | undefined)?.error;
+  throw new ApiError(r.status, err?.code ?? "http_error", err?.message ?? `the coordinator answered ${r.status}`);
 }

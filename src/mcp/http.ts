@@ -109,7 +109,7 @@ export function serveHttp(o: HttpServeOptions): Promise<number> & { stop?: () =>
     // The coordinator decides whether the token is good (and what it may see); nothing is opened otherwise.
     const probe = new Api(o.url, token, { connections: 1 });
     try {
-      await probe.call("GET", "/v1/pools");
+      await probe.send("GET /v1/pools", {});
     } catch (err) {
       if (err instanceof ApiError && (err.status === 401 || err.status === 403)) {
         refuse(res, 401, "unauthorized", "the bearer token is not a berth API token the coordinator accepts");

@@ -116,7 +116,7 @@ export class McpSession {
   }
 
   async listPools(): Promise<Record<string, unknown>> {
-    const r = await this.#d.client.api.call<{ pools: PoolView[] }>("GET", "/v1/pools");
+    const r = await this.#d.client.api.send("GET /v1/pools", {});
     return {
       pools: r.pools.map((p) => ({
         name: p.name,
@@ -141,7 +141,7 @@ export class McpSession {
     const poolName = a.pool ?? this.#d.defaultPool;
     if (!poolName) throw invalid("no pool named and no default pool; pass pool (list_pools shows them), or start berth mcp with --pool or BERTH_POOL");
     const client = this.#d.client;
-    const pool = await client.api.call<PoolView>("GET", `/v1/pools/${encodeURIComponent(poolName)}`);
+    const pool = await client.api.send("GET /v1/pools/{pool}", { pool: poolName });
     if (pool.access === "keeper" && !this.#d.keeperKey) {
       throw new BerthError("namespace_conflict", `namespace_conflict: pool ${poolName} is a keeper pool and this server has no keeper key; borrow from a portable pool, or start berth mcp with the client config \`berth up\` wrote`);
     }

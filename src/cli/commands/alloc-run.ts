@@ -8,28 +8,10 @@ import { ApiError, type Api } from "../api.js";
 import { clientFrom, iso, printJson, printTable, runCommand } from "../common.js";
 import type { ConfigFlags } from "../config.js";
 import { allocationKey, allocationKeyDir } from "../alloc-keys.js";
-import { waitReady, type WaitView } from "./alloc-wait.js";
+import { waitReady, type AllocationView } from "./alloc-wait.js";
 
 interface Flags extends ConfigFlags {
   json: boolean;
-}
-
-interface AllocationView {
-  id: string;
-  owner: string;
-  size: string;
-  vcpu: number;
-  memoryMib: number;
-  state: string;
-  hostId: string;
-  plan: { hostId: string; hostName: string; strategy: string; size: string; vcpu: number; memoryMib: number; placedAt: number };
-  createdAt: number;
-  expiresAt: number;
-  stateSince: number;
-  reason: string | null;
-  created?: boolean;
-  launch?: { fingerprint: string; readyAt: number | null; attempts: number; error: string | null; runtime: string | null; enforcement: string | null; volume: { path: string } | null; release: { volume: string } | null } | null;
-  access?: { host: string; port: number; user: string; hostKeyFingerprint: string } | null;
 }
 
 async function withApi(o: Flags, fn: (api: Api) => Promise<void>): Promise<void> {
@@ -43,8 +25,6 @@ async function withApi(o: Flags, fn: (api: Api) => Promise<void>): Promise<void>
     }
   });
 }
-
-const seg = (s: string) => encodeURIComponent(s);
 
 function printAllocation(a: AllocationView): void {
   process.stdout.write(
@@ -78,7 +58,7 @@ export function create(o: Flags & { size: string; id?: string; for?: number; str
     let a: AllocationView | null = null;
     for (let attempt = 0; a === null; attempt++) {
       try {
-        a = await api.call<AllocationView>("POST", "/v1/allocations", body);
+        a = await api.send("POST /v1/allocations", {}, body);
       } catch (e) {
         // Only a transport failure (no answer) is retried; every refusal is final.
         if (e instanceof ApiError || e instanceof BerthError || attempt >= 2) throw e;
@@ -87,7 +67,7 @@ export function create(o: Flags & { size: string; id?: string; for?: number; str
     }
     if (key && !o.json) process.stderr.write(`berth: ${a.id}: key ${key.pair.fingerprint} in ${key.file}${key.reused ? " (already there)" : ""}\n`);
     if (o.wait && key) {
-      a = { ...(await waitReady<AllocationView & WaitView>(api, a.id, o.waitTimeout ?? 600_000)), created: a.created! };
+      a = { ...(await waitReady(api, a.id, o.waitTimeout ?? 600_000)), created: a.created! };
     }
     if (o.json) printJson(a);
     else printAllocation(a);
@@ -96,7 +76,7 @@ export function create(o: Flags & { size: string; id?: string; for?: number; str
 
 export function list(o: Flags & { all: boolean }): Promise<void> {
   return withApi(o, async (api) => {
-    const r = await api.call<{ allocations: AllocationView[] }>("GET", `/v1/allocations${o.all ? "?all=true" : ""}`);
+    const r = await api.send("GET /v1/allocations", {}, undefined, o.all ? { query: "all=true" } : {});
     if (o.json) printJson(r.allocations);
     else printTable(["ID", "STATE", "SIZE", "HOST", "OWNER", "EXPIRES"], r.allocations.map((a) => [a.id, a.state, a.size, a.plan.hostName, a.owner, iso(a.expiresAt)]));
   });
@@ -104,7 +84,7 @@ export function list(o: Flags & { all: boolean }): Promise<void> {
 
 export function show(id: string, o: Flags): Promise<void> {
   return withApi(o, async (api) => {
-    const a = await api.call<AllocationView>("GET", `/v1/allocations/${seg(id)}`);
+    const a = await api.send("GET /v1/allocations/{id}", { id });
     if (o.json) printJson(a);
     else printAllocation(a);
   });
@@ -112,22 +92,15 @@ export function show(id: string, o: Flags): Promise<void> {
 
 export function release(id: string, o: Flags & { keepVolume: boolean }): Promise<void> {
   return withApi(o, async (api) => {
-    const a = await api.call<AllocationView>("POST", `/v1/allocations/${seg(id)}/release`, { keepVolume: o.keepVolume });
+    const a = await api.send("POST /v1/allocations/{id}/release", { id }, { keepVolume: o.keepVolume });
     if (o.json) printJson(a);
     else process.stdout.write(`allocation ${a.id}: ${a.state}${a.state === "released" ? "; slot and budget returned" : "; slot and budget stay charged until cleanup is proven"}\n`);
   });
 }
 
-interface PlanView {
-  size: { name: string; vcpu: number; memoryMib: number };
-  strategy: string;
-  decision: { chosen: { hostId: string; name: string } | null; verdicts: Array<{ hostId: string; name: string; fits: boolean; reason?: string }> };
-  budget: { admitted: true; fits: boolean; message: string | null } | null;
-}
-
 export function plan(o: Flags & { size: string; strategy: string }): Promise<void> {
   return withApi(o, async (api) => {
-    const p = await api.call<PlanView>("POST", "/v1/allocations/plan", { size: o.size, strategy: o.strategy });
+    const p = await api.send("POST /v1/allocations/plan", {}, { size: o.size, strategy: o.strategy });
     if (o.json) {
       printJson(p);
       return;
@@ -140,7 +113,7 @@ export function plan(o: Flags & { size: string; strategy: string }): Promise<voi
 
 export function sizes(o: Flags): Promise<void> {
   return withApi(o, async (api) => {
-    const r = await api.call<{ sizes: { name: string; vcpu: number; memoryMib: number }[]; maxDurationMs: number }>("GET", "/v1/sizes");
+    const r = await api.send("GET /v1/sizes", {});
     if (o.json) printJson(r);
     else {
       printTable(["SIZE", "VCPU", "MEMORY"], r.sizes.map((s) => [s.name, s.vcpu, `${gib(s.memoryMib)} GiB`]));
@@ -149,19 +122,9 @@ export function sizes(o: Flags): Promise<void> {
   });
 }
 
-interface HostAccountView {
-  hostId: string;
-  name: string;
-  standing: string;
-  /** The standing as it is true now (`withdrawing` until the agent acknowledged a withdrawal). */
-  reported?: string;
-  capacity: { vcpu: number; memoryMib: number; slots: number };
-  used: { vcpu: number; memoryMib: number; slots: number };
-}
-
 export function hosts(o: Flags): Promise<void> {
   return withApi(o, async (api) => {
-    const r = await api.call<{ hosts: HostAccountView[] }>("GET", "/v1/host-accounts");
+    const r = await api.send("GET /v1/host-accounts", {});
     if (o.json) printJson(r.hosts);
     else
       printTable(
@@ -173,7 +136,7 @@ export function hosts(o: Flags): Promise<void> {
 
 export function standing(host: string, to: string, o: Flags): Promise<void> {
   return withApi(o, async (api) => {
-    const r = await api.call<{ hostId: string; standing: string }>("POST", `/v1/hosts/${seg(host)}/standing`, { standing: to });
+    const r = await api.send("POST /v1/hosts/{host}/standing", { host }, { standing: to });
     if (o.json) printJson(r);
     else if (r.standing === "withdrawing") process.stdout.write(`host ${r.hostId}: withdrawing (recorded; its agent has not acknowledged yet: retried until it does, and it takes no new allocation meanwhile; see berth alloc hosts)\n`);
     else process.stdout.write(`host ${r.hostId}: ${r.standing}\n`);
@@ -189,15 +152,9 @@ export function parseMemory(s: string): number {
   return Math.round(unit.startsWith("m") ? v : v * 1024);
 }
 
-interface OwnerView {
-  owner: string;
-  budget: { vcpu: number; memoryMib: number; count: number };
-  used: { vcpu: number; memoryMib: number; count: number };
-}
-
 export function budget(id: string, o: Flags & { vcpu: number; memory: string; count: number }, verb: "admit" | "budget"): Promise<void> {
   return withApi(o, async (api) => {
-    const r = await api.call<OwnerView>("POST", `/v1/owners/${seg(id)}/${verb}`, { vcpu: o.vcpu, memoryMib: parseMemory(o.memory), count: o.count });
+    const r = await api.send(verb === "admit" ? "POST /v1/owners/{tokenId}/admit" : "POST /v1/owners/{tokenId}/budget", { tokenId: id }, { vcpu: o.vcpu, memoryMib: parseMemory(o.memory), count: o.count });
     if (o.json) printJson(r);
     else process.stdout.write(`owner ${r.owner}: budget ${r.budget.vcpu} vCPU, ${gib(r.budget.memoryMib)} GiB, ${r.budget.count} allocations; in use ${r.used.vcpu} vCPU, ${gib(r.used.memoryMib)} GiB, ${r.used.count}\n`);
   });
@@ -205,7 +162,7 @@ export function budget(id: string, o: Flags & { vcpu: number; memory: string; co
 
 export function owners(o: Flags): Promise<void> {
   return withApi(o, async (api) => {
-    const r = await api.call<{ owners: OwnerView[] }>("GET", "/v1/owners");
+    const r = await api.send("GET /v1/owners", {});
     if (o.json) printJson(r.owners);
     else
       printTable(

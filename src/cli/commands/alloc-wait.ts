@@ -6,22 +6,17 @@
  */
 import { BerthError } from "../../core/errors.js";
 import type { Api } from "../api.js";
+import type { RouteReply } from "../../protocol/api.js";
 
-export interface WaitView {
-  id: string;
-  state: string;
-  reason: string | null;
-  createdAt: number;
-  plan: { hostName: string };
-  launch?: { error: string | null; attempts: number; readyAt: number | null } | null;
-}
+/** An allocation as the coordinator shows it. */
+export type AllocationView = RouteReply<"GET /v1/allocations/{id}">;
 
-export async function waitReady<T extends WaitView>(api: Api, id: string, timeoutMs: number, log: (line: string) => void = (l) => process.stderr.write(l + "\n")): Promise<T> {
+export async function waitReady(api: Api, id: string, timeoutMs: number, log: (line: string) => void = (l) => process.stderr.write(l + "\n")): Promise<AllocationView> {
   const started = Date.now();
   let last = "";
   let lastError: string | null = null;
   for (;;) {
-    const a = await api.call<T>("GET", `/v1/allocations/${encodeURIComponent(id)}`);
+    const a = await api.send("GET /v1/allocations/{id}", { id });
     if (a.state !== last) {
       const at = ((Date.now() - started) / 1000).toFixed(1);
       if (a.state === "placed") log(`berth: ${id} placed on ${a.plan.hostName} (${at}s)`);

@@ -10,26 +10,11 @@ import { Option, type Command } from "commander";
 import { BerthError } from "../../core/errors.js";
 import { clientFrom, durationArg, iso, printJson, printTable, runCommand } from "../common.js";
 import type { Api } from "../api.js";
+import type { RouteReply } from "../../protocol/api.js";
 
-interface HostView {
-  id: string;
-  name: string;
-  url: string;
-  runtime: string;
-  runsc: { version: string; platform: string } | null;
-  runtimeWarning: string | null;
-  capacity: { vcpu: number; memoryMb: number; slots: number };
-  usedSlots: number;
-  identity: { state: string; keyFingerprint: string | null; since: number | null; agentStep: string | null; owedReports: number; agentVersion: string | null };
-}
+type HostView = RouteReply<"GET /v1/hosts">["hosts"][number];
 
-interface Activated {
-  host: string;
-  hostId: string;
-  state: string;
-  machines: number;
-  endedBorrows: number;
-}
+type Activated = RouteReply<"POST /v1/hosts/{host}/activate">;
 
 function clientOpts(c: Command): Command {
   return c.option("--url <url>", "coordinator URL (or BERTH_URL)").option("--token-file <file>", "API token file (or BERTH_TOKEN_FILE)").option("--config <file>", "client config file").option("--json", "print JSON", false);
@@ -41,7 +26,7 @@ function runtimeCell(h: HostView): string {
 }
 
 async function listHosts(api: Api): Promise<HostView[]> {
-  return (await api.call<{ hosts: HostView[] }>("GET", "/v1/hosts")).hosts;
+  return (await api.send("GET /v1/hosts", {})).hosts;
 }
 
 async function waitActive(api: Api, names: string[], timeoutMs: number, say: (s: string) => void): Promise<HostView[]> {
@@ -97,7 +82,7 @@ export function register(program: Command): void {
     runCommand(async () => {
       const { api } = clientFrom(o);
       try {
-        const r = await api.call<{ host: string; hostId: string; state: string; enrollToken: string }>("POST", `/v1/hosts/${encodeURIComponent(name)}/reset-identity`, {});
+        const r = await api.send("POST /v1/hosts/{host}/reset-identity", { host: name }, {});
         if (o.json) printJson(r);
         else {
           process.stderr.write(
@@ -140,7 +125,7 @@ export function register(program: Command): void {
         let failed: unknown = null;
         for (const n of names) {
           try {
-            const r = await api.call<Activated>("POST", `/v1/hosts/${encodeURIComponent(n)}/activate`, { force: o.force });
+            const r = await api.send("POST /v1/hosts/{host}/activate", { host: n }, { force: o.force });
             results.push(r);
             if (!o.json) process.stdout.write(`host ${r.host}: ${r.state}; ${r.machines} machine(s) to retire${r.endedBorrows ? `, ${r.endedBorrows} borrow(s) ended` : ""}\n`);
           } catch (e) {

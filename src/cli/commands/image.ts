@@ -79,7 +79,7 @@ export function register(program: Command): void {
       }
       const { api } = clientFrom(o);
       try {
-        const r = await api.call<{ hosts: HostImages[]; unreachableHosts: string[] }>("GET", "/v1/images");
+        const r = await api.send("GET /v1/images", {});
         print(r.hosts.filter((h) => o.host === undefined || h.host === o.host), o.json);
         if (r.unreachableHosts.length > 0) process.stderr.write(`berth: hosts not answering (their images are not listed): ${r.unreachableHosts.join(", ")}\n`);
         return 0;
@@ -114,11 +114,7 @@ export function register(program: Command): void {
         }
         const { api } = clientFrom(o);
         try {
-          const r = await api.call<{ removed: Array<{ host: string; id: string; size: number }>; refused: Array<{ host: string; code: string; message: string }> }>(
-            "POST",
-            `/v1/images/${encodeURIComponent(want)}/remove`,
-            o.host !== undefined ? { host: o.host } : {},
-          );
+          const r = await api.send("POST /v1/images/{image}/remove", { image: want }, o.host !== undefined ? { host: o.host } : {});
           if (o.json) printJson(r);
           else {
             for (const x of r.removed) process.stdout.write(`${x.host}: removed image ${x.id.slice(0, 12)} (${formatBytes(x.size)})\n`);

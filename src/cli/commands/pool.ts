@@ -6,31 +6,11 @@ import { BerthError } from "../../core/errors.js";
 import { formatDuration } from "../../core/durations.js";
 import { clientFrom, durationArg, intArg, printJson, printTable, runCommand } from "../common.js";
 import type { Api } from "../api.js";
+import type { RouteReply } from "../../protocol/api.js";
 import { makePolicy } from "../../core/network-policy.js";
 import { canonicalImage } from "../../core/image-ref.js";
 
-interface PoolView {
-  name: string;
-  access: string;
-  provider: string;
-  compatibilityKey: string;
-  minReady: number;
-  maxReady: number;
-  hardTtlMs: number;
-  heartbeatMs: number;
-  counts?: { ready: number; lent: number; cleanup: number; openClaims: number };
-  states?: Record<string, number>;
-  ready?: number;
-  machines?: number;
-  claims?: { id: string; token: string; expiresAt: number }[];
-  note?: string | null;
-  network?: { mode: string; allow?: string[]; dns?: string[]; fingerprint: string };
-  image?: string | null;
-  /** pool show: the latest provisioning failure newer than the latest success. */
-  provisionError?: { machineId: string; at: number; state: "retrying" | "failed"; error: string } | null;
-  /** pool show: each live machine's policy and last readiness evidence. */
-  networks?: Array<{ id: string; state: string; generation: number; policyFingerprint: string; evidence: { result: string; policyFingerprint: string; generation: number; at: number; checks: Array<{ ok: boolean }> } | null }>;
-}
+type PoolView = RouteReply<"GET /v1/pools/{pool}">;
 
 /** One line for the pool's network policy. */
 function networkLine(n: PoolView["network"]): string {
@@ -48,7 +28,7 @@ export async function waitReady(api: Api, name: string, want: number, timeoutMs:
   const deadline = started + timeoutMs;
   let last = "";
   for (;;) {
-    const p = await api.call<PoolView>("GET", `/v1/pools/${name}`);
+    const p = await api.send("GET /v1/pools/{pool}", { pool: name });
     const ready = p.counts?.ready ?? 0;
     const err = p.provisionError && p.provisionError.at >= started - 1000 ? p.provisionError : null;
     const line = `pool ${name}: ${ready} ready (waiting for ${want}), ${p.counts?.openClaims ?? 0} provisioning${err ? `; provisioning ${err.state === "failed" ? "failed" : "is retrying"}: ${err.error}` : ""}`;
@@ -96,7 +76,7 @@ export function register(program: Command): void {
           let keeperKey: string | null = null;
           const keyFile = o.keeperKey ?? (o.access === "keeper" && o.provider === "hosts" && config.keeperKeyFile ? `${config.keeperKeyFile}.pub` : undefined);
           if (keyFile) keeperKey = readFileSync(keyFile, "utf8").trim();
-          const res = await api.call<PoolView>("POST", `/v1/pools/${encodeURIComponent(name)}/ensure`, {
+          const res = await api.send("POST /v1/pools/{pool}/ensure", { pool: name }, {
             minReady: o.minReady,
             maxReady: o.maxReady,
             compatibilityKey: o.compatibilityKey,
@@ -128,7 +108,7 @@ export function register(program: Command): void {
     runCommand(async () => {
       const { api } = clientFrom(o);
       try {
-        const r = await api.call<{ pools: PoolView[] }>("GET", "/v1/pools");
+        const r = await api.send("GET /v1/pools", {});
         if (o.json) printJson(r.pools);
         else printTable(["NAME", "ACCESS", "PROVIDER", "READY", "MACHINES", "MIN", "MAX", "KEY", "IMAGE"], r.pools.map((p) => [p.name, p.access, p.provider, p.ready ?? 0, p.machines ?? 0, p.minReady, p.maxReady, p.compatibilityKey, p.image ?? "-"]));
         return 0;
@@ -143,7 +123,7 @@ export function register(program: Command): void {
       runCommand(async () => {
         const { api } = clientFrom(o);
         try {
-          const p = await api.call<PoolView>("GET", `/v1/pools/${encodeURIComponent(name)}`);
+          const p = await api.send("GET /v1/pools/{pool}", { pool: name });
           if (o.json) printJson(p);
           else {
             process.stdout.write(

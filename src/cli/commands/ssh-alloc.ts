@@ -21,12 +21,6 @@ export interface AllocSshPlan {
   receiptPath: string;
 }
 
-interface AllocationAccess {
-  id: string;
-  state: string;
-  access: { host: string; port: number; user: string; hostKey: string } | null;
-}
-
 export async function planFromAllocation(rawId: string, flags: ConfigFlags & { keyDir?: string }): Promise<AllocSshPlan> {
   const id = parseId(rawId, "allocation id");
   const keyFile = allocationKeyFile(allocationKeyDir(flags.keyDir), id);
@@ -35,7 +29,7 @@ export async function planFromAllocation(rawId: string, flags: ConfigFlags & { k
   }
   const { api } = clientFrom(flags);
   try {
-    const a = await api.call<AllocationAccess>("GET", `/v1/allocations/${encodeURIComponent(id)}`);
+    const a = await api.send("GET /v1/allocations/{id}", { id });
     if (a.state !== "ready" || !a.access) {
       throw new BerthError("conflict", `conflict: allocation ${id} is ${a.state}, not ready; ${a.state === "placed" || a.state === "launching" ? `wait for it: berth alloc show ${id}` : "create a new one"}`);
     }

@@ -152,11 +152,11 @@ async function destroyLeftovers(r: Running, say: (s: string) => void): Promise<v
 
 async function drainAndWait(api: Api, name: string, deadline: number, force: AbortSignal, say: (s: string) => void): Promise<void> {
   try {
-    const r = await api.call<{ drained: number; remaining: number }>("POST", `/v1/pools/${name}/drain`, { force: true });
+    const r = await api.send("POST /v1/pools/{pool}/drain", { pool: name }, { force: true });
     say(`draining pool ${name} (${r.remaining} machine(s))`);
     for (;;) {
-      const p = await api.call<{ states: Record<string, number> }>("GET", `/v1/pools/${name}`);
-      const live = Object.entries(p.states).filter(([s]) => s !== "destroyed").reduce((n, [, k]) => n + k, 0);
+      const p = await api.send("GET /v1/pools/{pool}", { pool: name });
+      const live = Object.entries(p.states ?? {}).filter(([s]) => s !== "destroyed").reduce((n, [, k]) => n + k, 0);
       if (live === 0) break;
       if (force.aborted) return;
       if (Date.now() > deadline) {
@@ -249,7 +249,7 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
         r.runtime = line.includes("runtime=gvisor") ? "gvisor" : "process";
         r.pools.unshift("default");
         await signals.interruptible(
-          api.call("POST", "/v1/pools/default/ensure", {
+          api.send("POST /v1/pools/{pool}/ensure", { pool: "default" }, {
             minReady: o.minReady,
             maxReady: Math.max(o.minReady, Math.min(o.slots, o.minReady * 2)),
             compatibilityKey: "local",
@@ -262,7 +262,7 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
         if (o.portable) {
           // A second pool for portable access: each borrow brings its own key; nothing is shared with the keeper pool.
           r.pools.unshift("agents");
-          await signals.interruptible(api.call("POST", "/v1/pools/agents/ensure", { minReady: 1, maxReady: 2, compatibilityKey: "local", access: "portable", provider: "hosts" }));
+          await signals.interruptible(api.send("POST /v1/pools/{pool}/ensure", { pool: "agents" }, { minReady: 1, maxReady: 2, compatibilityKey: "local", access: "portable", provider: "hosts" }));
           await signals.interruptible(waitReady(api, "agents", 1, 120_000, say));
         }
         if (argv.length > 0) {

@@ -12,26 +12,6 @@ interface Flags extends ConfigFlags {
   json: boolean;
 }
 
-interface VolumeView {
-  allocationId: string;
-  state: string;
-  path: string;
-  dev: string | null;
-  ino: string | null;
-  hostName?: string;
-  allocationState?: string;
-  check?: { ok: boolean; problems: string[] } | null;
-}
-
-interface CheckView {
-  allocationId: string;
-  ok: boolean;
-  state: string;
-  problems: string[];
-}
-
-const seg = encodeURIComponent;
-
 function withApi(o: Flags, fn: (api: ReturnType<typeof clientFrom>["api"]) => Promise<number>): Promise<void> {
   return runCommand(async () => {
     const { api } = clientFrom(o);
@@ -51,7 +31,7 @@ export function register(program: Command): void {
   const volume = program.command("volume").description("Workspace volumes of allocations: list, inspect, verify, reset (never by hand on the host)");
   clientOpts(volume.command("ls").description("List the volumes of your allocations (an operator: the organisation's)")).action((o: Flags) =>
     withApi(o, async (api) => {
-      const r = await api.call<{ volumes: VolumeView[]; unreachableHosts: string[] }>("GET", "/v1/volumes");
+      const r = await api.send("GET /v1/volumes", {});
       if (o.json) printJson(r);
       else {
         printTable(["ALLOCATION", "STATE", "ALLOC STATE", "HOST", "CHECK"], r.volumes.map((v) => [v.allocationId, v.state, v.allocationState ?? "", v.hostName ?? "", v.check ? (v.check.ok ? "ok" : "DAMAGED") : "-"]));
@@ -62,7 +42,7 @@ export function register(program: Command): void {
   );
   clientOpts(volume.command("show").description("Show one allocation's volume: record, identity, check").argument("<allocation>", "allocation id")).action((id: string, o: Flags) =>
     withApi(o, async (api) => {
-      const v = await api.call<VolumeView>("GET", `/v1/volumes/${seg(id)}`);
+      const v = await api.send("GET /v1/volumes/{allocation}", { allocation: id });
       if (o.json) printJson(v);
       else
         process.stdout.write(
@@ -74,7 +54,7 @@ export function register(program: Command): void {
   );
   clientOpts(volume.command("verify").description("Structural check: record, directory identity (device, inode), marker; exits 1 when damaged").argument("<allocation>", "allocation id")).action((id: string, o: Flags) =>
     withApi(o, async (api) => {
-      const c = await api.call<CheckView>("POST", `/v1/volumes/${seg(id)}/verify`, {});
+      const c = await api.send("POST /v1/volumes/{allocation}/verify", { allocation: id });
       if (o.json) printJson(c);
       else process.stdout.write(c.ok ? `volume of ${c.allocationId}: ok\n` : `volume of ${c.allocationId}: DAMAGED\n${c.problems.map((p) => `  - ${p}\n`).join("")}`);
       return c.ok ? 0 : 1;
@@ -82,7 +62,7 @@ export function register(program: Command): void {
   );
   clientOpts(volume.command("reset").description("Empty an allocation's volume (same directory, same identity); refused on a damaged volume").argument("<allocation>", "allocation id")).action((id: string, o: Flags) =>
     withApi(o, async (api) => {
-      const r = await api.call<{ allocationId: string; removed: number }>("POST", `/v1/volumes/${seg(id)}/reset`, {});
+      const r = await api.send("POST /v1/volumes/{allocation}/reset", { allocation: id });
       if (o.json) printJson(r);
       else process.stdout.write(`volume of ${r.allocationId}: reset (${r.removed} entries removed)\n`);
       return 0;

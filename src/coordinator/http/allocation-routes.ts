@@ -17,12 +17,10 @@
  *
  * Every `{param}` and every body id goes through the one id constructor.
  */
-import { z } from "zod";
 import type { IncomingMessage } from "node:http";
 import { Reply, type HttpServer } from "../../http/server.js";
 import { allows, requireRole, type Principal, type Role } from "../auth.js";
-import { idSchema } from "./schemas.js";
-import { HOST_STANDINGS } from "../../core/allocation-placement.js";
+import { budgetSchema, createAllocationSchema, planSchema, releaseAllocationSchema, standingSchema } from "./schemas.js";
 import { newId } from "../../core/ids.js";
 import { createAllocation, type AllocCtx } from "../actions/allocation-create.js";
 import { releaseAllocation, type Requester } from "../actions/allocation-release.js";
@@ -35,25 +33,6 @@ import { pushStanding } from "../actions/host-standing.js";
 import { changeHostStanding, ownersOf, setOwnerBudget, listHostAccounts } from "../actions/alloc-owners.js";
 import type { AllocationRecord } from "../../store/allocations.js";
 import type { OwnerRecord } from "../../store/alloc-owners.js";
-
-const int = (min: number, max: number) => z.number().int().min(min).max(max);
-
-export const createAllocationSchema = z.strictObject({
-  id: idSchema.optional(),
-  size: z.string().min(1).max(64),
-  durationMs: z.number().int().optional(),
-  strategy: z.enum(["binpack", "spread"]).default("binpack"),
-  /** Operators may create for another admitted owner. */
-  owner: idSchema.optional(),
-  /** The allocation's OpenSSH public key (ssh-ed25519 …); with it the allocation is launched and reachable with the private half. */
-  publicKey: z.string().min(1).max(16_384).optional(),
-});
-
-export const planSchema = z.strictObject({ size: z.string().min(1).max(64), strategy: z.enum(["binpack", "spread"]).default("binpack") });
-export const releaseAllocationSchema = z.strictObject({ keepVolume: z.boolean().default(false) });
-// Non-positive budgets reach checkBudget, which refuses them with one message for every dimension.
-export const budgetSchema = z.strictObject({ vcpu: int(-1_000_000, 1_000_000), memoryMib: int(-1_000_000_000, 1_000_000_000), count: int(-1_000_000, 1_000_000) });
-export const standingSchema = z.strictObject({ standing: z.enum(HOST_STANDINGS as [string, ...string[]]) });
 
 export function presentAllocation(a: AllocationRecord) {
   return {
@@ -129,8 +108,8 @@ export function registerAllocationRoutes(app: HttpServer, d: AllocationRouteDeps
   }));
   // The change is recorded, then pushed to the agent; `standing` is what is true now: `withdrawing` until the agent acknowledged.
   app.post("/v1/hosts/:host/standing", { ...auth("operator"), body: standingSchema }, async (req) => {
-    const { hostId, epoch } = await changeHostStanding(ctx, req.auth.org, req.params.host!, req.body.standing as (typeof HOST_STANDINGS)[number]);
+    const { hostId, epoch } = await changeHostStanding(ctx, req.auth.org, req.params.host!, req.body.standing);
     const reported = d.agent ? await pushStanding({ ctx, agent: d.agent }, hostId) : null;
-    return { hostId, requested: req.body.standing, standing: reported ?? reportedStanding(req.body.standing as (typeof HOST_STANDINGS)[number], epoch, 0), epoch };
+    return { hostId, requested: req.body.standing, standing: reported ?? reportedStanding(req.body.standing, epoch, 0), epoch };
   });
 }

@@ -17,8 +17,7 @@ import type { HttpServer } from "../../http/server.js";
 import type { Principal, Role } from "../auth.js";
 import type { Ctx } from "../context.js";
 import { activateHost, authenticateHost, commitHost, describeHost, hostActive, issueChallenge, openSession, takeStoppedReports } from "../actions/host-identity.js";
-import { activateSchema, hostActiveSchema, hostDescribeSchema, hostSessionSchema, stoppedReportsSchema } from "./schemas.js";
-import { z } from "zod";
+import { activateSchema, emptySchema, hostActiveSchema, hostDescribeSchema, hostSessionSchema, stoppedReportsSchema } from "./schemas.js";
 import { resetHostIdentity } from "../actions/host-reset.js";
 
 export function registerHostRoutes(
@@ -27,12 +26,12 @@ export function registerHostRoutes(
 ): void {
   const { ctx, secret } = d;
   const host = { auth: (req: IncomingMessage) => authenticateHost(ctx, req.headers.authorization) };
-  app.post("/v1/hosts/challenge", { body: z.strictObject({}) }, async () => issueChallenge(ctx, secret));
+  app.post("/v1/hosts/challenge", { body: emptySchema }, async () => issueChallenge(ctx, secret));
   app.post("/v1/hosts/session", { body: hostSessionSchema }, async (req) => openSession(ctx, secret, req.body));
-  app.post("/v1/hosts/self/commit", { ...host, body: z.strictObject({}) }, async (req) => commitHost(ctx, req.auth, secret));
+  app.post("/v1/hosts/self/commit", { ...host, body: emptySchema }, async (req) => commitHost(ctx, req.auth, secret));
   app.post("/v1/hosts/self/active", { ...host, body: hostActiveSchema }, async (req) => hostActive(ctx, req.auth, req.body.version));
   app.post("/v1/hosts/self/describe", { ...host, body: hostDescribeSchema }, async (req) => describeHost(ctx, req.auth, secret, req.body));
   app.post("/v1/hosts/self/stopped", { ...host, body: stoppedReportsSchema }, async (req) => takeStoppedReports(ctx, req.auth, req.body.reports));
-  app.post("/v1/hosts/:host/reset-identity", { ...d.auth("admin"), body: z.strictObject({}) }, async (req) => resetHostIdentity(ctx, req.auth, req.params.host!));
+  app.post("/v1/hosts/:host/reset-identity", { ...d.auth("admin"), body: emptySchema }, async (req) => resetHostIdentity(ctx, req.auth, req.params.host!));
   app.post("/v1/hosts/:host/activate", { ...d.auth("operator"), body: activateSchema }, async (req) => activateHost(ctx, req.auth, req.params.host!, req.body.force, secret));
 }

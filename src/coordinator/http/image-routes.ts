@@ -9,7 +9,6 @@
  *                                     refused on a host where a machine uses it
  */
 import type { IncomingMessage } from "node:http";
-import { z } from "zod";
 import { BerthError } from "../../core/errors.js";
 import type { HttpServer } from "../../http/server.js";
 import type { Principal, Role } from "../auth.js";
@@ -17,15 +16,13 @@ import type { Ctx } from "../context.js";
 import type { AllocationAgent } from "../allocation-agent.js";
 import { listHosts } from "../actions/hosts.js";
 import type { HostRow } from "../../store/hosts.js";
-import { idSchema } from "./schemas.js";
+import { removeImageSchema } from "./schemas.js";
 
 export interface ImageRouteDeps {
   ctx: Ctx;
   auth: (role?: Role) => { auth: (req: IncomingMessage) => Promise<Principal> };
   agent: AllocationAgent;
 }
-
-const removeSchema = z.strictObject({ host: idSchema.optional() });
 
 export function registerImageRoutes(app: HttpServer, d: ImageRouteDeps): void {
   const { ctx, auth, agent } = d;
@@ -49,7 +46,7 @@ export function registerImageRoutes(app: HttpServer, d: ImageRouteDeps): void {
     }
     return { hosts, unreachableHosts };
   });
-  app.post("/v1/images/:image/remove", { ...auth("operator"), body: removeSchema }, async (req) => {
+  app.post("/v1/images/:image/remove", { ...auth("operator"), body: removeImageSchema }, async (req) => {
     const removed: Array<{ host: string; id: string; size: number }> = [];
     const refused: Array<{ host: string; code: string; message: string }> = [];
     for (const h of await gvisorHosts(req.auth, req.body.host)) {
