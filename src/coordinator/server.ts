@@ -69,6 +69,8 @@ export interface Coordinator {
   portable: PortableApi | null;
   loop: ReconcilerLoop;
   server: Server;
+  /** Every HTTP route this coordinator serves (method and `/path/:param`). */
+  routes(): Array<{ method: string; path: string }>;
   stop(): Promise<void>;
 }
 
@@ -135,6 +137,7 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
     portable,
     loop,
     server: app.server,
+    routes: () => app.routes(),
     async stop() {
       await loop!.stop();
       ui.stop();

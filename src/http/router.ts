@@ -24,6 +24,11 @@ export class Router<R> {
     this.#routes.push({ method, segments: path.split("/").filter(Boolean), route });
   }
 
+  /** Every route added, as added (`/v1/pools/:pool`). */
+  list(): Array<{ method: string; path: string }> {
+    return this.#routes.map((r) => ({ method: r.method, path: "/" + r.segments.join("/") }));
+  }
+
   /** `path` is the request path without its query. */
   match(method: string, path: string): Matched<R> {
     const parts = path.split("/").slice(1);

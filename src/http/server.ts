@@ -124,6 +124,8 @@ export interface HttpServer {
   readonly limits: HttpLimits;
   /** Connections open now. */
   connections(): number;
+  /** Every route added (method and `/path/:param`), for the API contract's test. */
+  routes(): Array<{ method: string; path: string }>;
 }
 
 export function createHttpServer(o: HttpServerOptions): HttpServer {
@@ -216,6 +218,7 @@ export function createHttpServer(o: HttpServerOptions): HttpServer {
     server,
     limits,
     connections: () => caps.open,
+    routes: () => router.list(),
     async listen(host, port) {
       await new Promise<void>((resolve, reject) => {
         server.once("error", reject);
