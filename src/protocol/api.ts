@@ -133,6 +133,7 @@ export const createAllocationSchema = z.strictObject({
 });
 export const planSchema = z.strictObject({ size: z.string().min(1).max(64), strategy: z.enum(["binpack", "spread"]).default("binpack") });
 export const releaseAllocationSchema = z.strictObject({ keepVolume: z.boolean().default(false) });
+export const resolveAllocationSchema = z.strictObject({ volume: z.enum(["keep", "destroy"]) });
 // Non-positive budgets reach checkBudget, which refuses them with one message for every dimension.
 export const budgetSchema = z.strictObject({ vcpu: int(-1_000_000, 1_000_000), memoryMib: int(-1_000_000_000, 1_000_000_000), count: int(-1_000_000, 1_000_000) });
 const STANDINGS = ["ready", "draining", "withdrawn", "not_ready"] as const satisfies readonly HostStanding[];
@@ -327,6 +328,7 @@ export const API = {
   "POST /v1/allocations/plan": { body: planSchema, reply: planReply },
   "GET /v1/allocations/{id}": { reply: allocationView },
   "POST /v1/allocations/{id}/release": { body: releaseAllocationSchema, reply: allocationView },
+  "POST /v1/allocations/{id}/resolve": { body: resolveAllocationSchema, reply: allocationView },
   "GET /v1/volumes": { reply: o({ volumes: z.array(volumeView), unreachableHosts: z.array(s) }) },
   "GET /v1/volumes/{allocation}": { reply: volumeView },
   "POST /v1/volumes/{allocation}/verify": { reply: volumeCheck },

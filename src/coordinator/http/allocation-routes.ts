@@ -20,10 +20,10 @@
 import type { IncomingMessage } from "node:http";
 import { Reply, type HttpServer } from "../../http/server.js";
 import { allows, requireRole, type Principal, type Role } from "../auth.js";
-import { budgetSchema, createAllocationSchema, planSchema, releaseAllocationSchema, standingSchema } from "./schemas.js";
+import { budgetSchema, createAllocationSchema, planSchema, releaseAllocationSchema, resolveAllocationSchema, standingSchema } from "./schemas.js";
 import { newId } from "../../core/ids.js";
 import { createAllocation, type AllocCtx } from "../actions/allocation-create.js";
-import { releaseAllocation, type Requester } from "../actions/allocation-release.js";
+import { releaseAllocation, resolveAllocation, type Requester } from "../actions/allocation-release.js";
 import { allocationDetail, listAllocationsFor, planAllocation, showAllocation } from "../actions/allocation-read.js";
 import { parsePublicKey } from "../../core/ssh-public-key.js";
 import { registerVolumeRoutes } from "./volume-routes.js";
@@ -97,6 +97,10 @@ export function registerAllocationRoutes(app: HttpServer, d: AllocationRouteDeps
   });
   app.post("/v1/allocations/:allocation/release", { ...auth("member"), body: releaseAllocationSchema }, async (req) =>
     presentAllocation(await releaseAllocation(ctx, requester(req.auth), req.params.allocation!, req.body.keepVolume)),
+  );
+  // An operator ends a quarantine (allocation-release.ts): the agent destroys what is left, then the reservation comes back.
+  app.post("/v1/allocations/:allocation/resolve", { ...auth("operator"), body: resolveAllocationSchema }, async (req) =>
+    presentAllocation(await resolveAllocation(ctx, requester(req.auth), req.params.allocation!, req.body.volume)),
   );
   if (d.agent) registerVolumeRoutes(app, { ctx, auth, agent: d.agent, requester });
   app.get("/v1/owners", auth("operator"), async (req) => ({ owners: (await ownersOf(ctx, req.auth.org)).map(presentOwner) }));

@@ -25,6 +25,7 @@ export {
   createAllocationSchema,
   planSchema,
   releaseAllocationSchema,
+  resolveAllocationSchema,
   budgetSchema,
   standingSchema,
   removeImageSchema,
