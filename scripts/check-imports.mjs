@@ -5,7 +5,8 @@
  * included: a type import is still a dependency of the design).
  *
  *   - no import cycle anywhere in src/;
- *   - no upward import: each layer below lists what of berth it must not import.
+ *   - no upward import: each layer below lists what of berth it must not import;
+ *   - every folder under src/ has such a rule.
  *
  * Usage: node scripts/check-imports.mjs [srcDir]
  * Prints every violation and exits 1 if there is one; `--json` prints them as JSON.
@@ -16,7 +17,9 @@ import { dirname, join, relative, resolve, sep } from "node:path";
 /** Layers and the berth paths they must not import (prefixes under src/). */
 export const RULES = [
   { from: "core/", forbid: [""], why: "src/core is pure: it imports nothing of berth" },
-  { from: "protocol/", forbid: ["store/", "coordinator/", "agent/", "cli/", "providers/"], why: "src/protocol is the coordinator-agent contract: core only" },
+  { from: "protocol/", forbid: ["store/", "coordinator/", "agent/", "cli/", "providers/", "client/", "http/", "mcp/"], why: "src/protocol holds the contracts (coordinator-agent, client-coordinator): core only" },
+  { from: "http/", forbid: ["store/", "coordinator/", "agent/", "cli/", "providers/", "client/", "mcp/", "protocol/"], why: "src/http is the servers' one HTTP layer: core only" },
+  { from: "client/", forbid: ["coordinator/", "agent/", "cli/", "providers/", "mcp/", "http/"], why: "the client library talks to the coordinator over HTTP: core, protocol and the durable-file helper of store only" },
   { from: "store/", forbid: ["coordinator/", "agent/", "cli/", "providers/"], why: "src/store holds tables and statements: no coordinator, agent, cli or provider" },
   { from: "providers/", forbid: ["coordinator/", "agent/", "cli/"], why: "src/providers carry out operations: no coordinator, agent or cli" },
   { from: "agent/", forbid: ["coordinator/", "cli/", "providers/"], why: "the agent is its own process: no coordinator, cli or provider" },
@@ -120,9 +123,18 @@ export function findUpward(graph) {
   return out;
 }
 
+/** Folders directly under `srcDir` that no layer rule is written for (each must have one). */
+export function findUnruled(srcDir) {
+  const root = resolve(srcDir);
+  return readdirSync(root)
+    .filter((name) => statSync(join(root, name)).isDirectory())
+    .filter((name) => !RULES.some((r) => r.from === `${name}/`))
+    .sort();
+}
+
 export function check(srcDir) {
   const graph = importGraph(srcDir);
-  return { files: graph.size, cycles: findCycles(graph), upward: findUpward(graph) };
+  return { files: graph.size, cycles: findCycles(graph), upward: findUpward(graph), unruled: findUnruled(srcDir) };
 }
 
 const isMain = process.argv[1] && resolve(process.argv[1]) === resolve(new URL(import.meta.url).pathname);
@@ -135,7 +147,8 @@ if (isMain) {
   else {
     for (const c of r.cycles) console.log(`cycle: ${c.join(" -> ")}`);
     for (const u of r.upward) console.log(`upward import: ${u.file} imports ${u.imports}${u.dynamic ? " (dynamic)" : ""}: ${u.why}`);
-    console.log(`${r.files} files, ${r.cycles.length} cycles, ${r.upward.length} upward imports`);
+    for (const f of r.unruled) console.log(`folder without a rule: ${f}/ (add it to RULES)`);
+    console.log(`${r.files} files, ${r.cycles.length} cycles, ${r.upward.length} upward imports, ${r.unruled.length} folders without a rule`);
   }
-  process.exit(r.cycles.length + r.upward.length > 0 ? 1 : 0);
+  process.exit(r.cycles.length + r.upward.length + r.unruled.length > 0 ? 1 : 0);
 }

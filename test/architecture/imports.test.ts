@@ -6,7 +6,7 @@
 import { describe, it } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { mkdirSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, readdirSync, statSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { tempDir } from "../helpers/env.js";
 
@@ -16,6 +16,7 @@ interface Report {
   files: number;
   cycles: string[][];
   upward: Array<{ file: string; imports: string; dynamic: boolean }>;
+  unruled: string[];
 }
 
 function check(dir: string): { status: number | null; report: Report } {
@@ -38,7 +39,45 @@ describe("import rules of src/", () => {
     assert.ok(report.files > 50, `only ${report.files} files seen`);
     assert.deepEqual(report.cycles, [], "import cycles");
     assert.deepEqual(report.upward, [], "upward imports");
+    assert.deepEqual(report.unruled, [], "folders without a rule");
     assert.equal(status, 0);
+  });
+
+  it("finds a folder without a rule, and the client's and http layer's upward imports", () => {
+    const dir = tree({
+      "client/a.ts": 'import { y } from "../coordinator/c.js";\nimport { h } from "../http/h.js";\n',
+      "http/h.ts": 'import { x } from "../store/s.js";\nexport const h = 1;\n',
+      "store/s.ts": "export const x = 1;\n",
+      "coordinator/c.ts": "export const y = 1;\n",
+      "gadgets/g.ts": "export const g = 1;\n",
+    });
+    const { status, report } = check(dir);
+    assert.equal(status, 1);
+    assert.deepEqual(report.unruled, ["gadgets"]);
+    assert.deepEqual(report.upward.map((u) => `${u.file} -> ${u.imports}`).sort(), ["client/a.ts -> coordinator/c.ts", "client/a.ts -> http/h.ts", "http/h.ts -> store/s.ts"]);
+  });
+
+  it("src/ imports only runtime dependencies and node built-ins (a devDependency is for tests)", () => {
+    const pkg = JSON.parse(readFileSync("package.json", "utf8")) as { dependencies: Record<string, string>; devDependencies: Record<string, string> };
+    const bare = new Set<string>();
+    const walk = (d: string): void => {
+      for (const n of readdirSync(d)) {
+        const p = join(d, n);
+        if (statSync(p).isDirectory()) walk(p);
+        else if (p.endsWith(".ts")) {
+          for (const m of readFileSync(p, "utf8").matchAll(/(?:^|[\s;])(?:import|export)\s+(?:type\s+)?(?:[\w*{}\s,$]+?\s+from\s+)?["']([^."'][^"']*)["']|import\(\s*["']([^."'][^"']*)["']\s*\)/g)) {
+            const spec = (m[1] ?? m[2])!;
+            if (spec.startsWith("node:")) continue;
+            bare.add(spec.startsWith("@") ? spec.split("/").slice(0, 2).join("/") : spec.split("/")[0]!);
+          }
+        }
+      }
+    };
+    walk(resolve("src"));
+    assert.ok(bare.has("zod") && bare.has("commander"), "the scan sees package imports");
+    const notRuntime = [...bare].filter((p) => !(p in pkg.dependencies)).sort();
+    assert.deepEqual(notRuntime, []);
+    assert.ok("playwright-core" in pkg.devDependencies && !("playwright-core" in pkg.dependencies), "the browser driver is a test dependency");
   });
 
   it("finds a cycle, type-only imports included", () => {
