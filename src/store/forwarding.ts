@@ -1,5 +1,5 @@
 /**
- * The forwarding switch (migration 12): whether a pool's machines accept
+ * The forwarding switch (migration 13): whether a pool's machines accept
  * `ssh -L`/`-W` to their own ports (`pools.forwarding`, part of the pool's
  * compatibility: a change rotates its machines) and what each machine was
  * provisioned with (`machines.forwarding`, set with its row before the
@@ -13,7 +13,7 @@ import type { Tx } from "./store.js";
 import { forwardingColumn } from "./pools.js";
 
 export const FORWARDING_MIGRATION: Migration = {
-  version: 12,
+  version: 13,
   name: "pool forwarding switch",
   sql: `
 ALTER TABLE pools ADD COLUMN forwarding TEXT;

@@ -37,7 +37,7 @@ export interface MachineRow {
   network_evidence?: string | null;
   /** The image it was provisioned for (migration 8); NULL: the host's root. */
   image?: string | null;
-  /** "off": provisioned with forwards refused (migration 12); NULL: on. */
+  /** "off": provisioned with forwards refused (migration 13); NULL: on. */
   forwarding?: string | null;
 }
 

@@ -18,7 +18,7 @@ export interface PoolRow {
   network?: string | null;
   /** Canonical image reference (migration 8); NULL: the host's root. */
   image?: string | null;
-  /** "off" (migration 12): forwards refused; NULL: on. */
+  /** "off" (migration 13): forwards refused; NULL: on. */
   forwarding?: string | null;
   created_at: number;
   updated_at: number;
@@ -99,7 +99,7 @@ export async function updatePool(tx: Tx, org: string, name: string, s: PoolSetti
   );
 }
 
-/** The stored form of the forwarding switch: NULL for on (rows written before migration 12 read the same). */
+/** The stored form of the forwarding switch: NULL for on (rows written before migration 13 read the same). */
 export function forwardingColumn(f: PoolSettings["forwarding"] | undefined): string | null {
   return f === "off" ? "off" : null;
 }
