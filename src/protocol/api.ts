@@ -43,6 +43,8 @@ export const ensureSchema = z.strictObject({
   network: z
     .strictObject({ mode: z.enum(["none", "egress"]), allow: z.array(text(300)).max(64).default([]), dns: z.array(text(15)).max(16).default([]) })
     .default({ mode: "none", allow: [], dns: [] }),
+  /** Forwards to the machines' own ports (docs/sessions.md): "off" refuses every one. */
+  forwarding: z.enum(["on", "off"]).default("on"),
 });
 
 export const registerSchema = z.strictObject({
@@ -120,6 +122,7 @@ export const stoppedReportsSchema = z.strictObject({
   reports: z.array(z.strictObject({ machineId: id, generation: int(0, Number.MAX_SAFE_INTEGER) })).max(10_000),
 });
 export const activateSchema = z.strictObject({ force: z.boolean().default(false) });
+export const removeHostSchema = z.strictObject({ force: z.boolean().default(false) });
 
 export const createAllocationSchema = z.strictObject({
   id: id.optional(),
@@ -162,6 +165,7 @@ export const poolReply = o({
   heartbeatMs: n,
   network: network.optional(),
   image: nullable(s).optional(),
+  forwarding: z.enum(["on", "off"]).optional(),
   counts: o({ ready: n, lent: n, cleanup: n, openClaims: n }).optional(),
   states: z.record(s, n).optional(),
   ready: n.optional(),
@@ -316,6 +320,10 @@ export const API = {
   "POST /v1/hosts/enroll": { body: enrollSchema, reply: o({ hostId: s, hostCallToken: s, identity: z.literal("active").optional() }) },
   "POST /v1/hosts/{host}/activate": { body: activateSchema, reply: o({ host: s, hostId: s, state: s, machines: n, endedBorrows: n }) },
   "POST /v1/hosts/{host}/reset-identity": { body: emptySchema, reply: o({ host: s, hostId: s, state: z.literal("awaiting"), enrollToken: s }) },
+  "POST /v1/hosts/{host}/remove": {
+    body: removeHostSchema,
+    reply: o({ host: s, hostId: s, state: z.enum(["removing", "removed"]), machines: n, allocations: n }),
+  },
   "POST /v1/hosts/challenge": { body: emptySchema, reply: o({ challenge: s, expiresAt: n }) },
   "POST /v1/hosts/session": { body: hostSessionSchema, reply: o({ credential: s, expiresAt: n }) },
   "POST /v1/hosts/self/commit": { body: emptySchema, reply: o({ hostCallToken: s }) },

@@ -22,6 +22,7 @@ export {
   hostActiveSchema,
   stoppedReportsSchema,
   activateSchema,
+  removeHostSchema,
   createAllocationSchema,
   planSchema,
   releaseAllocationSchema,
