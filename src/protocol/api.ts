@@ -136,11 +136,11 @@ export const createAllocationSchema = z.strictObject({
 });
 export const planSchema = z.strictObject({ size: z.string().min(1).max(64), strategy: z.enum(["binpack", "spread"]).default("binpack") });
 export const releaseAllocationSchema = z.strictObject({ keepVolume: z.boolean().default(false) });
-export const resolveAllocationSchema = z.strictObject({ volume: z.enum(["keep", "destroy"]) });
+export const resolveAllocationSchema = z.strictObject({ volume: z.enum(["keep", "destroy", "host_gone"]) });
 // Non-positive budgets reach checkBudget, which refuses them with one message for every dimension.
 export const budgetSchema = z.strictObject({ vcpu: int(-1_000_000, 1_000_000), memoryMib: int(-1_000_000_000, 1_000_000_000), count: int(-1_000_000, 1_000_000) });
 const STANDINGS = ["ready", "draining", "withdrawn", "not_ready"] as const satisfies readonly HostStanding[];
-export const standingSchema = z.strictObject({ standing: z.enum(STANDINGS) });
+export const standingSchema = z.strictObject({ standing: z.enum(STANDINGS), hostGone: z.boolean().default(false) });
 export const removeImageSchema = z.strictObject({ host: id.optional() });
 
 // ---------------------------------------------------------------- replies

@@ -112,8 +112,8 @@ export function registerAllocationRoutes(app: HttpServer, d: AllocationRouteDeps
   }));
   // The change is recorded, then pushed to the agent; `standing` is what is true now: `withdrawing` until the agent acknowledged.
   app.post("/v1/hosts/:host/standing", { ...auth("operator"), body: standingSchema }, async (req) => {
-    const { hostId, epoch } = await changeHostStanding(ctx, req.auth.org, req.params.host!, req.body.standing);
-    const reported = d.agent ? await pushStanding({ ctx, agent: d.agent }, hostId) : null;
+    const { hostId, epoch } = await changeHostStanding(ctx, req.auth.org, req.params.host!, req.body.standing, req.body.hostGone ? req.auth.tokenId : null);
+    const reported = d.agent && !req.body.hostGone ? await pushStanding({ ctx, agent: d.agent }, hostId) : req.body.hostGone ? "withdrawn" : null;
     return { hostId, requested: req.body.standing, standing: reported ?? reportedStanding(req.body.standing, epoch, 0), epoch };
   });
 }
