@@ -38,6 +38,8 @@ export interface Faults {
   /** How many RebootInstances calls are answered true and ignored. */
   rebootsIgnored: number;
   bootMs: number;
+  /** Instances launched while set boot, but their SSM agent never registers (a private subnet without NAT or SSM endpoints). */
+  ssmNeverRegisters: boolean;
   rebootMs: number;
   terminateLagMs: number;
 }
@@ -48,7 +50,7 @@ export class AwsEmulator {
   readonly calls: string[] = [];
   /** `region:Action` of every call, in order. */
   readonly regionCalls: string[] = [];
-  readonly faults: Faults = { lose: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], rebootsIgnored: 0, bootMs: 0, rebootMs: 0, terminateLagMs: 0 };
+  readonly faults: Faults = { lose: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, rebootMs: 0, terminateLagMs: 0 };
   url = "";
   sshPort = 0;
   #server: Server | null = null;
@@ -104,9 +106,11 @@ export class AwsEmulator {
     const inst = new EmulatedInstance(id, tags, clientToken, ip, this.sshPort, this.dir, Date.now());
     inst.region = region;
     this.instances.set(id, inst);
+    const unregistered = this.faults.ssmNeverRegisters;
     this.later(this.faults.bootMs, async () => {
       if (inst.state !== "pending") return;
       await inst.boot();
+      if (unregistered) inst.ssmOnline = false;
       inst.state = "running";
       this.deliverPending(inst);
     });
