@@ -6,12 +6,14 @@
  * prints) and a metric; every launched instance is terminated. `berth pool
  * resume` (POST /v1/pools/:name/resume) ends the pause, and a pool whose
  * cause was fixed fills again. Real coordinator (SQLite, reconciler,
- * executor) against the EC2/SSM emulator.
+ * executor) against the EC2/SSM emulator. Capacity and limit errors on
+ * RunInstances are refusals (failed, not ambiguous), so they reach the
+ * breaker at once instead of after six attempts.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { startTestCoordinator } from "../helpers/env.js";
-import { awsWorld } from "../helpers/aws.js";
+import { awsWorld, machine, op } from "../helpers/aws.js";
 
 type PoolShown = { counts: { ready: number }; provisionBreaker: { failures: number; trips: number; openUntil: number | null; cause: string | null } | null };
 
@@ -71,3 +73,21 @@ test("a pool whose instances never register stops launching after N failed provi
     await w.close();
   }
 });
+
+for (const code of ["InsufficientInstanceCapacity", "InstanceLimitExceeded", "VcpuLimitExceeded"]) {
+  test(`${code} on RunInstances is a refusal: the provision fails at once, nothing launched, its record closed`, { timeout: 60_000 }, async () => {
+    const w = await awsWorld({ stepBudgetMs: 400, pollMs: 50 });
+    try {
+      w.emu.faults.runRefusals.push(code);
+      const req = op("provision", machine(`m_${code.toLowerCase()}`), 0);
+      const o = await w.provider.run(req);
+      assert.equal(o.kind, "failed", JSON.stringify(o));
+      assert.equal(o.kind === "failed" && o.retryable, false, "not retried as if the outcome were unknown");
+      assert.match(o.kind === "failed" ? o.error : "", new RegExp(code));
+      assert.equal(w.emu.instances.size, 0);
+      assert.equal((await w.provider.records.byToken(req.opId))?.endReason, `refused: ${code}`);
+    } finally {
+      await w.close();
+    }
+  });
+}

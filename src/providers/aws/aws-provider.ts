@@ -65,7 +65,7 @@ export interface AwsProviderDeps {
 const CAPABILITIES: ProviderCapabilities = { provision: true, installKey: true, revokeKey: true, fence: true, scrub: true, destroy: true, observeIdentity: true };
 
 /** Errors after which AWS is known to have changed nothing. */
-const DEFINITE_REFUSALS = new Set(["InvalidParameterValue", "InvalidParameterCombination", "InvalidAMIID.NotFound", "InvalidAMIID.Malformed", "InvalidSubnetID.NotFound", "InvalidGroup.NotFound", "UnauthorizedOperation", "AccessDeniedException", "InvalidInstanceId", "InvalidDocument", "ValidationException"]);
+const DEFINITE_REFUSALS = new Set(["InsufficientInstanceCapacity", "InstanceLimitExceeded", "VcpuLimitExceeded", "InvalidParameterValue", "InvalidParameterCombination", "InvalidAMIID.NotFound", "InvalidAMIID.Malformed", "InvalidSubnetID.NotFound", "InvalidGroup.NotFound", "UnauthorizedOperation", "AccessDeniedException", "InvalidInstanceId", "InvalidDocument", "ValidationException"]);
 
 /** `tagScope`: where instances tagged for the machine under today's deployment are looked for (null: the pool is no longer configured). */
 type Ctx = { op: OperationRequest; pc: AwsPoolConfig; c: AwsClients; b: Binding; deadline: number; tagScope: AwsClients | null };
@@ -143,7 +143,11 @@ export class AwsProvider implements Provider {
           return await this.#onInstance(x);
       }
     } catch (e) {
-      if (DEFINITE_REFUSALS.has(errorName(e))) return { kind: "failed", error: `aws refused ${op.kind}: ${errorText(e)}`, retryable: false };
+      if (DEFINITE_REFUSALS.has(errorName(e))) {
+        // Refused before anything was launched (the token was looked up first in this same call): the launch record is closed.
+        if (op.kind === "provision") await this.deps.records.ended(op.opId, this.#clock.now(), `refused: ${errorName(e)}`).catch(() => undefined);
+        return { kind: "failed", error: `aws refused ${op.kind}: ${errorText(e)}`, retryable: false };
+      }
       // Throttling, transport errors, lost replies: the request may or may not have taken effect.
       return { kind: "ambiguous", error: `aws ${op.kind}: ${errorText(e)}` };
     }

@@ -56,6 +56,8 @@ export async function ec2Action(emu: AwsEmulator, action: string, p: URLSearchPa
   const here = new Map(emu.inRegion(region).map((i) => [i.id, i]));
   switch (action) {
     case "RunInstances": {
+      const refusal = emu.faults.runRefusals.shift();
+      if (refusal) return { status: 400, body: errorXml(refusal, `emulated ${refusal}: no instance launched`) };
       const token = p.get("ClientToken") ?? randomUUID();
       // Idempotency: the same client token returns the instance it launched, whatever its state.
       let inst = [...here.values()].find((i) => i.clientToken === token && p.get("ClientToken"));

@@ -35,6 +35,8 @@ export interface Faults {
   ssmHolds: Array<{ release: () => void; held: Promise<void> }>;
   /** The next SendCommand deliveries run twice; the second run this many ms after the first ends. */
   ssmDuplicates: number[];
+  /** The next RunInstances calls are refused with these EC2 error codes (InsufficientInstanceCapacity, InstanceLimitExceeded, VcpuLimitExceeded…), one per call; nothing is launched. */
+  runRefusals: string[];
   /** How many RebootInstances calls are answered true and ignored. */
   rebootsIgnored: number;
   bootMs: number;
@@ -50,7 +52,7 @@ export class AwsEmulator {
   readonly calls: string[] = [];
   /** `region:Action` of every call, in order. */
   readonly regionCalls: string[] = [];
-  readonly faults: Faults = { lose: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, rebootMs: 0, terminateLagMs: 0 };
+  readonly faults: Faults = { lose: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], runRefusals: [], rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, rebootMs: 0, terminateLagMs: 0 };
   url = "";
   sshPort = 0;
   #server: Server | null = null;
