@@ -1,8 +1,8 @@
-/** Migration 13: the `aws_launches` table, every EC2 launch berth asked for (src/providers/aws/records.ts reads and writes it). */
+/** Migration 14: the `aws_launches` table, every EC2 launch berth asked for (src/providers/aws/records.ts reads and writes it). */
 import type { Migration } from "./migrate.js";
 
 export const AWS_LAUNCHES_MIGRATION: Migration = {
-  version: 13,
+  version: 14,
   name: "aws launches",
   sql: `
 CREATE TABLE aws_launches (

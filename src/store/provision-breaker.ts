@@ -1,5 +1,5 @@
 /**
- * The provisioning circuit breaker of a pool (migration 14, `pool_breakers`):
+ * The provisioning circuit breaker of a pool (migration 15, `pool_breakers`):
  * consecutive provisions given up, and, once they reach the threshold, a
  * pause of the pool's filling until `open_until` (doubling with each trip
  * in a row, capped). A provision that succeeds closes it; `berth pool
@@ -10,7 +10,7 @@ import type { Migration } from "./migrate.js";
 import type { Tx } from "./store.js";
 
 export const PROVISION_BREAKER_MIGRATION: Migration = {
-  version: 14,
+  version: 15,
   name: "provision breaker",
   sql: `
 CREATE TABLE pool_breakers (
