@@ -173,6 +173,8 @@ export const poolReply = o({
   claims: z.array(o({ id: s, token: s, expiresAt: n })).optional(),
   note: nullable(s).optional(),
   provisionError: nullable(o({ machineId: s, at: n, state: z.enum(["retrying", "failed"]), error: s })).optional(),
+  /** The provisioning circuit breaker (null: no failure since the last success). */
+  provisionBreaker: nullable(o({ failures: n, trips: n, openUntil: nullable(n), cause: nullable(s) })).optional(),
   /** Each live machine's policy and last readiness evidence (docs/network.md). */
   networks: z
     .array(
@@ -306,6 +308,7 @@ export const API = {
   "GET /v1/pools/{pool}": { reply: poolReply },
   "POST /v1/pools/{pool}/ensure": { body: ensureSchema, reply: poolReply },
   "POST /v1/pools/{pool}/drain": { body: drainSchema, reply: o({ drained: n, remaining: n }) },
+  "POST /v1/pools/{pool}/resume": { reply: o({ pool: s, resumed: z.boolean() }) },
   "POST /v1/pools/{pool}/machines": { body: registerSchema, reply: machineState },
   "POST /v1/machines/{machine}/destroyed": { reply: machineState },
   "POST /v1/machines/{machine}/drain": { reply: machineState },
