@@ -43,7 +43,10 @@ export interface BorrowOptions {
   pool: string;
   /** keeper (default) or portable (per-borrow key, two-phase ack). */
   access?: Access;
-  /** Portable: requested length (capped at 30 min, the machine's TTL and your token). */
+  /**
+   * How long the borrow lasts. Keeper: default 30 min (or half the pool's hard TTL if shorter), at most
+   * what the pool's machines live (else `duration_too_long`). Portable: capped at 30 min, the machine's TTL and your token.
+   */
   durationMs?: number;
   /** Write the borrow's receipt (0600) here, and a portable key next to it; default: memory only. */
   receiptPath?: string | null;
@@ -177,8 +180,8 @@ export class BerthClient {
         writeFileDurable(keyFile, pair.privateKey, 0o600);
       }
       body.publicKey = pair.publicKey;
-      if (o.durationMs !== undefined) body.durationMs = o.durationMs;
     }
+    if (o.durationMs !== undefined) body.durationMs = o.durationMs;
     // The borrow's id and tokens are chosen here, so a request whose reply is lost can be sent
     // again and answers the same borrow instead of taking a second machine.
     body.borrowId = newId(access === "portable" ? "g" : "b", randomBytes);

@@ -40,7 +40,7 @@ export function register(program: Command): void {
       .argument("<pool>", "pool name")
       .requiredOption("--receipt <file>", "where to write the receipt")
       .addOption(new Option("--access <mode>", "keeper, or portable (explicit opt-in: per-borrow key, two-phase ack)").choices(["keeper", "portable"]).default("keeper"))
-      .option("--duration <duration>", "portable: requested length (max 30m, capped by the machine's TTL and your token)", durationArg("--duration")),
+      .option("--duration <duration>", "how long the borrow lasts. keeper: default 30m (or half the pool's hard TTL if shorter), at most what its machines live; portable: max 30m, capped by the machine's TTL and your token", durationArg("--duration")),
   ).action((pool: string, o: { receipt: string; access: "keeper" | "portable"; duration?: number; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
     runCommand(async () => {
       const { client, config } = berthClientFrom(o);
