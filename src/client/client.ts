@@ -21,6 +21,7 @@ import { randomBytes } from "node:crypto";
 import { BerthError } from "../core/errors.js";
 import { newId } from "../core/ids.js";
 import { newToken } from "../core/tokens.js";
+import { formatDuration } from "../core/durations.js";
 import { writeFileDurable } from "../store/durable-file.js";
 import { Borrow, type Access } from "./borrow.js";
 import { ConfigError, loadConfig, type ConfigFlags } from "./config.js";
@@ -52,8 +53,8 @@ export interface BorrowOptions {
   receiptPath?: string | null;
   /** How long to wait for a ready machine when the pool is momentarily empty (default 0: refuse at once). */
   waitMs?: number;
-  /** Called while waiting, with the time waited so far. */
-  onWait?: (waitedMs: number) => void;
+  /** Called while waiting, with the time waited so far and why no machine is ready (the coordinator's words). */
+  onWait?: (waitedMs: number, why: string) => void;
   signal?: AbortSignal;
   /**
    * SSH follows: load the SSH client (ssh2, 50–130 ms of CPU) while the borrow request is in
@@ -202,13 +203,16 @@ export class BerthClient {
         }
         const waited = Date.now() - started;
         const exhausted = e instanceof ApiError && e.code === "pool_exhausted";
-        if (!exhausted || waited + pause > (o.waitMs ?? 0) || o.signal?.aborted) {
+        const waitMs = o.waitMs ?? 0;
+        if (!exhausted || waited >= waitMs || o.signal?.aborted) {
           removeQuietly(keyFile);
-          if (exhausted && o.waitMs) throw new ApiError(e.status, e.code, `${e.message.replace(/; try again shortly.*$/, "")}; waited ${Math.round(waited / 100) / 10}s (--wait)`);
+          if (exhausted && waitMs) throw new ApiError(e.status, e.code, `${e.message.replace(/; try again shortly.*$/, "")}; waited ${Math.round(waited / 100) / 10}s (--wait ${formatDuration(waitMs)})`);
           throw e;
         }
-        o.onWait?.(waited);
-        await sleep(pause, o.signal);
+        // Why nothing is ready, as the coordinator said (its pool_exhausted message, code dropped).
+        o.onWait?.(waited, e.message.replace(/^pool_exhausted: /, ""));
+        // The last try is at the end of the wait, not a pause before it.
+        await sleep(Math.min(pause, waitMs - waited), o.signal);
         pause = Math.min(250, Math.ceil(pause * 1.5));
       }
     }

@@ -6,7 +6,7 @@
  * borrow's own transaction; the message is all a waiting client prints.
  */
 import type { Tx } from "../../store/store.js";
-import type { PoolRecord } from "../../core/pool.js";
+import type { CapacityCounts, PoolRecord } from "../../core/pool.js";
 import { formatDuration } from "../../core/durations.js";
 import { countCapacity } from "./capacity.js";
 import { lastProvisionError } from "../../store/images.js";
@@ -31,13 +31,19 @@ export async function whyExhausted(tx: Tx, pool: PoolRecord, now: number, o: { p
     return `${name} has no ready machine with ${formatDuration(o.retired.lifeMs)} of life left for this borrow; the shortest-lived one was retired and a fresh one is being made; try again shortly (or ask a shorter --duration)`;
   }
   if (c.ready > 0) return `${name}'s ready machines are all near the end of their hard TTL (${formatDuration(pool.hardTtlMs)}) and are being replaced; try again shortly`;
+  return whyShort(tx, pool, c, o.provisions);
+}
+
+/** Why a pool has fewer ready machines than wanted (no ready machine, or fewer than minReady): what holds it, and what ends the wait. */
+export async function whyShort(tx: Tx, pool: PoolRecord, c: CapacityCounts, provisions: boolean): Promise<string> {
+  const name = `pool ${pool.name}`;
   const held = c.lent + c.cleanup + c.openClaims;
   if (held >= pool.maxReady && c.openClaims === 0) {
     return `${name} is at its maximum of ${pool.maxReady} machine(s) and none is ready: ${c.lent} lent, ${c.cleanup} being cleaned after a return; one is ready again when a borrow ends (or raise the pool's --max-ready)`;
   }
   if (c.openClaims > 0) return `${name} has no ready machine: ${c.openClaims} being made; try again shortly`;
   if (pool.minReady === 0) return `${name} keeps no machine ready (min-ready 0); raise its --min-ready`;
-  if (!o.provisions) return `${name} has no ready machine; its keeper registers machines (none is on its way)`;
+  if (!provisions) return `${name} has no ready machine; its keeper registers machines (none is on its way)`;
   const err = await lastProvisionError(tx, pool.org, pool.name);
   if (err) return `${name} has no ready machine: making one fails (${err.error.slice(0, 300)})`;
   const s = await slotHolders(tx, pool.org);

@@ -9,6 +9,7 @@ import { missingPortableCapabilities } from "../../providers/provider.js";
 import { poolRef, setDue } from "../../store/due.js";
 import { countLiveMachines, countMachinesByState, poolTotals } from "../../store/machines.js";
 import { insertPoolIfAbsent, listPools as listPoolRecords, lockPool, readPool, updatePool } from "../../store/pools.js";
+import { whyShort } from "./exhausted.js";
 import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
 import { fillPool } from "./fill.js";
@@ -120,7 +121,7 @@ export async function getPool(
   ctx: Ctx,
   p: Principal,
   name: string,
-): Promise<{ pool: PoolRecord; counts: CapacityCounts; states: Record<string, number>; machines: MachineNetworkRow[]; provisionError: ProvisionError | null }> {
+): Promise<{ pool: PoolRecord; counts: CapacityCounts; states: Record<string, number>; machines: MachineNetworkRow[]; provisionError: ProvisionError | null; shortfall: string | null }> {
   const now = ctx.now();
   return ctx.store.transaction(async (tx) => {
     const pool = await readPool(tx, p.org, name);
@@ -128,7 +129,9 @@ export async function getPool(
     const counts = await countCapacity(tx, p.org, name, now);
     const states: Record<string, number> = {};
     for (const r of await countMachinesByState(tx, p.org, name)) states[r.state] = r.n;
-    return { pool, counts, states, machines: await poolMachineNetworks(tx, p.org, name), provisionError: await lastProvisionError(tx, p.org, name) };
+    // Fewer ready than minReady: why (what holds the pool back), for waits that must say so.
+    const shortfall = counts.ready < pool.minReady ? await whyShort(tx, pool, counts, Boolean(ctx.providers.get(pool.provider)?.capabilities.provision)) : null;
+    return { pool, counts, states, machines: await poolMachineNetworks(tx, p.org, name), provisionError: await lastProvisionError(tx, p.org, name), shortfall };
   });
 }
 
