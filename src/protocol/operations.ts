@@ -67,15 +67,17 @@ export const allocLaunchArgsSchema = z.strictObject({
   /** The host's standing epoch the launch was decided under (src/agent/standing.ts); absent: 0. */
   standingEpoch: z.number().int().nonnegative().optional(),
 });
-export const allocReleaseArgsSchema = z.strictObject({ allocationId: z.string(), keepVolume: z.boolean() });
+/** `resolve`: an operator ends the allocation's quarantine; the agent then destroys a sandbox that does not match its record (what the runtime can prove is that machine's), instead of refusing. */
+export const allocReleaseArgsSchema = z.strictObject({ allocationId: z.string(), keepVolume: z.boolean(), resolve: z.boolean().optional() });
 
 /**
  * provision takes the machine's network policy (absent or `none`: no network
  * of its own, as before; the canonical hash of `{kind: "provision"}` is kept)
- * and the image it boots (absent: the host's root; core/image-ref.ts).
+ * and the image it boots (absent: the host's root; core/image-ref.ts), and
+ * `forwarding: "off"` when the pool refuses forwards to the machine's ports.
  */
 const provisionArgsSchema = z.union([
-  z.object({ network: z.unknown().optional(), image: z.string().max(1024).nullable().optional() }).passthrough(),
+  z.object({ network: z.unknown().optional(), image: z.string().max(1024).nullable().optional(), forwarding: z.enum(["on", "off"]).optional() }).passthrough(),
   z.undefined(),
   z.null(),
 ]);
@@ -91,7 +93,7 @@ export interface KeySelector {
 
 /** Arguments as the agent acts on them: validated, ids checked, the key parsed. */
 export type NormalizedArgs =
-  | { kind: "provision"; network?: NetworkPolicy; image?: string }
+  | { kind: "provision"; network?: NetworkPolicy; image?: string; forwarding?: "off" }
   | { kind: "install_key"; publicKey: string; fingerprint: string; mode: "grant" | "keeper"; grantId: Id; expiresAt: number | null }
   | { kind: "remove_key"; which: KeySelector }
   | { kind: "fence" }
@@ -99,7 +101,7 @@ export type NormalizedArgs =
   | { kind: "destroy" }
   | { kind: "alloc_hold"; allocationId: Id; vcpu: number; memoryMib: number }
   | { kind: "alloc_launch"; allocationId: Id; publicKey: string; fingerprint: string; expiresAt: number; standingEpoch?: number }
-  | { kind: "alloc_release"; allocationId: Id; keepVolume: boolean };
+  | { kind: "alloc_release"; allocationId: Id; keepVolume: boolean; resolve?: true };
 
 function invalidArgs(kind: OperationKind, error: z.ZodError): BerthError {
   return zodRefusal(error, { what: `arguments of ${kind}`, at: "args" });
@@ -144,14 +146,15 @@ export function normalizeArgs(kind: OperationKind, raw: unknown): NormalizedArgs
     case "alloc_release": {
       const p = allocReleaseArgsSchema.safeParse(raw);
       if (!p.success) throw invalidArgs(kind, p.error);
-      return { kind, allocationId: parseId(p.data.allocationId, "args.allocationId"), keepVolume: p.data.keepVolume };
+      return { kind, allocationId: parseId(p.data.allocationId, "args.allocationId"), keepVolume: p.data.keepVolume, ...(p.data.resolve === true ? { resolve: true as const } : {}) };
     }
     case "provision": {
       const p = provisionArgsSchema.safeParse(raw);
       if (!p.success) throw invalidArgs(kind, p.error);
       const network = parsePolicy(p.data?.network ?? null);
       const image = p.data?.image ? canonicalImage(p.data.image) : undefined;
-      return { kind, ...(network.mode === "none" ? {} : { network }), ...(image !== undefined ? { image } : {}) };
+      // "on" is left out, so the arguments (and their hash) of a provision with forwards allowed are unchanged.
+      return { kind, ...(network.mode === "none" ? {} : { network }), ...(image !== undefined ? { image } : {}), ...(p.data?.forwarding === "off" ? { forwarding: "off" as const } : {}) };
     }
     case "fence":
     case "scrub":

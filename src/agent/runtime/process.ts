@@ -45,6 +45,7 @@ import { readRecord, wipeDirectory, writeRecord } from "./durable.js";
 import { readStat, signalExact, signalForegroundExact, signalGroupExact, sleep, type ProcStat } from "./procfs.js";
 import { fromChild, fromPty, type Plumbing } from "./streams.js";
 import type { CreateOptions, ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeMachine } from "./types.js";
+import { forwardingOff } from "./types.js";
 import { cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
 import { KeyedLock } from "../keyed-lock.js";
 import { findCgroupBase, machineProcesses, readCgroupProcs } from "./process-scan.js";
@@ -60,6 +61,8 @@ interface ProcessMachineRecord {
   createdAt: string;
   /** The machine's network namespace (network policy `egress`); absent: the host's network. */
   netns?: string;
+  /** "off": its pool refuses forwards (CreateOptions.forwarding); absent: allowed. */
+  forwarding?: "off";
 }
 
 interface Tracked {
@@ -125,6 +128,10 @@ export class ProcessRuntime implements Runtime {
         if ((existing.netns ?? null) !== (opts.network?.netns ?? null)) {
           throw new BerthError("conflict", `conflict: machine ${machineId} exists with network namespace ${existing.netns ?? "none"}; destroy it to change its network`);
         }
+        if (existing.forwarding !== opts.forwarding) {
+          const { forwarding: _old, ...rest } = existing;
+          writeRecord(join(dir, "machine.json"), { ...rest, ...(opts.forwarding ? { forwarding: opts.forwarding } : {}) });
+        }
         return this.view(existing);
       }
       mkdirSync(join(dir, "workspace"), { recursive: true, mode: 0o700 });
@@ -147,6 +154,7 @@ export class ProcessRuntime implements Runtime {
         cgroup,
         createdAt: new Date().toISOString(),
         ...(opts.network ? { netns: opts.network.netns } : {}),
+        ...(opts.forwarding ? { forwarding: opts.forwarding } : {}),
       };
       writeRecord(join(dir, "machine.json"), rec);
       return this.view(rec);
@@ -155,6 +163,7 @@ export class ProcessRuntime implements Runtime {
 
   async forwardRefusal(machineId: string): Promise<string | null> {
     const rec = this.mustRecord(machineId);
+    if (rec.forwarding === "off") return forwardingOff(machineId);
     if (rec.netns) return null;
     return `machine ${machineId} runs on the process runtime without a network namespace, so its localhost is the host's own; forwards need a network policy (docs/network.md) or the gvisor runtime`;
   }
