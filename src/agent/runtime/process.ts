@@ -35,7 +35,7 @@
  * why it is only a supplement.
  */
 import { spawn } from "node:child_process";
-import { existsSync, mkdirSync, readdirSync, rmSync, rmdirSync, writeFileSync } from "node:fs";
+import { chownSync, existsSync, mkdirSync, readdirSync, rmSync, rmdirSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { userInfo } from "node:os";
 import pty from "node-pty";
@@ -60,6 +60,12 @@ interface ProcessMachineRecord {
   createdAt: string;
   /** The machine's network namespace (network policy `egress`); absent: the host's network. */
   netns?: string;
+  /**
+   * With a namespace: the machine's own unprivileged uid/gid (no passwd entry).
+   * Every command runs as it, with no capabilities and no_new_privs, and sees
+   * only its own processes (see exec).
+   */
+  runAs?: { uid: number; gid: number };
 }
 
 interface Tracked {
@@ -68,6 +74,29 @@ interface Tracked {
 }
 
 const FENCE_ROUNDS = 100;
+
+/**
+ * Under a network policy, inside the mount namespace `ip netns exec` made for
+ * the command (its mounts never reach the host), still root:
+ *   - a /proc of its own with hidepid=invisible: the command sees only the
+ *     processes of its own uid (the machine's);
+ *   - a tmpfs over the agent's state directory (other machines, the agent's
+ *     records) with only this machine's workspace bound back at its path
+ *     (`mount -c`: "." is the spawn's cwd, the workspace, not a path looked up
+ *     again under the tmpfs);
+ * then setpriv: the machine's uid/gid, no supplementary groups, every
+ * capability set empty (bounding set too) and no_new_privs (setuid binaries
+ * give nothing back), and exec of the command with the same pid.
+ * An unprivileged uid cannot setns() (no CAP_SYS_ADMIN), touch nftables or
+ * routes (no CAP_NET_ADMIN), signal or ptrace the agent or another machine
+ * (another uid), nor write a root-owned file.
+ */
+const CONFINE = [
+  'sd=$1 ws=$2 uid=$3 gid=$4; shift 4',
+  'mount -t proc -o hidepid=invisible,nosuid,nodev,noexec proc /proc || exit 126',
+  'mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev berth-state "$sd" && mkdir -p "$ws" && mount -c --bind . "$ws" && cd "$ws" || exit 126',
+  'exec setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --ambient-caps=-all --bounding-set=-all --no-new-privs -- "$@"',
+].join("\n");
 const KEEP_INCARNATIONS = 16;
 
 export interface ProcessRuntimeOptions {
@@ -139,6 +168,8 @@ export class ProcessRuntime implements Runtime {
         }
       }
       const inc = newIncarnation();
+      const runAs = opts.network ? { uid: opts.network.uid, gid: opts.network.uid } : null;
+      if (runAs) chownSync(join(dir, "workspace"), runAs.uid, runAs.gid);
       const rec: ProcessMachineRecord = {
         v: 1,
         machineId,
@@ -147,6 +178,7 @@ export class ProcessRuntime implements Runtime {
         cgroup,
         createdAt: new Date().toISOString(),
         ...(opts.network ? { netns: opts.network.netns } : {}),
+        ...(runAs ? { runAs } : {}),
       };
       writeRecord(join(dir, "machine.json"), rec);
       return this.view(rec);
@@ -182,8 +214,12 @@ export class ProcessRuntime implements Runtime {
       // the same pid (so "command not found" is a normal exit 127 from the
       // shell, not a spawn error).
       const join_ = rec.cgroup ? 'echo $$ > "$0" || exit 126; ' : "";
-      const enter = rec.netns ? 'ns=$1; shift; exec ip netns exec "$ns" "$@"' : 'exec "$@"';
-      const args = ["-c", join_ + enter, rec.cgroup ? join(rec.cgroup, "cgroup.procs") : "berth-exec", ...(rec.netns ? [rec.netns] : []), ...argv];
+      if (rec.netns && !rec.runAs) {
+        throw new BerthError("conflict", `conflict: machine ${machineId} was created without a uid of its own for its network policy; destroy it and provision it again`);
+      }
+      const enter = rec.netns ? 'ns=$1 confine=$2; shift 2; exec ip netns exec "$ns" /bin/sh -c "$confine" berth-confine "$@"' : 'exec "$@"';
+      const confine = rec.runAs ? [CONFINE, this.stateDir, workspace, String(rec.runAs.uid), String(rec.runAs.gid)] : [];
+      const args = ["-c", join_ + enter, rec.cgroup ? join(rec.cgroup, "cgroup.procs") : "berth-exec", ...(rec.netns ? [rec.netns] : []), ...confine, ...argv];
 
       let plumbing: Plumbing;
       let pid: number;
