@@ -71,7 +71,7 @@ try {
         for (const n of i % 2 === 0 ? (["none", "egress"] as const) : (["egress", "none"] as const)) await borrow(n);
       }
       await api.close();
-      const added = t.egress.map((e, i) => e - t.none[i]);
+      const added = t.egress.map((e, i) => e - (t.none[i] ?? e));
       rows.push({ runtime, none: dist(t.none), egress: dist(t.egress), added: dist(added) });
       process.stderr.write(`${runtime}: done\n`);
     } finally {

@@ -12,14 +12,14 @@ import { insertPoolIfAbsent, listPools as listPoolRecords, lockPool, readPool, u
 import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
 import { fillPool } from "./fill.js";
-import { NO_NETWORK, policyFingerprint, policyRefusal, type NetworkPolicy } from "../../core/network-policy.js";
+import { NO_NETWORK, hostAddressRefusal, policyFingerprint, policyRefusal, type NetworkPolicy } from "../../core/network-policy.js";
 import { poolMachineNetworks, staleReadyMachineIds, type MachineNetworkRow } from "../../store/machine-network.js";
 import { lockMachine } from "../../store/machines.js";
 import { applyTransition } from "./transition.js";
 import { countCapacity, type IssuedClaim } from "./capacity.js";
 import { formatImageRef, imageProvider, parseImageRef } from "../../core/image-ref.js";
 import { lastProvisionError, staleImageReadyMachineIds, type ProvisionError } from "../../store/images.js";
-import { countHostsByRuntime } from "../../store/hosts.js";
+import { countHostsByRuntime, listHosts } from "../../store/hosts.js";
 import type { Tx } from "../../store/store.js";
 
 export interface EnsureInput {
@@ -79,6 +79,11 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
   const result = await ctx.store.transaction(async (tx) => {
     // Insert-if-absent first, so concurrent first ensures of one pool serialize on its row.
     if (image !== null && input.provider === "hosts") await checkImageHosts(tx, p.org, input.name);
+    if (settings.network.mode === "egress") {
+      const addrs = (await listHosts(tx, p.org)).flatMap((h) => [urlHost(h.url), h.ssh_host]);
+      const hostRefused = hostAddressRefusal(settings.network, addrs);
+      if (hostRefused !== null) throw new BerthError("invalid_request", hostRefused);
+    }
     const created = await insertPoolIfAbsent(tx, p.org, input.name, settings, now);
     const existing = await lockPool(tx, p.org, input.name);
     if (!created && existing) {
@@ -175,3 +180,10 @@ export async function listPools(ctx: Ctx, p: Principal): Promise<Array<{ pool: P
   });
 }
 
+function urlHost(url: string): string {
+  try {
+    return new URL(url).hostname;
+  } catch {
+    return "";
+  }
+}
