@@ -67,7 +67,8 @@ export const allocLaunchArgsSchema = z.strictObject({
   /** The host's standing epoch the launch was decided under (src/agent/standing.ts); absent: 0. */
   standingEpoch: z.number().int().nonnegative().optional(),
 });
-export const allocReleaseArgsSchema = z.strictObject({ allocationId: z.string(), keepVolume: z.boolean() });
+/** `resolve`: an operator ends the allocation's quarantine; the agent then destroys a sandbox that does not match its record (what the runtime can prove is that machine's), instead of refusing. */
+export const allocReleaseArgsSchema = z.strictObject({ allocationId: z.string(), keepVolume: z.boolean(), resolve: z.boolean().optional() });
 
 /**
  * provision takes the machine's network policy (absent or `none`: no network
@@ -99,7 +100,7 @@ export type NormalizedArgs =
   | { kind: "destroy" }
   | { kind: "alloc_hold"; allocationId: Id; vcpu: number; memoryMib: number }
   | { kind: "alloc_launch"; allocationId: Id; publicKey: string; fingerprint: string; expiresAt: number; standingEpoch?: number }
-  | { kind: "alloc_release"; allocationId: Id; keepVolume: boolean };
+  | { kind: "alloc_release"; allocationId: Id; keepVolume: boolean; resolve?: true };
 
 function invalidArgs(kind: OperationKind, error: z.ZodError): BerthError {
   return zodRefusal(error, { what: `arguments of ${kind}`, at: "args" });
@@ -144,7 +145,7 @@ export function normalizeArgs(kind: OperationKind, raw: unknown): NormalizedArgs
     case "alloc_release": {
       const p = allocReleaseArgsSchema.safeParse(raw);
       if (!p.success) throw invalidArgs(kind, p.error);
-      return { kind, allocationId: parseId(p.data.allocationId, "args.allocationId"), keepVolume: p.data.keepVolume };
+      return { kind, allocationId: parseId(p.data.allocationId, "args.allocationId"), keepVolume: p.data.keepVolume, ...(p.data.resolve === true ? { resolve: true as const } : {}) };
     }
     case "provision": {
       const p = provisionArgsSchema.safeParse(raw);

@@ -7,7 +7,25 @@
  * and the release result (sessions cut, processes gone, volume kept or wiped).
  */
 import type { Tx } from "./store.js";
+import type { Migration } from "./migrate.js";
 import type { AllocLaunchResult, AllocReleaseResult } from "../protocol/operations.js";
+
+/**
+ * Migration 12: an operator's resolution of a quarantined allocation
+ * (`berth alloc resolve`): `resolve` is `keep` or `destroy` (the volume), and
+ * `resolved_by` the operator's token id. Set once the operator asked; the
+ * cleanup then sends the agent a release with `resolve`.
+ */
+export const ALLOCATION_RESOLVE_MIGRATION: Migration = {
+  version: 12,
+  name: "allocation quarantine resolution",
+  sql: `
+ALTER TABLE allocation_launches ADD COLUMN resolve TEXT;
+ALTER TABLE allocation_launches ADD COLUMN resolved_by TEXT;
+`,
+};
+
+export type ResolveChoice = "keep" | "destroy";
 
 export interface LaunchRecord {
   allocationId: string;
@@ -19,6 +37,8 @@ export interface LaunchRecord {
   readyAt: number | null;
   attempts: number;
   error: string | null;
+  /** An operator's resolution of the quarantine: the volume's fate, and who asked. */
+  resolve: { volume: ResolveChoice; by: string } | null;
 }
 
 interface Row {
@@ -31,6 +51,8 @@ interface Row {
   ready_at: number | string | null;
   attempts: number;
   error: string | null;
+  resolve: string | null;
+  resolved_by: string | null;
 }
 
 export async function getLaunch(tx: Tx, allocationId: string): Promise<LaunchRecord | null> {
@@ -46,7 +68,13 @@ export async function getLaunch(tx: Tx, allocationId: string): Promise<LaunchRec
     readyAt: r.ready_at === null ? null : Number(r.ready_at),
     attempts: r.attempts,
     error: r.error,
+    resolve: r.resolve === "keep" || r.resolve === "destroy" ? { volume: r.resolve, by: r.resolved_by ?? "" } : null,
   };
+}
+
+/** Records an operator's resolution (the volume choice follows it); attempts start again from zero. */
+export async function setResolve(tx: Tx, allocationId: string, volume: ResolveChoice, by: string, now: number): Promise<void> {
+  await tx.run("UPDATE allocation_launches SET resolve = ?, resolved_by = ?, keep_volume = ?, attempts = 0, updated_at = ? WHERE allocation_id = ?", [volume, by, volume === "keep" ? 1 : 0, now, allocationId]);
 }
 
 export async function insertLaunch(tx: Tx, allocationId: string, publicKey: string, fingerprint: string, now: number): Promise<void> {

@@ -15,6 +15,7 @@ import { IMAGES_MIGRATION } from "./images.js";
 import { HOST_REMOVAL_MIGRATION } from "./host-removal.js";
 import { HOST_STANDING_MIGRATION } from "./host-standing.js";
 import { AUDIT_DETAIL_MIGRATION } from "./audit.js";
+import { ALLOCATION_RESOLVE_MIGRATION } from "./allocation-launches.js";
 
 export const MIGRATIONS: readonly Migration[] = [
   {
@@ -190,4 +191,5 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
   HOST_REMOVAL_MIGRATION,
   HOST_STANDING_MIGRATION,
   AUDIT_DETAIL_MIGRATION,
+  ALLOCATION_RESOLVE_MIGRATION,
 ];

@@ -15,7 +15,7 @@
  * SSM completions), BERTH_MODEL_AWS_RUNS of them (default 150).
  *
  * Seeded and reproducible:
- *   BERTH_MODEL_RUNS (default 1000), BERTH_MODEL_SEED, BERTH_MODEL_PATH,
+ *   BERTH_MODEL_RUNS (default 400), BERTH_MODEL_SEED, BERTH_MODEL_PATH,
  *   BERTH_MODEL_REPLAY (fast-check's commands replay path),
  *   BERTH_MODEL_NO_SHRINK=1 (stop at the first failure; used by scripts/mutants.sh).
  * scripts/model-many.sh N runs many more.
@@ -29,7 +29,7 @@ import { World, seededRandom } from "./world.js";
 import { commandArbs, prelude } from "./commands.js";
 import { AGENT_PROFILE, AWS_PROFILE, type SimProfile } from "./simulated-agent-provider.js";
 
-const RUNS = Number(process.env.BERTH_MODEL_RUNS ?? 1000);
+const RUNS = Number(process.env.BERTH_MODEL_RUNS ?? 400);
 const AWS_RUNS = Number(process.env.BERTH_MODEL_AWS_RUNS ?? 150);
 const SEED = process.env.BERTH_MODEL_SEED !== undefined ? Number(process.env.BERTH_MODEL_SEED) : (Date.now() ^ (Math.random() * 0x7fffffff)) | 0;
 const PATH = process.env.BERTH_MODEL_PATH;

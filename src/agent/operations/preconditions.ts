@@ -23,6 +23,9 @@ import type { AgentStore } from "../store/store.js";
 import { holdRefusal } from "./alloc-hold.js";
 import { launchRefusal, readStanding } from "../standing.js";
 
+/** The prefix of a mismatch an operator resolved: only `destroy` is accepted for it (alloc-release.ts). */
+export const OPERATOR_RESOLVED = "operator resolved: ";
+
 export interface Envelope {
   opId: string;
   machineId: string;
@@ -84,8 +87,9 @@ function machinePrecondition(env: Envelope, kind: OperationKind, m: MachineRecor
       if (kind === "destroy") return;
       throw new BerthError("conflict", `conflict: machine ${machineId} was destroyed; use a new machine id`);
     case "mismatch":
-      // Nothing left to signal, or a machine retired because its network rules changed (its processes are its own): destroy may end it.
-      if (kind === "destroy" && (m.mismatch?.startsWith("missing") || m.mismatch?.startsWith("network:"))) return;
+      // Nothing left to signal, a machine retired because its network rules changed (its processes are its own),
+      // or one an operator resolved (alloc_release with resolve): destroy may end it.
+      if (kind === "destroy" && (m.mismatch?.startsWith("missing") || m.mismatch?.startsWith("network:") || m.mismatch?.startsWith(OPERATOR_RESOLVED))) return;
       throw new BerthError(
         "conflict",
         `conflict: machine ${machineId} does not match its record (${m.mismatch ?? "unknown"}); the agent will not touch it; an operator must inspect it`,

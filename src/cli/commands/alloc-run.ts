@@ -118,6 +118,17 @@ export function release(id: string, o: Flags & { keepVolume: boolean }): Promise
   });
 }
 
+/** An operator ends a quarantine; the choice of volume must be said. */
+export function resolve(id: string, o: Flags & { keepVolume?: boolean; destroy?: boolean }): Promise<void> {
+  return withApi(o, async (api) => {
+    if (!o.keepVolume && !o.destroy) throw new BerthError("invalid_request", "invalid_request: say what happens to the workspace volume: --keep-volume or --destroy");
+    const a = await api.call<AllocationView>("POST", `/v1/allocations/${seg(id)}/resolve`, { volume: o.keepVolume ? "keep" : "destroy" });
+    if (o.json) printJson(a);
+    else process.stdout.write(`allocation ${a.id}: ${a.state === "released" ? "released; slot and budget returned" : `resolution under way (volume ${o.keepVolume ? "kept" : "destroyed"}); slot and budget come back once the agent proves the sandbox gone (berth alloc show ${a.id})`}
+`);
+  });
+}
+
 interface PlanView {
   size: { name: string; vcpu: number; memoryMib: number };
   strategy: string;

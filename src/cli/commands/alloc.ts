@@ -1,5 +1,5 @@
 /**
- * `berth alloc create|ls|show|release|plan|hosts|standing` and `berth owner
+ * `berth alloc create|ls|show|release|resolve|plan|hosts|standing` and `berth owner
  * admit|budget|ls`: the definitions only. Each action loads its body from
  * alloc-run.ts when it runs, so other commands never pay for loading it.
  */
@@ -39,6 +39,14 @@ export function register(program: Command): void {
   clientOpts(alloc.command("release").description("Release an allocation; slot and budget come back once its cleanup is proven").argument("<id>", "allocation id").option("--keep-volume", "keep the workspace volume", false)).action(
     async (id: string, o) => (await load()).release(id, o),
   );
+  clientOpts(
+    alloc
+      .command("resolve")
+      .description("End a quarantined allocation (operators): its sandbox is destroyed even if it no longer matches its record, the volume kept or destroyed; slot and budget come back once that is proven")
+      .argument("<id>", "allocation id")
+      .addOption(new Option("--keep-volume", "keep the workspace volume").conflicts("destroy"))
+      .addOption(new Option("--destroy", "destroy the workspace volume too").conflicts("keepVolume")),
+  ).action(async (id: string, o) => (await load()).resolve(id, o));
   clientOpts(alloc.command("plan").description("Dry run: where a size would go, and per host why it does not fit").requiredOption("--size <size>", "size to place").addOption(strategy())).action(async (o) => (await load()).plan(o));
   clientOpts(alloc.command("sizes").description("The size catalog and the longest lifetime allowed")).action(async (o) => (await load()).sizes(o));
   clientOpts(alloc.command("hosts").description("Hosts' standing and capacity in use by allocations")).action(async (o) => (await load()).hosts(o));

@@ -33,7 +33,7 @@ import type { Tx } from "../../store/store.js";
 import { lockOwner, setOwnerUsage } from "../../store/alloc-owners.js";
 import { casActor, readActor } from "../../store/allocation-actors.js";
 import { casAllocationState, getAllocation, type AllocationRecord } from "../../store/allocations.js";
-import { getLaunch, noteLaunchError, setReleased } from "../../store/allocation-launches.js";
+import { getLaunch, noteLaunchError, setReleased, type LaunchRecord } from "../../store/allocation-launches.js";
 import { appendLedger } from "../../store/allocation-ledger.js";
 import { lockHostAccount, setHostUsage } from "../../store/host-accounts.js";
 import { clearDue, setDue } from "../../store/due.js";
@@ -78,12 +78,15 @@ export async function driveCleanup(d: AllocWorkerDeps, id: string): Promise<void
 
   // 2. The agent's cleanup. Generation 0 in the envelope: the agent releases at the highest
   // generation it knows, so every attempt (any coordinator) is the same request under one id.
-  const res = await agent.op(a.hostId, "alloc_release", `${opBase(a.id)}-r`, allocationMachineId(a.id), 0, { allocationId: a.id, keepVolume: launch.keepVolume });
+  // An operator's resolution is another request (its own id per choice): the agent destroys a sandbox that does not match its record.
+  const res = launch.resolve
+    ? await agent.op(a.hostId, "alloc_release", `${opBase(a.id)}-x${launch.resolve.volume === "keep" ? "k" : "d"}`, allocationMachineId(a.id), 0, { allocationId: a.id, keepVolume: launch.resolve.volume === "keep", resolve: true })
+    : await agent.op(a.hostId, "alloc_release", `${opBase(a.id)}-r`, allocationMachineId(a.id), 0, { allocationId: a.id, keepVolume: launch.keepVolume });
   await d.pauseAt("alloc_during_release");
 
   // 3. Record and refund, or quarantine.
   if (res.kind === "done") {
-    await ctx.store.transaction((tx) => finish(tx, d, a, res.result, ctx.now()), { name: "alloc_cleanup_done" });
+    await ctx.store.transaction((tx) => finish(tx, d, a, res.result, ctx.now(), launch.resolve), { name: "alloc_cleanup_done" });
     return;
   }
   await noteDoubt(d, a, `release: ${res.error}`, res.kind === "refused");
@@ -98,7 +101,7 @@ async function noteDoubt(d: AllocWorkerDeps, a: AllocationRecord, error: string,
   }, { name: "alloc_cleanup_doubt" });
 }
 
-async function finish(tx: Tx, d: AllocWorkerDeps, a0: AllocationRecord, result: AllocReleaseResult, now: number): Promise<void> {
+async function finish(tx: Tx, d: AllocWorkerDeps, a0: AllocationRecord, result: AllocReleaseResult, now: number, resolve: LaunchRecord["resolve"]): Promise<void> {
   const { ctx } = d;
   const owner = await lockOwner(tx, a0.org, a0.owner);
   const a = await getAllocation(tx, a0.id, true);
@@ -114,9 +117,10 @@ async function finish(tx: Tx, d: AllocWorkerDeps, a0: AllocationRecord, result: 
     if (!host) throw new Error(`allocation ${a.id} has no host account ${a.hostId}`);
     await setOwnerUsage(tx, a.org, a.owner, refund(owner.used, { name: a.size, vcpu: a.vcpu, memoryMib: a.memoryMib }), now);
     await setHostUsage(tx, a.hostId, { vcpu: host.used.vcpu - a.vcpu, memoryMib: host.used.memoryMib - a.memoryMib, slots: host.used.slots - 1 });
-    await appendLedger(tx, { at: now, event: "refund", org: a.org, allocation_id: a.id, owner: a.owner, host_id: a.hostId, vcpu: a.vcpu, memory_mib: a.memoryMib, detail: `cleanup proven: ${result.processesRemaining} processes, volume ${result.volume}`, actor: ctx.actor });
+    await appendLedger(tx, { at: now, event: "refund", org: a.org, allocation_id: a.id, owner: a.owner, host_id: a.hostId, vcpu: a.vcpu, memory_mib: a.memoryMib, detail: `cleanup proven: ${result.processesRemaining} processes, volume ${result.volume}${resolve ? `; quarantine resolved by operator ${resolve.by}` : ""}`, actor: ctx.actor });
   }
-  if (!(await casAllocationState(tx, a.id, a.state, t.state, now, t.reason ?? `cleanup proven; volume ${result.volume}`))) throw new Error(`allocation ${a.id} changed under the owner's lock`);
+  const reason = resolve && a.state === "quarantined" ? `quarantine resolved by an operator (${resolve.by}); volume ${result.volume}` : (t.reason ?? `cleanup proven; volume ${result.volume}`);
+  if (!(await casAllocationState(tx, a.id, a.state, t.state, now, reason))) throw new Error(`allocation ${a.id} changed under the owner's lock`);
   await clearDue(tx, "alloc_cleanup", a.id);
 }
 

@@ -22,7 +22,7 @@ import { lockHostAccount, setHostUsage } from "../../store/host-accounts.js";
 import { casAllocationState, getAllocation, type AllocationRecord } from "../../store/allocations.js";
 import { appendLedger } from "../../store/allocation-ledger.js";
 import { clearDue, setDue } from "../../store/due.js";
-import { setKeepVolume } from "../../store/allocation-launches.js";
+import { getLaunch, setKeepVolume, setResolve, type ResolveChoice } from "../../store/allocation-launches.js";
 import type { AllocCtx } from "./allocation-create.js";
 
 export interface Requester {
@@ -70,6 +70,42 @@ export async function releaseAllocation(ctx: AllocCtx, who: Requester, rawId: st
     if (!who.operator && a.owner !== who.principal) throw new BerthError("forbidden", `forbidden: allocation ${id} belongs to another owner; only it or an operator may release it`);
     return releaseIn(tx, ctx, a, who.operator && a.owner !== who.principal ? "operator" : "owner", keepVolume, now);
   }, { name: "alloc_release" });
+}
+
+/**
+ * An operator ends a quarantine (`berth alloc resolve ID --keep-volume|--destroy`):
+ * the choice is recorded and the cleanup is due at once, now sending the
+ * agent a release with `resolve` — the agent then destroys a sandbox that
+ * does not match its record instead of refusing, and proves nothing of it is
+ * left. Slot and budget come back only when that is proven (the cleanup's
+ * own last transaction); until then the allocation stays `quarantined`, its
+ * reason naming the resolution under way. Only a quarantined allocation is
+ * resolved; the same resolution again is answered as it is.
+ */
+export async function resolveAllocation(ctx: AllocCtx, who: Requester, rawId: string, volume: ResolveChoice): Promise<AllocationRecord> {
+  const id = parseId(rawId, "allocation id");
+  const now = ctx.now();
+  return ctx.store.transaction(async (tx) => {
+    const a0 = await getAllocation(tx, id);
+    if (!a0 || a0.org !== who.org) throw new BerthError("not_found", `not_found: no allocation ${id} in this organisation`);
+    await lockOwner(tx, a0.org, a0.owner);
+    const a = (await getAllocation(tx, id, true))!;
+    if (a.state !== "quarantined") {
+      const hint = a.state === "released" ? "there is nothing left to resolve" : a.state === "releasing" ? "its cleanup is still under way; resolve it if it ends quarantined" : `release it first (berth alloc release ${id})`;
+      throw new BerthError("conflict", `conflict: allocation ${id} is ${a.state}; only a quarantined allocation is resolved (${hint})`);
+    }
+    const launch = await getLaunch(tx, id);
+    if (!launch) throw new BerthError("conflict", `conflict: allocation ${id} never launched; nothing is on a host to resolve`);
+    if (launch.resolve && launch.resolve.volume !== volume) {
+      throw new BerthError("conflict", `conflict: allocation ${id} is already being resolved with its volume ${launch.resolve.volume === "keep" ? "kept" : "destroyed"}; that choice stands`);
+    }
+    const reason = `quarantined; resolution by an operator (${who.principal}) under way, volume ${volume === "keep" ? "kept" : "destroyed"}: ${a.reason ?? ""}`.slice(0, 2000);
+    await setResolve(tx, id, volume, who.principal, now);
+    if (!(await casAllocationState(tx, id, "quarantined", "quarantined", a.stateSince, reason))) throw new Error(`allocation ${id} changed under the owner's lock`);
+    await setDue(tx, "alloc_cleanup", id, now);
+    tx.afterCommit(() => ctx.kick?.());
+    return { ...a, reason };
+  }, { name: "alloc_resolve" });
 }
 
 /** The reconciler's handler of an `alloc_expiry` due row: release at expiry (at equality), else re-arm. */

@@ -25,7 +25,7 @@ import { idSchema } from "./schemas.js";
 import { HOST_STANDINGS } from "../../core/allocation-placement.js";
 import { newId } from "../../core/ids.js";
 import { createAllocation, type AllocCtx } from "../actions/allocation-create.js";
-import { releaseAllocation, type Requester } from "../actions/allocation-release.js";
+import { releaseAllocation, resolveAllocation, type Requester } from "../actions/allocation-release.js";
 import { allocationDetail, listAllocationsFor, planAllocation, showAllocation } from "../actions/allocation-read.js";
 import { parsePublicKey } from "../../core/ssh-public-key.js";
 import { registerVolumeRoutes } from "./volume-routes.js";
@@ -51,6 +51,7 @@ export const createAllocationSchema = z.strictObject({
 
 export const planSchema = z.strictObject({ size: z.string().min(1).max(64), strategy: z.enum(["binpack", "spread"]).default("binpack") });
 export const releaseAllocationSchema = z.strictObject({ keepVolume: z.boolean().default(false) });
+export const resolveAllocationSchema = z.strictObject({ volume: z.enum(["keep", "destroy"]) });
 // Non-positive budgets reach checkBudget, which refuses them with one message for every dimension.
 export const budgetSchema = z.strictObject({ vcpu: int(-1_000_000, 1_000_000), memoryMib: int(-1_000_000_000, 1_000_000_000), count: int(-1_000_000, 1_000_000) });
 export const standingSchema = z.strictObject({ standing: z.enum(HOST_STANDINGS as [string, ...string[]]) });
@@ -118,6 +119,10 @@ export function registerAllocationRoutes(app: HttpServer, d: AllocationRouteDeps
   });
   app.post("/v1/allocations/:allocation/release", { ...auth("member"), body: releaseAllocationSchema }, async (req) =>
     presentAllocation(await releaseAllocation(ctx, requester(req.auth), req.params.allocation!, req.body.keepVolume)),
+  );
+  // An operator ends a quarantine (allocation-release.ts): the agent destroys what is left, then the reservation comes back.
+  app.post("/v1/allocations/:allocation/resolve", { ...auth("operator"), body: resolveAllocationSchema }, async (req) =>
+    presentAllocation(await resolveAllocation(ctx, requester(req.auth), req.params.allocation!, req.body.volume)),
   );
   if (d.agent) registerVolumeRoutes(app, { ctx, auth, agent: d.agent, requester });
   app.get("/v1/owners", auth("operator"), async (req) => ({ owners: (await ownersOf(ctx, req.auth.org)).map(presentOwner) }));

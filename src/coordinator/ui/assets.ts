@@ -1,6 +1,6 @@
 /**
  * Static files of the dashboard, served from the package itself (never a
- * CDN): htmx and its server-sent-events extension, uPlot, and the
+ * CDN): htmx, uPlot, and the
  * dashboard's own script and stylesheet. Each is read once, kept in memory
  * with a content hash as its ETag, and answered 304 to a matching
  * `If-None-Match`.
@@ -22,13 +22,12 @@ const JS = "text/javascript; charset=utf-8";
 const CSS = "text/css; charset=utf-8";
 
 /**
- * URL path → where its bytes come from. htmx and its SSE extension are one
- * file: htmx initialises on a timer once the document is parsed, and an
- * extension loaded by a second script could register after that (then the
- * page would never open its live stream).
+ * URL path → where its bytes come from. The live stream is the dashboard's
+ * own script's (client/script.ts: it tells a coordinator that is down from
+ * a session that ended), not htmx's SSE extension.
  */
 const SOURCES: Record<string, { type: string; modules?: string[]; text?: string }> = {
-  "/ui/assets/htmx.js": { type: JS, modules: ["htmx.org/dist/htmx.min.js", "htmx.org/dist/ext/hx-sse.min.js"] },
+  "/ui/assets/htmx.js": { type: JS, modules: ["htmx.org/dist/htmx.min.js"] },
   "/ui/assets/uplot.js": { type: JS, modules: ["uplot/dist/uPlot.iife.min.js"] },
   "/ui/assets/uplot.css": { type: CSS, modules: ["uplot/dist/uPlot.min.css"] },
   "/ui/assets/ui.js": { type: JS, text: UI_JS },

@@ -53,7 +53,8 @@ export function page(v: View, o: { title: string; current: string; live: string;
 <input type="hidden" name="csrf" value="${v.csrf}"><button type="submit">Sign out</button></form></header>
 <main id="main" tabindex="-1"><h1>${o.title}</h1>
 <form id="ui-action" method="post" action="/ui" hidden><input type="hidden" name="csrf" value="${v.csrf}"><input type="hidden" name="back" value="${v.here}"></form>
-<div id="events" hidden hx-sse:connect="/ui/events?since=${o.mark}" hx-sse:close="signed-out"></div>
+<div id="outage" class="notice error" role="status" aria-live="polite" hidden></div>
+<div id="events" hidden data-stream="/ui/events?since=${o.mark}" data-probe="${withPart(o.live)}"></div>
 <div id="live" hx-get="${withPart(o.live)}" hx-trigger="changed from:#events" hx-swap="innerMorph">${o.body}</div>
 </main>`,
   });

@@ -14,7 +14,10 @@
  * A stream ends when its session does: at once on sign-out in this process,
  * and within `recheckMs` otherwise (expiry, revocation of its token, a
  * sign-out through another coordinator); it then sends `signed-out`, which
- * takes the page to the sign-in form.
+ * takes the page to the sign-in form. When the coordinator stops, its
+ * streams end with no event: the session is still valid, and the page shows
+ * the coordinator as unreachable and reconnects (client/script.ts); it is
+ * never signed out by a stop.
  */
 import type { ServerResponse } from "node:http";
 import { createHash } from "node:crypto";
@@ -106,9 +109,10 @@ export class LiveChanges {
           s.res.write(`event: changed\ndata: ${digest}\n\n`);
         }
       }
-      if (now - this.#lastPing >= 15_000) {
+      // A named event (not a comment), so the page can tell a quiet stream from a dead one.
+      if (now - this.#lastPing >= 5_000) {
         this.#lastPing = now;
-        for (const s of this.#streams) s.res.write(": ping\n\n");
+        for (const s of this.#streams) s.res.write("event: ping\ndata: 1\n\n");
       }
     } catch (e) {
       this.d.log.warn({ err: e instanceof Error ? e.message : String(e) }, "dashboard live changes: tick failed");
@@ -122,9 +126,13 @@ export class LiveChanges {
     s.res.end("event: signed-out\ndata: session ended\n\n");
   }
 
+  /** The coordinator stops: every stream ends without a word (its session is not over). */
   stop(): void {
     if (this.#timer) clearInterval(this.#timer);
     this.#timer = null;
-    for (const s of [...this.#streams]) this.#end(s);
+    for (const s of [...this.#streams]) {
+      this.#streams.delete(s);
+      s.res.end();
+    }
   }
 }

@@ -2,7 +2,21 @@
  * The dashboard's own browser script (served as /ui/assets/ui.js): hard
  * deadlines counting down, confirmation of every action form, uPlot charts
  * drawn from the JSON a page embeds (again after each live refresh), and the
- * way back to the sign-in page when the server ends the session.
+ * live stream.
+ *
+ * The live stream (`#events`): an EventSource on `/ui/events`; `changed`
+ * refreshes the live region (htmx, `changed from:#events`), `signed-out`
+ * (sent only when the session has really ended) goes to the sign-in form.
+ * When the stream breaks (the coordinator stopped, crashed or is out of
+ * reach; or no ping for 12 s) the page stays where it is: a banner says
+ * since when the coordinator is unreachable and from when the data is, the
+ * live region is greyed (`.stale`), and the page probes its own live region
+ * after 0.25 and 0.5 s and then every second (so a coordinator that is back
+ * is seen within about a second). A probe answered 401 (or redirected
+ * to the sign-in form) means the session is gone: then, and only then, the
+ * page goes to the sign-in form. Any other answer below 500 reopens the
+ * stream; once it is open, the banner goes and the live region is refreshed
+ * in place.
  */
 export const UI_JS = String.raw`(function () {
   "use strict";
@@ -46,8 +60,73 @@ export const UI_JS = String.raw`(function () {
     var msg = (b && b.getAttribute("data-confirm")) || (f && f.getAttribute && f.getAttribute("data-confirm"));
     if (msg && !window.confirm(msg)) e.preventDefault();
   }, true);
-  document.addEventListener("signed-out", function () { window.location.assign("/ui/sign-in"); });
-  document.addEventListener("htmx:after:swap", function () { charts(document); tick(); });
-  document.addEventListener("DOMContentLoaded", function () { charts(document); tick(); setInterval(tick, 1000); });
+  function hms(t) {
+    var d = new Date(t);
+    return [d.getHours(), d.getMinutes(), d.getSeconds()].map(function (n) { return (n < 10 ? "0" : "") + n; }).join(":");
+  }
+  var live = { es: null, down: 0, fresh: Date.now(), delay: 250, retry: 0, heard: 0 };
+  function stream() { return document.getElementById("events"); }
+  function refresh() { var el = stream(); if (el) el.dispatchEvent(new CustomEvent("changed")); }
+  function connect() {
+    var el = stream();
+    if (!el) return;
+    var es = new EventSource(el.getAttribute("data-stream"));
+    live.es = es;
+    live.heard = Date.now();
+    es.addEventListener("open", function () {
+      live.heard = Date.now();
+      live.delay = 250;
+      if (live.down) restored();
+    });
+    es.addEventListener("ping", function () { live.heard = Date.now(); });
+    es.addEventListener("changed", function (e) {
+      live.heard = Date.now();
+      // The next stream starts from what this page has seen.
+      el.setAttribute("data-stream", el.getAttribute("data-stream").replace(/since=[^&]*/, "since=" + encodeURIComponent(e.data)));
+      refresh();
+    });
+    es.addEventListener("signed-out", function () { es.close(); window.location.assign("/ui/sign-in"); });
+    es.onerror = function () { broken(es); };
+  }
+  function broken(es) {
+    es.close();
+    if (live.es !== es) return;
+    live.es = null;
+    lost();
+  }
+  function lost() {
+    if (!live.down) {
+      live.down = Date.now();
+      var b = document.getElementById("outage");
+      if (b) {
+        b.textContent = "Coordinator unreachable since " + hms(live.down) + " \u2014 showing data from " + hms(live.fresh) + ". Reconnecting\u2026";
+        b.hidden = false;
+      }
+      var r = document.getElementById("live");
+      if (r) { r.classList.add("stale"); r.setAttribute("aria-busy", "true"); }
+    }
+    clearTimeout(live.retry);
+    live.retry = setTimeout(probe, live.delay);
+    live.delay = Math.min(1000, live.delay * 2);
+  }
+  function probe() {
+    var el = stream();
+    fetch(el.getAttribute("data-probe"), { credentials: "same-origin", cache: "no-store", redirect: "manual" }).then(function (r) {
+      if (r.status === 401 || r.type === "opaqueredirect") window.location.assign("/ui/sign-in");
+      else if (r.status >= 500 || r.status === 0) lost();
+      else connect();
+    }, lost);
+  }
+  function restored() {
+    live.down = 0;
+    var b = document.getElementById("outage");
+    if (b) b.hidden = true;
+    var r = document.getElementById("live");
+    if (r) { r.classList.remove("stale"); r.removeAttribute("aria-busy"); }
+    refresh();
+  }
+  setInterval(function () { if (live.es && Date.now() - live.heard > 12000) broken(live.es); }, 2000);
+  document.addEventListener("htmx:after:swap", function () { live.fresh = Date.now(); charts(document); tick(); });
+  document.addEventListener("DOMContentLoaded", function () { charts(document); tick(); setInterval(tick, 1000); connect(); });
 })();
 `;

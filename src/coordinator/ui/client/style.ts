@@ -22,5 +22,6 @@ form.inline { display: inline; margin: 0; } .actions { margin: 8px 0; }
 .notice { border: 2px solid var(--fg); padding: 8px 12px; margin: 8px 0; } .error { border-color: #9b2226; }
 .charts { display: flex; flex-wrap: wrap; gap: 24px; } .chart { min-width: 320px; flex: 1 1 420px; }
 .signin { max-width: 460px; margin: 60px auto; } .signin input[type=password] { width: 100%; padding: 6px; font: inherit; }
+.stale { opacity: 0.5; filter: grayscale(1); } #outage { position: sticky; top: 0; background: #fff4f0; z-index: 2; font-weight: 600; }
 code { font-family: ui-monospace, monospace; font-size: 13px; }
 `;

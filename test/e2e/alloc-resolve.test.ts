@@ -1,0 +1,90 @@
+/**
+ * A sandbox that died under its allocation, then an agent restart: the
+ * agent marks the machine as not matching its record (the runtime has the
+ * container but nothing running), so the release the owner asks for is
+ * refused by the agent and the allocation is quarantined with its budget
+ * charged. `berth alloc resolve ID --keep-volume|--destroy` is the operator
+ * command that ends that quarantine: the agent destroys what is left of the
+ * sandbox (proving nothing runs), keeps or wipes the volume, and only then
+ * are slot and budget returned. Real `berth serve`, real `berth agent` on
+ * gvisor (runsc), the sandbox SIGKILLed from outside (the way its memory
+ * cgroup kills it on an overrun), the binary's own commands.
+ */
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { AllocRig } from "../helpers/alloc-rig.js";
+import { berth } from "../helpers/cluster.js";
+import type { ServeProcess } from "../helpers/serve.js";
+import { gvisorAvailability } from "../../src/agent/runtime/index.js";
+import { allPids, readCmdline } from "../../src/agent/runtime/procfs.js";
+
+const gv = gvisorAvailability();
+
+/** The runsc processes (sandbox, gofer) of one machine under this rig's runsc root. */
+function sandboxPids(rig: AllocRig, machine: string): number[] {
+  return allPids().filter((pid) => {
+    const cmd = readCmdline(pid).join(" ");
+    return cmd.includes("runsc") && cmd.includes(join(rig.agentDir, "runsc")) && cmd.includes(machine);
+  });
+}
+
+describe("a dead sandbox's quarantine ends by an operator command (gvisor, real coordinator and agent)", { skip: gv.ok ? false : `gvisor runtime unavailable: ${(gv as { why: string }).why}`, timeout: 240_000 }, () => {
+  const rig = new AllocRig("sqlite", true, ["--alloc-actor-lease", "5s"], "gvisor");
+  let c: ServeProcess;
+  let env: Record<string, string>;
+  before(async () => {
+    await rig.start();
+    c = rig.coordinators[0]!;
+    env = { BERTH_URL: c.url, BERTH_TOKEN_FILE: join(rig.tmp.path, "admin.token"), BERTH_KEY_DIR: join(rig.tmp.path, "keys") };
+  });
+  after(() => rig.close());
+  const cli = (args: string[]) => berth(args, { env });
+
+  test("sandbox SIGKILLed + agent restart → release --keep-volume quarantined, budget charged → alloc resolve --keep-volume → released, budget back, volume kept", async () => {
+    const idle = await rig.ownerUse();
+    const created = await cli(["alloc", "create", "--size", "small", "--id", "q1", "--wait"]);
+    assert.equal(created.status, 0, created.stderr);
+    const w = await cli(["ssh", "q1", "--", "sh", "-c", "echo precious > /workspace/keep.txt"]);
+    assert.equal(w.status, 0, w.stderr);
+    const charged = await rig.ownerUse();
+    assert.equal(charged.count, idle.count + 1);
+
+    // Resolving is for quarantines only: a ready allocation is refused, nothing changed.
+    const early = await cli(["alloc", "resolve", "q1", "--destroy"]);
+    assert.equal(early.status, 1, early.stdout);
+    assert.match(early.stderr, /conflict: allocation q1 is ready/);
+    assert.equal((await rig.allocation("q1")).state, "ready");
+
+    // The sandbox dies from outside, then the agent restarts and finds it not running.
+    const pids = sandboxPids(rig, "a-q1");
+    assert.ok(pids.length > 0, "the sandbox's runsc processes are found");
+    for (const pid of pids) process.kill(pid, "SIGKILL");
+    await rig.killAgent();
+    await rig.startAgent(c.url);
+    const machine = (await rig.agentGet("/v1/agent/machines")).body as { machines: Array<{ machineId: string; state: string; mismatch: string | null }> };
+    const m = machine.machines.find((x) => x.machineId === "a-q1");
+    assert.equal(m?.state, "mismatch", JSON.stringify(machine));
+
+    // The owner's release is refused by the agent: quarantined, budget still charged.
+    assert.equal((await cli(["alloc", "release", "q1", "--keep-volume"])).status, 0);
+    await rig.waitState("q1", "quarantined", 60_000);
+    assert.deepEqual(await rig.ownerUse(), charged, "nothing returned while the cleanup is in doubt");
+
+    // Only an operator ends it; the choice of volume is the operator's.
+    const resolved = await cli(["alloc", "resolve", "q1", "--keep-volume"]);
+    assert.equal(resolved.status, 0, resolved.stderr);
+    assert.match(resolved.stdout, /q1/);
+    await rig.waitState("q1", "released", 60_000);
+    assert.deepEqual(await rig.ownerUse(), idle, "slot and budget back, once");
+    assert.deepEqual(sandboxPids(rig, "a-q1"), [], "nothing of the sandbox runs");
+    const after = (await rig.agentGet("/v1/agent/machines")).body as { machines: Array<{ machineId: string; state: string }> };
+    assert.notEqual(after.machines.find((x) => x.machineId === "a-q1")?.state, "mismatch");
+    assert.equal(readFileSync(join(rig.agentDir, "volumes", "q1", "data", "keep.txt"), "utf8"), "precious\n", "the kept volume still holds its data");
+    assert.equal((await cli(["volume", "verify", "q1"])).status, 0);
+    const show = await cli(["alloc", "show", "q1"]);
+    assert.match(show.stdout, /released \(quarantine resolved by an operator/);
+    assert.ok(existsSync(join(rig.agentDir, "volumes", "q1")));
+  });
+});
