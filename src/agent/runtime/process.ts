@@ -35,8 +35,8 @@
  * why it is only a supplement.
  */
 import { spawn } from "node:child_process";
-import { chownSync, existsSync, mkdirSync, readdirSync, rmSync, rmdirSync, writeFileSync } from "node:fs";
-import { join, resolve } from "node:path";
+import { chownSync, existsSync, mkdirSync, readdirSync, rmSync, rmdirSync, statSync, writeFileSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
 import { userInfo } from "node:os";
 import pty from "node-pty";
 import { BerthError } from "../../core/errors.js";
@@ -81,7 +81,8 @@ const FENCE_ROUNDS = 100;
  *   - a /proc of its own with hidepid=invisible: the command sees only the
  *     processes of its own uid (the machine's);
  *   - a tmpfs over the agent's state directory (other machines, the agent's
- *     records) with only this machine's workspace bound back at its path
+ *     records), or over its highest ancestor others cannot traverse
+ *     (hiddenRoot), with only this machine's workspace bound back at its path
  *     (`mount -c`: "." is the spawn's cwd, the workspace, not a path looked up
  *     again under the tmpfs);
  * then setpriv: the machine's uid/gid, no supplementary groups, every
@@ -218,7 +219,7 @@ export class ProcessRuntime implements Runtime {
         throw new BerthError("conflict", `conflict: machine ${machineId} was created without a uid of its own for its network policy; destroy it and provision it again`);
       }
       const enter = rec.netns ? 'ns=$1 confine=$2; shift 2; exec ip netns exec "$ns" /bin/sh -c "$confine" berth-confine "$@"' : 'exec "$@"';
-      const confine = rec.runAs ? [CONFINE, this.stateDir, workspace, String(rec.runAs.uid), String(rec.runAs.gid)] : [];
+      const confine = rec.runAs ? [CONFINE, hiddenRoot(this.stateDir), workspace, String(rec.runAs.uid), String(rec.runAs.gid)] : [];
       const args = ["-c", join_ + enter, rec.cgroup ? join(rec.cgroup, "cgroup.procs") : "berth-exec", ...(rec.netns ? [rec.netns] : []), ...confine, ...argv];
 
       let plumbing: Plumbing;
@@ -403,6 +404,21 @@ export class ProcessRuntime implements Runtime {
   async list(): Promise<string[]> {
     return readdirSync(this.machinesDir).filter((n) => isId(n) && existsSync(join(this.machinesDir, n, "machine.json"))).sort();
   }
+}
+
+/**
+ * Where the confined command's tmpfs goes: the state directory, or its
+ * highest ancestor others cannot traverse (a 0700 temporary or home
+ * directory), so the workspace bound back inside it is reachable by the
+ * machine's uid along a path of 0755 tmpfs directories. Whatever it hides was
+ * closed to that uid anyway.
+ */
+function hiddenRoot(stateDir: string): string {
+  let top = stateDir;
+  for (let d = dirname(stateDir); d !== dirname(d); d = dirname(d)) {
+    if ((statSync(d).mode & 0o001) === 0) top = d;
+  }
+  return top;
 }
 
 function safeUser(): string {
