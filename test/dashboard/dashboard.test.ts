@@ -233,6 +233,35 @@ describe("dashboard in chromium", { skip: BROWSER_SKIP }, () => {
     }
   });
 
+  test("at 390 px (a phone) no page scrolls sideways and every action button is reachable", async () => {
+    const b = await api("memberA").call<{ borrowId: string; borrowToken: string }>("POST", "/v1/pools/ci/borrow", {});
+    secrets.push(b.borrowToken);
+    await api("memberA").call("POST", "/v1/allocations", { id: "al-dash-phone", size: "small", durationMs: 3_600_000 });
+    await page.goto(`${coord.url}/ui/pools/ci`);
+    const machine = (await page.locator("tr[data-machine]").first().getAttribute("data-machine"))!;
+    await page.setViewportSize({ width: 390, height: 844 });
+    try {
+      const pages = ["/ui", "/ui/pools/ci", "/ui/borrows", "/ui/allocations", `/ui/machines/${machine}`, "/ui/tokens", "/ui/pools/no-such-pool"];
+      for (const path of pages) {
+        await page.goto(`${coord.url}${path}`);
+        const { scroll, client } = await page.evaluate(() => ({ scroll: document.documentElement.scrollWidth, client: document.documentElement.clientWidth }));
+        assert.ok(scroll <= client, `${path}: scrollWidth ${scroll} > clientWidth ${client}`);
+        const buttons = page.locator("main button, header button");
+        const n = await buttons.count();
+        if (path === "/ui/borrows") assert.ok(n >= 1, "the borrows page shows its End borrow button");
+        for (let i = 0; i < n; i++) {
+          const button = buttons.nth(i);
+          await button.scrollIntoViewIfNeeded();
+          const box = (await button.boundingBox())!;
+          assert.ok(box && box.x >= 0 && box.x + box.width <= 390 && box.width > 0, `${path}: button ${await button.innerText()} lies outside the 390 px width (${JSON.stringify(box)})`);
+        }
+        await shot(page, `phone${path.replaceAll("/", "-")}`);
+      }
+    } finally {
+      await page.setViewportSize({ width: 1280, height: 900 });
+    }
+  });
+
   test("signing out ends the session server-side: the old cookie is refused", async () => {
     await page.goto(`${coord.url}/ui`);
     const [cookie] = await ctxA.cookies();

@@ -114,6 +114,50 @@ export function register(program: Command): void {
 
   clientOpts(
     host
+      .command("rm")
+      .summary("Remove a host: drain and destroy its machines, then forget it (any state, a stranded one included)")
+      .description(
+        "Remove a host, whatever its state (legacy, switching, stranded, awaiting, active). It takes no new machine " +
+          "or allocation from the first call on; its machines are drained and destroyed by its agent; its row, " +
+          "credentials and capacity go once nothing of it is live. Refused (host_busy) while it lends a machine or " +
+          "holds a live allocation, unless --force, which ends those borrows (their sessions are cut) and releases " +
+          "those allocations. Without --wait the answer may be `removing`: call again (or add --wait) to finish. " +
+          "Needs an admin token; audited (host_removing, host_removed).",
+      )
+      .argument("<host>", "host name (see `berth host ls`)")
+      .option("--force", "end the borrows and release the allocations of the host instead of refusing", false)
+      .option("--wait", "wait until the host is removed", false)
+      .addOption(new Option("--timeout <duration>", "how long --wait waits").argParser(durationArg("--timeout")).default(120_000, "2m")),
+  ).action((name: string, o: { force: boolean; wait: boolean; timeout: number; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
+    runCommand(async () => {
+      const { api } = clientFrom(o);
+      try {
+        const deadline = Date.now() + o.timeout;
+        type Answer = { host: string; hostId: string; state: string; machines: number; allocations: number };
+        let r = await api.call<Answer>("POST", `/v1/hosts/${encodeURIComponent(name)}/remove`, { force: o.force });
+        while (o.wait && r.state !== "removed") {
+          if (Date.now() >= deadline) {
+            throw new BerthError(
+              "operation_failed",
+              `operation_failed: host ${name} still has ${r.machines} machine(s) and ${r.allocations} allocation(s) live when the wait ran out; its agent destroys them (see its log), then run \`berth host rm ${name}\` again`,
+            );
+          }
+          await new Promise((res) => setTimeout(res, 1000));
+          // Later calls only drain what is left: the first one already ended the borrows it was allowed to.
+          r = await api.call<Answer>("POST", `/v1/hosts/${encodeURIComponent(name)}/remove`, { force: o.force });
+        }
+        if (o.json) printJson(r);
+        else if (r.state === "removed") process.stderr.write(`host ${r.host} (${r.hostId}) removed.\n`);
+        else process.stderr.write(`host ${r.host} (${r.hostId}) is being removed: ${r.machines} machine(s) and ${r.allocations} allocation(s) still live; run \`berth host rm ${name}\` again (or add --wait) to finish.\n`);
+        return 0;
+      } finally {
+        await api.close();
+      }
+    }),
+  );
+
+  clientOpts(
+    host
       .command("activate")
       .summary("Switch a host (or every host) from the shared enroll token to its own identity key")
       .description(

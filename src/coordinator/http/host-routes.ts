@@ -9,6 +9,7 @@
  *   POST /v1/hosts/self/stopped       (host credential) -> {moot}
  *   POST /v1/hosts/{host}/activate    (operator) {force} -> {host, hostId, state, machines, endedBorrows}
  *   POST /v1/hosts/{host}/reset-identity (admin) {} -> {host, hostId, state: "awaiting", enrollToken}
+ *   POST /v1/hosts/{host}/remove (admin) {force?} -> {host, hostId, state: "removing"|"removed", machines, allocations}
  *
  * The host credential is checked before the body is read, like API tokens.
  */
@@ -20,6 +21,7 @@ import { activateHost, authenticateHost, commitHost, describeHost, hostActive, i
 import { activateSchema, hostActiveSchema, hostDescribeSchema, hostSessionSchema, stoppedReportsSchema } from "./schemas.js";
 import { z } from "zod";
 import { resetHostIdentity } from "../actions/host-reset.js";
+import { removeHost } from "../actions/host-remove.js";
 
 export function registerHostRoutes(
   app: HttpServer,
@@ -34,5 +36,6 @@ export function registerHostRoutes(
   app.post("/v1/hosts/self/describe", { ...host, body: hostDescribeSchema }, async (req) => describeHost(ctx, req.auth, secret, req.body));
   app.post("/v1/hosts/self/stopped", { ...host, body: stoppedReportsSchema }, async (req) => takeStoppedReports(ctx, req.auth, req.body.reports));
   app.post("/v1/hosts/:host/reset-identity", { ...d.auth("admin"), body: z.strictObject({}) }, async (req) => resetHostIdentity(ctx, req.auth, req.params.host!));
+  app.post("/v1/hosts/:host/remove", { ...d.auth("admin"), body: z.strictObject({ force: z.boolean().default(false) }) }, async (req) => removeHost(ctx, req.auth, req.params.host!, req.body.force));
   app.post("/v1/hosts/:host/activate", { ...d.auth("operator"), body: activateSchema }, async (req) => activateHost(ctx, req.auth, req.params.host!, req.body.force, secret));
 }

@@ -41,18 +41,31 @@ export const UI_JS = String.raw`(function () {
       var d = JSON.parse(s.textContent);
       box.setAttribute("data-drawn", "1");
       var xs = d.labels.map(function (_, i) { return i; });
+      var width = Math.max(240, Math.min(640, box.clientWidth || 480));
+      // Narrow: every other bucket is labelled, so the labels do not overlap (the table under "Figures" has them all).
+      var step = width < 520 ? 2 : 1;
       new window.uPlot({
-        width: Math.max(300, Math.min(640, box.clientWidth || 480)),
+        width: width,
         height: 200,
         scales: { x: { time: false, range: [-0.5, xs.length - 0.5] }, y: { range: function (u, min, max) { return [0, Math.max(1, max)]; } } },
         legend: { show: false },
         cursor: { show: false },
         axes: [
-          { splits: function () { return xs; }, values: function () { return d.labels; }, label: d.xLabel, size: 48 },
+          { splits: function () { return xs; }, values: function () { return d.labels.map(function (l, i) { return i % step ? "" : l; }); }, label: d.xLabel, size: 48 },
           { label: "borrows" }
         ],
         series: [{}, { label: "borrows", paths: window.uPlot.paths.bars({ size: [0.8] }), points: { show: false }, fill: "#4a6fa5", stroke: "#1d3557" }]
       }, [xs, d.counts], box);
+    });
+  }
+  /** Each cell carries its column's heading, shown before it where tables collapse to cards (narrow windows). */
+  function labels(root) {
+    root.querySelectorAll("table").forEach(function (t) {
+      var heads = Array.prototype.map.call(t.querySelectorAll("thead th"), function (th) { return th.textContent.trim(); });
+      if (!heads.length) return;
+      t.querySelectorAll("tbody tr").forEach(function (tr) {
+        Array.prototype.forEach.call(tr.children, function (td, i) { if (heads[i] && !td.hasAttribute("data-label")) td.setAttribute("data-label", heads[i]); });
+      });
     });
   }
   document.addEventListener("submit", function (e) {
@@ -126,7 +139,7 @@ export const UI_JS = String.raw`(function () {
     refresh();
   }
   setInterval(function () { if (live.es && Date.now() - live.heard > 12000) broken(live.es); }, 2000);
-  document.addEventListener("htmx:after:swap", function () { live.fresh = Date.now(); charts(document); tick(); });
-  document.addEventListener("DOMContentLoaded", function () { charts(document); tick(); setInterval(tick, 1000); connect(); });
+  document.addEventListener("htmx:after:swap", function () { live.fresh = Date.now(); labels(document); charts(document); tick(); });
+  document.addEventListener("DOMContentLoaded", function () { labels(document); charts(document); tick(); setInterval(tick, 1000); connect(); });
 })();
 `;

@@ -1,4 +1,10 @@
-/** The dashboard's stylesheet (served as /ui/assets/ui.css): plain, high contrast, visible focus; every bar has its numbers in text beside it. */
+/**
+ * The dashboard's stylesheet (served as /ui/assets/ui.css): plain, high
+ * contrast, visible focus; every bar has its numbers in text beside it. At
+ * 700 px and narrower every table collapses to one card per row, each cell
+ * labelled with its column's heading (client/script.ts copies the headings
+ * into `data-label`).
+ */
 export const UI_CSS = String.raw`
 :root { --fg: #111; --bg: #fff; --muted: #555; --line: #ccc; --ready: #2a9d8f; --lent: #e9c46a; --cleanup: #8d99ae; --other: #e76f51; --used: #4a6fa5; --free: #eee; }
 * { box-sizing: border-box; }
@@ -23,5 +29,14 @@ form.inline { display: inline; margin: 0; } .actions { margin: 8px 0; }
 .charts { display: flex; flex-wrap: wrap; gap: 24px; } .chart { min-width: 320px; flex: 1 1 420px; }
 .signin { max-width: 460px; margin: 60px auto; } .signin input[type=password] { width: 100%; padding: 6px; font: inherit; }
 .stale { opacity: 0.5; filter: grayscale(1); } #outage { position: sticky; top: 0; background: #fff4f0; z-index: 2; font-weight: 600; }
+td { overflow-wrap: anywhere; }
+@media (max-width: 700px) {
+  header { padding: 6px 10px; } main { padding: 8px 10px 32px; } header nav a { margin-right: 10px; }
+  table, thead, tbody, tr, th, td { display: block; width: 100%; } thead { position: absolute; left: -9999px; }
+  tr { border: 1px solid var(--line); margin: 8px 0; padding: 4px 0; } td { border: 0; padding: 2px 8px; text-align: left; }
+  td.num { text-align: left; } td[data-label]::before { content: attr(data-label) ": "; color: var(--muted); font-size: 13px; }
+  .bar { min-width: 0; flex-wrap: wrap; } .bar svg { flex: 0 1 160px; } .bar .txt { white-space: normal; }
+  .chart { min-width: 0; flex-basis: 100%; } .charts { gap: 12px; }
+}
 code { font-family: ui-monospace, monospace; font-size: 13px; }
 `;
