@@ -29,6 +29,7 @@ import { audit } from "../store/audit.js";
 import { clearDue, poolRef, setDue, setDueNoLater } from "../store/due.js";
 import { expireClaim, lockClaim } from "../store/claims.js";
 import { lockMachine, setIncarnation, type MachineRow } from "../store/machines.js";
+import { forwardingOf } from "../store/forwarding.js";
 import { failOp, finishOp, leaseHeld, leaseOp, lockOp, OP_LEASE_MS, retryOpAt, type OpRow } from "../store/operations.js";
 import { releaseHostSlot } from "../store/hosts.js";
 import type { OperationEvidence, OperationOutcome } from "../providers/provider.js";
@@ -189,7 +190,13 @@ export class OperationExecutor {
       const net = m.state === "provisioning" ? await this.#network(tx, m, result, 0) : ({ kind: "ready" } as const);
       // The pool's image changed while this machine was being made for the old one: never lent, replaced.
       const image = m.state === "provisioning" ? ((await readPool(tx, m.org, m.pool))?.image ?? null) : (m.image ?? null);
-      const staleImage = (m.image ?? null) !== image ? `the pool's image changed to ${image ?? "the host's root"} while it was provisioned for ${m.image ?? "the host's root"}` : null;
+      const forwarding = m.state === "provisioning" ? ((await readPool(tx, m.org, m.pool))?.forwarding ?? "on") : forwardingOf(m);
+      const staleImage =
+        (m.image ?? null) !== image
+          ? `the pool's image changed to ${image ?? "the host's root"} while it was provisioned for ${m.image ?? "the host's root"}`
+          : forwardingOf(m) !== forwarding
+            ? `the pool's forwarding changed to ${forwarding} while it was provisioned with ${forwardingOf(m)}`
+            : null;
       const r =
         net.kind !== "ready"
           ? { ok: false as const, why: net.why }
@@ -246,8 +253,14 @@ export class OperationExecutor {
           const back = await applyTransition(tx, ctx, m, { kind: "scrubbed" }, now, { nonce });
           await grants.cleanupStep(tx, m.id, m.generation, "closed", now);
           // The pool's image changed while it was lent: it is replaced, never changed live.
-          const image = (await readPool(tx, m.org, m.pool))?.image ?? null;
-          const rotate = net.kind === "rotate" ? net.why : (m.image ?? null) !== image ? `image changed to ${image ?? "the host's root"}` : null;
+          const pool = await readPool(tx, m.org, m.pool);
+          const image = pool?.image ?? null;
+          const forwarding = pool?.forwarding ?? "on";
+          const rotate =
+            net.kind === "rotate" ? net.why
+            : (m.image ?? null) !== image ? `image changed to ${image ?? "the host's root"}`
+            : forwardingOf(m) !== forwarding ? `forwarding changed to ${forwarding}`
+            : null;
           if (rotate !== null) await applyTransition(tx, ctx, back.machine, { kind: "drain", reason: rotate }, now, { nonce: `${nonce}:rotate` });
           // Back in the ready queue: let the reconciler check the pool is not above its capacity.
           await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);

@@ -6,6 +6,7 @@
  *   launching | ready -> releasing -> released    (sessions cut, processes proven gone, volume kept or wiped, then refund)
  *   launching -> releasing                        (launch failed: whatever it left is cleaned up like a release)
  *   releasing -> quarantined -> released          (doubtful cleanup keeps slot and budget charged until resolved)
+ *   releasing | quarantined -> released           (host_gone: an operator attests the withdrawn host is gone for good)
  *
  * The slot and the budget are returned (`refund`) only on the edge into
  * `released`, and only once: `released` is terminal. Nothing is ever
@@ -32,7 +33,9 @@ export type AllocationEvent =
   | { kind: "release"; cause: ReleaseCause; keepVolume: boolean }
   | { kind: "cleanup_done" }
   | { kind: "cleanup_doubtful"; reason: string }
-  | { kind: "quarantine_resolved" };
+  | { kind: "quarantine_resolved" }
+  /** An operator attests the (withdrawn) host is gone for good: nothing can be proven on it, nothing of it can come back. */
+  | { kind: "host_gone"; by: string };
 
 export type AllocationEffect =
   | { kind: "launch" }
@@ -77,6 +80,8 @@ export function allocationTransition(from: AllocationState, e: AllocationEvent):
       return from === "releasing" ? to("quarantined", [], e.reason) : from === "quarantined" ? same(from) : refuse(from, e);
     case "quarantine_resolved":
       return from === "quarantined" ? to("released", [{ kind: "refund" }], "quarantine resolved") : refuse(from, e);
+    case "host_gone":
+      return from === "releasing" || from === "quarantined" ? to("released", [{ kind: "refund" }], `host gone (attested by operator ${e.by}): nothing proven on it`) : refuse(from, e);
     default:
       return assertNever(e, "allocation event");
   }

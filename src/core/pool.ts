@@ -33,9 +33,14 @@ export interface PoolRecord {
   network: NetworkPolicy;
   /** The image its machines boot, canonical (core/image-ref.ts); null: the host's root. Part of compatibility: a change rotates machines. */
   image: string | null;
+  /** `ssh -L`/`-W` to the machine's own ports (docs/sessions.md): "off" refuses every forward. Part of compatibility: a change rotates machines. */
+  forwarding: Forwarding;
   createdAt: number;
   updatedAt: number;
 }
+
+/** Whether a pool's machines accept forwards to their own ports. */
+export type Forwarding = "on" | "off";
 
 export const CAPACITY_LIMIT = 1000;
 

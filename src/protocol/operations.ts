@@ -73,10 +73,11 @@ export const allocReleaseArgsSchema = z.strictObject({ allocationId: z.string(),
 /**
  * provision takes the machine's network policy (absent or `none`: no network
  * of its own, as before; the canonical hash of `{kind: "provision"}` is kept)
- * and the image it boots (absent: the host's root; core/image-ref.ts).
+ * and the image it boots (absent: the host's root; core/image-ref.ts), and
+ * `forwarding: "off"` when the pool refuses forwards to the machine's ports.
  */
 const provisionArgsSchema = z.union([
-  z.object({ network: z.unknown().optional(), image: z.string().max(1024).nullable().optional() }).passthrough(),
+  z.object({ network: z.unknown().optional(), image: z.string().max(1024).nullable().optional(), forwarding: z.enum(["on", "off"]).optional() }).passthrough(),
   z.undefined(),
   z.null(),
 ]);
@@ -92,7 +93,7 @@ export interface KeySelector {
 
 /** Arguments as the agent acts on them: validated, ids checked, the key parsed. */
 export type NormalizedArgs =
-  | { kind: "provision"; network?: NetworkPolicy; image?: string }
+  | { kind: "provision"; network?: NetworkPolicy; image?: string; forwarding?: "off" }
   | { kind: "install_key"; publicKey: string; fingerprint: string; mode: "grant" | "keeper"; grantId: Id; expiresAt: number | null }
   | { kind: "remove_key"; which: KeySelector }
   | { kind: "fence" }
@@ -152,7 +153,8 @@ export function normalizeArgs(kind: OperationKind, raw: unknown): NormalizedArgs
       if (!p.success) throw invalidArgs(kind, p.error);
       const network = parsePolicy(p.data?.network ?? null);
       const image = p.data?.image ? canonicalImage(p.data.image) : undefined;
-      return { kind, ...(network.mode === "none" ? {} : { network }), ...(image !== undefined ? { image } : {}) };
+      // "on" is left out, so the arguments (and their hash) of a provision with forwards allowed are unchanged.
+      return { kind, ...(network.mode === "none" ? {} : { network }), ...(image !== undefined ? { image } : {}), ...(p.data?.forwarding === "off" ? { forwarding: "off" as const } : {}) };
     }
     case "fence":
     case "scrub":

@@ -37,6 +37,8 @@ export interface MachineRow {
   network_evidence?: string | null;
   /** The image it was provisioned for (migration 8); NULL: the host's root. */
   image?: string | null;
+  /** "off": provisioned with forwards refused (migration 13); NULL: on. */
+  forwarding?: string | null;
 }
 
 /** Reads and locks a machine row (the read every transition starts from). */

@@ -16,6 +16,7 @@ import { HOST_REMOVAL_MIGRATION } from "./host-removal.js";
 import { HOST_STANDING_MIGRATION } from "./host-standing.js";
 import { AUDIT_DETAIL_MIGRATION } from "./audit.js";
 import { ALLOCATION_RESOLVE_MIGRATION } from "./allocation-launches.js";
+import { FORWARDING_MIGRATION } from "./forwarding.js";
 
 export const MIGRATIONS: readonly Migration[] = [
   {
@@ -192,4 +193,5 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
   HOST_STANDING_MIGRATION,
   AUDIT_DETAIL_MIGRATION,
   ALLOCATION_RESOLVE_MIGRATION,
+  FORWARDING_MIGRATION,
 ];

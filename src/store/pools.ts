@@ -18,6 +18,8 @@ export interface PoolRow {
   network?: string | null;
   /** Canonical image reference (migration 8); NULL: the host's root. */
   image?: string | null;
+  /** "off" (migration 13): forwards refused; NULL: on. */
+  forwarding?: string | null;
   created_at: number;
   updated_at: number;
 }
@@ -37,6 +39,7 @@ export function poolFromRow(r: PoolRow): PoolRecord {
     keeperKey: r.keeper_key,
     network: parsePolicy(r.network ? JSON.parse(r.network) : null),
     image: r.image ?? null,
+    forwarding: r.forwarding === "off" ? "off" : "on",
     createdAt: r.created_at,
     updatedAt: r.updated_at,
   };
@@ -83,17 +86,22 @@ export type PoolSettings = Omit<PoolRecord, "org" | "name" | "createdAt" | "upda
 /** Inserts the pool if absent; resolves to whether it was created. */
 export async function insertPoolIfAbsent(tx: Tx, org: string, name: string, s: PoolSettings, now: number): Promise<boolean> {
   const n = await tx.run(
-    "INSERT INTO pools (org, name, access, provider, compatibility_key, identity, min_ready, max_ready, hard_ttl_ms, heartbeat_ms, keeper_key, network, image, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (org, name) DO NOTHING",
-    [org, name, s.access, s.provider, s.compatibilityKey, s.identity ? JSON.stringify(s.identity) : null, s.minReady, s.maxReady, s.hardTtlMs, s.heartbeatMs, s.keeperKey, networkColumn(s.network), s.image, now, now],
+    "INSERT INTO pools (org, name, access, provider, compatibility_key, identity, min_ready, max_ready, hard_ttl_ms, heartbeat_ms, keeper_key, network, image, forwarding, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (org, name) DO NOTHING",
+    [org, name, s.access, s.provider, s.compatibilityKey, s.identity ? JSON.stringify(s.identity) : null, s.minReady, s.maxReady, s.hardTtlMs, s.heartbeatMs, s.keeperKey, networkColumn(s.network), s.image, forwardingColumn(s.forwarding), now, now],
   );
   return n > 0;
 }
 
 export async function updatePool(tx: Tx, org: string, name: string, s: PoolSettings, now: number): Promise<void> {
   await tx.run(
-    "UPDATE pools SET access = ?, provider = ?, compatibility_key = ?, identity = ?, min_ready = ?, max_ready = ?, hard_ttl_ms = ?, heartbeat_ms = ?, keeper_key = ?, network = ?, image = ?, updated_at = ? WHERE org = ? AND name = ?",
-    [s.access, s.provider, s.compatibilityKey, s.identity ? JSON.stringify(s.identity) : null, s.minReady, s.maxReady, s.hardTtlMs, s.heartbeatMs, s.keeperKey, networkColumn(s.network), s.image, now, org, name],
+    "UPDATE pools SET access = ?, provider = ?, compatibility_key = ?, identity = ?, min_ready = ?, max_ready = ?, hard_ttl_ms = ?, heartbeat_ms = ?, keeper_key = ?, network = ?, image = ?, forwarding = ?, updated_at = ? WHERE org = ? AND name = ?",
+    [s.access, s.provider, s.compatibilityKey, s.identity ? JSON.stringify(s.identity) : null, s.minReady, s.maxReady, s.hardTtlMs, s.heartbeatMs, s.keeperKey, networkColumn(s.network), s.image, forwardingColumn(s.forwarding), now, org, name],
   );
+}
+
+/** The stored form of the forwarding switch: NULL for on (rows written before migration 13 read the same). */
+export function forwardingColumn(f: PoolSettings["forwarding"] | undefined): string | null {
+  return f === "off" ? "off" : null;
 }
 
 /** The stored form of a policy: NULL for `none` (rows written before migration 5 read the same). */

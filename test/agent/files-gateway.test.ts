@@ -304,6 +304,51 @@ for (const kind of ["process", "gvisor"] as const) {
       await rig.close();
     }
   });
+
+  test(`${kind}: a machine of a pool with --forwarding off refuses every forward, and says why`, async (t) => {
+    if (skip) return t.skip(skip);
+    const refused: string[] = [];
+    const log = {
+      info(obj: object, msg: string) {
+        if (msg === "forward refused") refused.push(String((obj as { why?: unknown }).why));
+      },
+      warn() {},
+      error() {},
+    };
+    const rig = await harness.gateway(kind, `m_fwdoff_${kind}`, { create: { forwarding: "off" }, log });
+    const dir = harness.dir();
+    const o = sshOpts(rig, dir);
+    const port = String(rig.gw.port);
+    const target = `${rig.machine}@127.0.0.1`;
+    try {
+      assert.match((await rig.runtime.forwardRefusal(rig.machine)) ?? "", /belongs to a pool with forwarding off/);
+      // A server inside the machine (gvisor; the process runtime without a namespace has none of its own).
+      const inner = 20000 + (randomBytes(2).readUInt16BE() % 20000);
+      if (kind === "gvisor") {
+        const c = await rig.client();
+        const srv = `const s=require("net").createServer(c=>{c.end("INNER\\n")});s.listen(${inner},"127.0.0.1",()=>console.log("listening"))`;
+        void run(c, `setsid -f ${process.execPath} -e '${srv}' > /tmp/srv.log 2>&1 < /dev/null`);
+        await until(async () => (await run(c, "cat /tmp/srv.log")).stdout.includes("listening"), "the server inside the machine");
+      }
+      for (const dest of [`localhost:${inner}`, `127.0.0.1:${inner}`, `[::1]:${inner}`]) {
+        const r = await tool("ssh", [...o, "-p", port, "-W", dest, target], "");
+        assert.notEqual(r.status, 0, `-W ${dest} refused`);
+        assert.doesNotMatch(r.stdout, /INNER/);
+        assert.match(r.stderr, /stdio forwarding failed|open failed/);
+      }
+      assert.equal(refused.length, 3, "each -W refused by the gateway");
+      for (const why of refused) assert.match(why, /^forward_refused: machine m_fwdoff_\w+ belongs to a pool with forwarding off/);
+      if (kind === "gvisor") {
+        // The same machine provisioned again without the switch (the pool turned it on): the forward answers.
+        await rig.runtime.create(rig.machine);
+        assert.equal(await rig.runtime.forwardRefusal(rig.machine), null);
+        const r = await tool("ssh", [...o, "-p", port, "-W", `localhost:${inner}`, target], "");
+        assert.match(r.stdout, /^INNER\n/);
+      }
+    } finally {
+      await rig.close();
+    }
+  });
 }
 
 async function until2<T>(fn: () => Promise<T | null>, ms = 30_000): Promise<T> {

@@ -26,6 +26,10 @@ const table: Row[] = [
   ["placed", { kind: "cleanup_doubtful", reason: "x" }, "refused", []],
   ["quarantined", { kind: "quarantine_resolved" }, "released", ["refund"]],
   ["ready", { kind: "quarantine_resolved" }, "refused", []],
+  ["quarantined", { kind: "host_gone", by: "op" }, "released", ["refund"]],
+  ["releasing", { kind: "host_gone", by: "op" }, "released", ["refund"]],
+  ["ready", { kind: "host_gone", by: "op" }, "refused", []],
+  ["launching", { kind: "host_gone", by: "op" }, "refused", []],
 ];
 for (const [from, e, want, effects] of table) {
   test(`${from} --${e.kind}--> ${want}`, () => {
@@ -42,7 +46,7 @@ for (const [from, e, want, effects] of table) {
 }
 
 test("refund happens only on the edge into released, and released is terminal", () => {
-  const events: AllocationEvent[] = [{ kind: "launch_started" }, { kind: "launched" }, { kind: "launch_failed", reason: "x" }, rel(), { kind: "cleanup_done" }, { kind: "cleanup_doubtful", reason: "x" }, { kind: "quarantine_resolved" }];
+  const events: AllocationEvent[] = [{ kind: "launch_started" }, { kind: "launched" }, { kind: "launch_failed", reason: "x" }, rel(), { kind: "cleanup_done" }, { kind: "cleanup_doubtful", reason: "x" }, { kind: "quarantine_resolved" }, { kind: "host_gone", by: "op" }];
   for (const from of ALLOCATION_STATES) {
     for (const e of events) {
       const t = allocationTransition(from, e);

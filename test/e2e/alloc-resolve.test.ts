@@ -88,3 +88,55 @@ describe("a dead sandbox's quarantine ends by an operator command (gvisor, real 
     assert.ok(existsSync(join(rig.agentDir, "volumes", "q1")));
   });
 });
+
+describe("a quarantine on a host that is gone for good ends by the operator's attestation (process runtime, real coordinator and agent)", { timeout: 180_000 }, () => {
+  const rig = new AllocRig("sqlite", true, ["--alloc-actor-lease", "1s"], "process");
+  let c: ServeProcess;
+  let env: Record<string, string>;
+  before(async () => {
+    await rig.start();
+    c = rig.coordinators[0]!;
+    env = { BERTH_URL: c.url, BERTH_TOKEN_FILE: join(rig.tmp.path, "admin.token"), BERTH_KEY_DIR: join(rig.tmp.path, "keys") };
+  });
+  after(() => rig.close());
+  const cli = (args: string[]) => berth(args, { env });
+
+  test("agent SIGKILLed for good → withdrawing, release quarantined → standing withdrawn --host-gone → resolve --host-gone → released, budget back", async () => {
+    const idle = await rig.ownerUse();
+    assert.equal((await cli(["alloc", "create", "--size", "small", "--id", "g1", "--wait"])).status, 0);
+    const charged = await rig.ownerUse();
+    await rig.killAgent();
+
+    const withdrawing = await cli(["alloc", "standing", rig.hostId, "withdrawn"]);
+    assert.equal(withdrawing.status, 0, withdrawing.stderr);
+    assert.match(withdrawing.stdout, /withdrawing/);
+    assert.equal((await cli(["alloc", "release", "g1"])).status, 0);
+    await rig.waitState("g1", "quarantined", 60_000);
+    assert.deepEqual(await rig.ownerUse(), charged);
+
+    // Unproven ends need the operator's word that the host is gone; the agent's silence is not enough.
+    const early = await cli(["alloc", "resolve", "g1", "--host-gone"]);
+    assert.equal(early.status, 1);
+    assert.match(early.stderr, /conflict: host h1 is withdrawn but its withdrawal is not acknowledged/);
+    const wrong = await cli(["alloc", "standing", rig.hostId, "ready", "--host-gone"]);
+    assert.equal(wrong.status, 1);
+    assert.match(wrong.stderr, /invalid_request: only a withdrawn host can be attested gone/);
+    assert.equal((await rig.allocation("g1")).state, "quarantined");
+
+    const gone = await cli(["alloc", "standing", rig.hostId, "withdrawn", "--host-gone"]);
+    assert.equal(gone.status, 0, gone.stderr);
+    assert.match(gone.stdout, new RegExp(`host ${rig.hostId}: withdrawn`));
+    const hosts = await cli(["alloc", "hosts", "--json"]);
+    assert.match(hosts.stdout, /"reported": "withdrawn"/);
+
+    const resolved = await cli(["alloc", "resolve", "g1", "--host-gone"]);
+    assert.equal(resolved.status, 0, resolved.stderr);
+    assert.match(resolved.stdout, /g1: released; slot and budget returned/);
+    assert.equal((await rig.allocation("g1")).state, "released");
+    assert.match((await rig.allocation("g1")).reason ?? "", /host gone \(attested by operator/);
+    assert.deepEqual(await rig.ownerUse(), idle, "slot and budget back, once");
+    const ledger = await rig.store.transaction((tx) => tx.all<{ event: string; detail: string }>("SELECT event, detail FROM allocation_ledger WHERE allocation_id = 'g1' ORDER BY seq"));
+    assert.deepEqual(ledger.map((l) => l.event), ["reserve", "refund"]);
+    assert.match(ledger[1]!.detail, /attested by operator/);
+  });
+});

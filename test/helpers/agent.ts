@@ -28,9 +28,9 @@ import { join, resolve } from "node:path";
 import type ssh2 from "ssh2";
 import { startAgent, type AgentOptions, type RunningAgent } from "../../src/agent/agent.js";
 import { createRuntime } from "../../src/agent/runtime/index.js";
-import type { Runtime, RuntimeKind } from "../../src/agent/runtime/types.js";
+import type { CreateOptions, Runtime, RuntimeKind } from "../../src/agent/runtime/types.js";
 import { memorySessionStore, type SessionStore } from "../../src/agent/sessions/store.js";
-import type { SessionTiming } from "../../src/agent/sessions/types.js";
+import type { Log, SessionTiming } from "../../src/agent/sessions/types.js";
 import { startGateway, type Gateway } from "../../src/agent/ssh/gateway.js";
 import { generateSshKeyPair, type SshKeyPair } from "../../src/core/ssh-keys.js";
 import { newToken } from "../../src/core/tokens.js";
@@ -101,6 +101,10 @@ export interface GatewayRigOptions {
   store?: SessionStore;
   /** Install a borrow key for the machine (default true). */
   borrowKey?: boolean;
+  /** How the machine is created (what a provision passes the runtime). */
+  create?: CreateOptions;
+  /** The gateway's log; default quiet. */
+  log?: Log;
 }
 
 /** What the enroll route saw and what it answered. */
@@ -173,7 +177,7 @@ export class AgentHarness {
   async gateway(kind: RuntimeKind, machine: string, o: GatewayRigOptions = {}): Promise<GatewayRig> {
     const dir = this.dir();
     const runtime = createRuntime(kind, join(dir, "rt"));
-    await runtime.create(machine);
+    await runtime.create(machine, o.create);
     const keys = new MemoryKeys();
     const store = o.store ?? memorySessionStore();
     const hostKeyPath = join(dir, "host_key");
@@ -182,7 +186,7 @@ export class AgentHarness {
       listen: { host: "127.0.0.1", port: 0 },
       keys,
       runtime,
-      log: quietLog,
+      log: o.log ?? quietLog,
       sessionStore: store,
       ...(o.now ? { now: o.now } : {}),
       ...(o.timing ? { timing: o.timing } : {}),

@@ -34,6 +34,7 @@ export async function provision(op: OpCall, args: ArgsOf<"provision">): Promise<
   const existed = before.state === "running";
   const hold = store.holds.heldByMachine(op.machineId);
   let createOpts: CreateOptions = hold ? { resources: { vcpu: hold.vcpu, memoryMib: hold.memoryMib } } : {};
+  if (args.forwarding === "off") createOpts = { ...createOpts, forwarding: "off" };
   if (args.image !== undefined) {
     if (runtime.kind === "process") throw processRefusesImages(args.image);
     if (!deps.images) throw new BerthError("provider_unavailable", `provider_unavailable: this agent has no image cache; it cannot boot ${args.image}`);

@@ -64,6 +64,7 @@ import { Runsc, findRunsc, probeRunsc } from "./gvisor-runsc.js";
 import type { PlatformChoice, RunscInfo } from "./gvisor-platform.js";
 import { gvisorExecHandle } from "./gvisor-handle.js";
 import type { BootImage, CreateOptions, ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeDetail, RuntimeMachine } from "./types.js";
+import { forwardingOff } from "./types.js";
 import { cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
 import { KeyedLock } from "../keyed-lock.js";
 
@@ -89,6 +90,8 @@ interface GvisorMachineRecord {
   network?: NonNullable<CreateOptions["network"]>;
   /** The image it boots; absent: the host's root. */
   image?: BootImage;
+  /** "off": its pool refuses forwards (CreateOptions.forwarding); absent: allowed. */
+  forwarding?: "off";
 }
 
 export interface GvisorRuntimeOptions {
@@ -276,6 +279,11 @@ export class GvisorRuntime implements Runtime {
       let rec = this.record(machineId);
       const sameNet = (r: GvisorMachineRecord): boolean => (r.container?.netnsInode ?? null) === (opts.network?.inode ?? null);
       const sameImage = (r: GvisorMachineRecord): boolean => (r.image?.rootfs ?? null) === (opts.image?.rootfs ?? null);
+      if (rec && rec.forwarding !== opts.forwarding) {
+        const { forwarding: _old, ...rest } = rec;
+        rec = { ...rest, ...(opts.forwarding ? { forwarding: opts.forwarding } : {}) };
+        this.save(rec);
+      }
       if (rec && this.isRunning(rec.container) && sameNet(rec) && sameImage(rec)) return this.view(rec);
       if (!rec) {
         mkdirSync(join(dir, "workspace"), { recursive: true, mode: 0o700 });
@@ -284,6 +292,7 @@ export class GvisorRuntime implements Runtime {
           ...(opts.resources ? { resources: opts.resources } : {}),
           ...(opts.network ? { network: opts.network } : {}),
           ...(opts.image ? { image: opts.image } : {}),
+          ...(opts.forwarding ? { forwarding: opts.forwarding } : {}),
         };
         this.save(rec);
       } else if (rec.container) {
@@ -302,7 +311,7 @@ export class GvisorRuntime implements Runtime {
 
   async forwardRefusal(machineId: string): Promise<string | null> {
     // The sandbox has its own network stack (loopback only, or its own namespace with a policy).
-    this.mustRecord(machineId);
+    if (this.mustRecord(machineId).forwarding === "off") return forwardingOff(machineId);
     return null;
   }
 

@@ -45,6 +45,7 @@ import { readRecord, wipeDirectory, writeRecord } from "./durable.js";
 import { readStat, signalExact, signalForegroundExact, signalGroupExact, sleep, type ProcStat } from "./procfs.js";
 import { fromChild, fromPty, type Plumbing } from "./streams.js";
 import type { CreateOptions, ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeMachine } from "./types.js";
+import { forwardingOff } from "./types.js";
 import { cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
 import { KeyedLock } from "../keyed-lock.js";
 import { findCgroupBase, machineProcesses, readCgroupProcs } from "./process-scan.js";
@@ -66,6 +67,8 @@ interface ProcessMachineRecord {
    * only its own processes (see exec).
    */
   runAs?: { uid: number; gid: number };
+  /** "off": its pool refuses forwards (CreateOptions.forwarding); absent: allowed. */
+  forwarding?: "off";
 }
 
 interface Tracked {
@@ -155,6 +158,10 @@ export class ProcessRuntime implements Runtime {
         if ((existing.netns ?? null) !== (opts.network?.netns ?? null)) {
           throw new BerthError("conflict", `conflict: machine ${machineId} exists with network namespace ${existing.netns ?? "none"}; destroy it to change its network`);
         }
+        if (existing.forwarding !== opts.forwarding) {
+          const { forwarding: _old, ...rest } = existing;
+          writeRecord(join(dir, "machine.json"), { ...rest, ...(opts.forwarding ? { forwarding: opts.forwarding } : {}) });
+        }
         return this.view(existing);
       }
       mkdirSync(join(dir, "workspace"), { recursive: true, mode: 0o700 });
@@ -180,6 +187,7 @@ export class ProcessRuntime implements Runtime {
         createdAt: new Date().toISOString(),
         ...(opts.network ? { netns: opts.network.netns } : {}),
         ...(runAs ? { runAs } : {}),
+        ...(opts.forwarding ? { forwarding: opts.forwarding } : {}),
       };
       writeRecord(join(dir, "machine.json"), rec);
       return this.view(rec);
@@ -188,6 +196,7 @@ export class ProcessRuntime implements Runtime {
 
   async forwardRefusal(machineId: string): Promise<string | null> {
     const rec = this.mustRecord(machineId);
+    if (rec.forwarding === "off") return forwardingOff(machineId);
     if (rec.netns) return null;
     return `machine ${machineId} runs on the process runtime without a network namespace, so its localhost is the host's own; forwards need a network policy (docs/network.md) or the gvisor runtime`;
   }

@@ -118,8 +118,15 @@ export interface BootImage {
  * vCPU and memory are enforced (gvisor: cgroup limits and the sandbox's CPU
  * count and memory size; process: not enforced).
  */
+/** Why a forward to a machine of a pool with `--forwarding off` is refused. */
+export function forwardingOff(machineId: string): string {
+  return `machine ${machineId} belongs to a pool with forwarding off (berth pool ensure --forwarding off); forwards to its ports are refused`;
+}
+
 export interface CreateOptions {
   resources?: { vcpu: number; memoryMib: number };
+  /** "off": the pool refuses forwards to this machine's ports (forwardRefusal says so). Kept in the record; absent: allowed. */
+  forwarding?: "off";
   /** The image the machine boots (gvisor only; absent: the host's root). Kept for every restart. */
   image?: BootImage;
   network?: {

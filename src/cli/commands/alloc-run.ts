@@ -119,10 +119,10 @@ export function release(id: string, o: Flags & { keepVolume: boolean }): Promise
 }
 
 /** An operator ends a quarantine; the choice of volume must be said. */
-export function resolve(id: string, o: Flags & { keepVolume?: boolean; destroy?: boolean }): Promise<void> {
+export function resolve(id: string, o: Flags & { keepVolume?: boolean; destroy?: boolean; hostGone?: boolean }): Promise<void> {
   return withApi(o, async (api) => {
-    if (!o.keepVolume && !o.destroy) throw new BerthError("invalid_request", "invalid_request: say what happens to the workspace volume: --keep-volume or --destroy");
-    const a = await api.call<AllocationView>("POST", `/v1/allocations/${seg(id)}/resolve`, { volume: o.keepVolume ? "keep" : "destroy" });
+    if (!o.keepVolume && !o.destroy && !o.hostGone) throw new BerthError("invalid_request", "invalid_request: say what happens to the workspace volume: --keep-volume or --destroy (or --host-gone when its host is gone for good)");
+    const a = await api.call<AllocationView>("POST", `/v1/allocations/${seg(id)}/resolve`, { volume: o.hostGone ? "host_gone" : o.keepVolume ? "keep" : "destroy" });
     if (o.json) printJson(a);
     else process.stdout.write(`allocation ${a.id}: ${a.state === "released" ? "released; slot and budget returned" : `resolution under way (volume ${o.keepVolume ? "kept" : "destroyed"}); slot and budget come back once the agent proves the sandbox gone (berth alloc show ${a.id})`}
 `);
@@ -182,9 +182,9 @@ export function hosts(o: Flags): Promise<void> {
   });
 }
 
-export function standing(host: string, to: string, o: Flags): Promise<void> {
+export function standing(host: string, to: string, o: Flags & { hostGone?: boolean }): Promise<void> {
   return withApi(o, async (api) => {
-    const r = await api.call<{ hostId: string; standing: string }>("POST", `/v1/hosts/${seg(host)}/standing`, { standing: to });
+    const r = await api.call<{ hostId: string; standing: string }>("POST", `/v1/hosts/${seg(host)}/standing`, { standing: to, ...(o.hostGone ? { hostGone: true } : {}) });
     if (o.json) printJson(r);
     else if (r.standing === "withdrawing") process.stdout.write(`host ${r.hostId}: withdrawing (recorded; its agent has not acknowledged yet: retried until it does, and it takes no new allocation meanwhile; see berth alloc hosts)\n`);
     else process.stdout.write(`host ${r.hostId}: ${r.standing}\n`);

@@ -44,8 +44,9 @@ export function register(program: Command): void {
       .command("resolve")
       .description("End a quarantined allocation (operators): its sandbox is destroyed even if it no longer matches its record, the volume kept or destroyed; slot and budget come back once that is proven")
       .argument("<id>", "allocation id")
-      .addOption(new Option("--keep-volume", "keep the workspace volume").conflicts("destroy"))
-      .addOption(new Option("--destroy", "destroy the workspace volume too").conflicts("keepVolume")),
+      .addOption(new Option("--keep-volume", "keep the workspace volume").conflicts(["destroy", "hostGone"]))
+      .addOption(new Option("--destroy", "destroy the workspace volume too").conflicts(["keepVolume", "hostGone"]))
+      .addOption(new Option("--host-gone", "its host was attested gone (berth alloc standing HOST withdrawn --host-gone): end it now, unproven").conflicts(["keepVolume", "destroy"])),
   ).action(async (id: string, o) => (await load()).resolve(id, o));
   clientOpts(alloc.command("plan").description("Dry run: where a size would go, and per host why it does not fit").requiredOption("--size <size>", "size to place").addOption(strategy())).action(async (o) => (await load()).plan(o));
   clientOpts(alloc.command("sizes").description("The size catalog and the longest lifetime allowed")).action(async (o) => (await load()).sizes(o));
@@ -55,7 +56,8 @@ export function register(program: Command): void {
       .command("standing")
       .description("Set a host's standing (operators): only ready hosts take new allocations; withdrawn and draining hosts never launch one")
       .argument("<host-id>", "host id (berth alloc hosts)")
-      .addArgument(new Argument("<standing>", "the host's new standing").choices(["ready", "draining", "withdrawn", "not_ready"])),
+      .addArgument(new Argument("<standing>", "the host's new standing").choices(["ready", "draining", "withdrawn", "not_ready"]))
+      .option("--host-gone", "with withdrawn: attest the host is gone for good (its agent will never answer); the withdrawal counts without the agent's acknowledgment", false),
   ).action(async (host: string, standing: string, o) => (await load()).standing(host, standing, o));
 
   const owner = program.command("owner").description("Owners: API principals admitted to allocate, with a budget (operators)");

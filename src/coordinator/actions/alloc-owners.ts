@@ -13,7 +13,8 @@ import { BerthError } from "../../core/errors.js";
 import { parseId } from "../../core/ids.js";
 import { checkBudget, type Budget } from "../../core/allocation-budget.js";
 import type { HostStanding } from "../../core/allocation-placement.js";
-import { setDue } from "../../store/due.js";
+import { clearDue, setDue } from "../../store/due.js";
+import { ackStanding } from "../../store/host-standing.js";
 import { STANDING_RETRY_MS } from "./host-standing.js";
 import { isPrincipalOf, listOwners, lockOwner, upsertOwnerBudget, type OwnerRecord } from "../../store/alloc-owners.js";
 import { lockHostAccount, setHostStanding, upsertHostAccount, listHostAccounts } from "../../store/host-accounts.js";
@@ -43,15 +44,28 @@ export async function ownersOf(ctx: AllocCtx, org: string): Promise<OwnerRecord[
  * Records a standing change under a new epoch and arms its push to the agent
  * (actions/host-standing.ts), in one transaction; returns the host id and epoch.
  */
-export async function changeHostStanding(ctx: AllocCtx, org: string, rawHost: string, standing: HostStanding): Promise<{ hostId: string; epoch: number }> {
+/**
+ * `goneBy`: an operator (this token id) attests the host is gone for good —
+ * its agent will never answer again (machine destroyed, disk lost). Only with
+ * `withdrawn`: the withdrawal then counts as acknowledged without the agent
+ * (`withdrawing` ends), recorded as the operator's word in the ledger, and
+ * its allocations' cleanups can be ended by `berth alloc resolve ID
+ * --host-gone`. It is an attestation, not a proof: an agent that does come
+ * back is not pushed this standing again.
+ */
+export async function changeHostStanding(ctx: AllocCtx, org: string, rawHost: string, standing: HostStanding, goneBy: string | null = null): Promise<{ hostId: string; epoch: number }> {
   const hostId = parseId(rawHost, "host");
   const now = ctx.now();
+  if (goneBy !== null && standing !== "withdrawn") throw new BerthError("invalid_request", `invalid_request: only a withdrawn host can be attested gone (berth alloc standing ${hostId} withdrawn --host-gone)`);
   return ctx.store.transaction(async (tx) => {
     const h = await lockHostAccount(tx, hostId);
     if (!h || h.org !== org) throw new BerthError("not_found", `not_found: no host ${hostId} in this organisation`);
     const epoch = await setHostStanding(tx, hostId, standing, now);
-    await setDue(tx, "host_standing", hostId, now + STANDING_RETRY_MS);
-    await appendLedger(tx, { at: now, event: "host_account", org, allocation_id: null, owner: null, host_id: hostId, vcpu: h.capacity.vcpu, memory_mib: h.capacity.memoryMib, detail: `${standing} epoch=${epoch}`, actor: ctx.actor });
+    if (goneBy !== null) {
+      await ackStanding(tx, hostId, epoch);
+      await clearDue(tx, "host_standing", hostId);
+    } else await setDue(tx, "host_standing", hostId, now + STANDING_RETRY_MS);
+    await appendLedger(tx, { at: now, event: "host_account", org, allocation_id: null, owner: null, host_id: hostId, vcpu: h.capacity.vcpu, memory_mib: h.capacity.memoryMib, detail: `${standing} epoch=${epoch}${goneBy !== null ? ` host gone: attested by operator ${goneBy}, not acknowledged by its agent` : ""}`, actor: ctx.actor });
     return { hostId, epoch };
   }, { name: "host_standing" });
 }

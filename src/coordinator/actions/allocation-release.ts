@@ -82,7 +82,7 @@ export async function releaseAllocation(ctx: AllocCtx, who: Requester, rawId: st
  * reason naming the resolution under way. Only a quarantined allocation is
  * resolved; the same resolution again is answered as it is.
  */
-export async function resolveAllocation(ctx: AllocCtx, who: Requester, rawId: string, volume: ResolveChoice): Promise<AllocationRecord> {
+export async function resolveAllocation(ctx: AllocCtx, who: Requester, rawId: string, volume: ResolveChoice | "host_gone"): Promise<AllocationRecord> {
   const id = parseId(rawId, "allocation id");
   const now = ctx.now();
   return ctx.store.transaction(async (tx) => {
@@ -90,10 +90,11 @@ export async function resolveAllocation(ctx: AllocCtx, who: Requester, rawId: st
     if (!a0 || a0.org !== who.org) throw new BerthError("not_found", `not_found: no allocation ${id} in this organisation`);
     await lockOwner(tx, a0.org, a0.owner);
     const a = (await getAllocation(tx, id, true))!;
-    if (a.state !== "quarantined") {
+    if (a.state !== "quarantined" && !(volume === "host_gone" && a.state === "releasing")) {
       const hint = a.state === "released" ? "there is nothing left to resolve" : a.state === "releasing" ? "its cleanup is still under way; resolve it if it ends quarantined" : `release it first (berth alloc release ${id})`;
       throw new BerthError("conflict", `conflict: allocation ${id} is ${a.state}; only a quarantined allocation is resolved (${hint})`);
     }
+    if (volume === "host_gone") return endOnGoneHost(tx, ctx, a, who, now);
     const launch = await getLaunch(tx, id);
     if (!launch) throw new BerthError("conflict", `conflict: allocation ${id} never launched; nothing is on a host to resolve`);
     if (launch.resolve && launch.resolve.volume !== volume) {
@@ -106,6 +107,37 @@ export async function resolveAllocation(ctx: AllocCtx, who: Requester, rawId: st
     tx.afterCommit(() => ctx.kick?.());
     return { ...a, reason };
   }, { name: "alloc_resolve" });
+}
+
+/**
+ * `--host-gone`: the allocation's host was withdrawn and an operator attested
+ * it gone for good (`berth alloc standing H withdrawn --host-gone`), so no
+ * cleanup can ever be proven there. The reservation comes back now, in this
+ * transaction (owner row locked, then the host's), recorded as the
+ * operator's word in the ledger and the allocation's reason.
+ */
+async function endOnGoneHost(tx: Tx, ctx: AllocCtx, a: AllocationRecord, who: Requester, now: number): Promise<AllocationRecord> {
+  const host = await lockHostAccount(tx, a.hostId);
+  if (!host) throw new Error(`allocation ${a.id} has no host account ${a.hostId}`);
+  if (host.standing !== "withdrawn" || host.standingAcked < host.standingEpoch) {
+    throw new BerthError("conflict", `conflict: host ${host.name} is ${host.standing}${host.standing === "withdrawn" ? " but its withdrawal is not acknowledged" : ""}; only on a host attested gone (berth alloc standing ${a.hostId} withdrawn --host-gone) is a cleanup ended unproven`);
+  }
+  const t = allocationTransition(a.state, { kind: "host_gone", by: who.principal });
+  if (!t.ok) throw new BerthError("conflict", `conflict: allocation ${a.id}: ${t.refusal}`);
+  const owner = await getOwnerLocked(tx, a);
+  await setOwnerUsage(tx, a.org, a.owner, refund(owner.used, { name: a.size, vcpu: a.vcpu, memoryMib: a.memoryMib }), now);
+  await setHostUsage(tx, a.hostId, { vcpu: host.used.vcpu - a.vcpu, memoryMib: host.used.memoryMib - a.memoryMib, slots: host.used.slots - 1 });
+  await appendLedger(tx, { at: now, event: "refund", org: a.org, allocation_id: a.id, owner: a.owner, host_id: a.hostId, vcpu: a.vcpu, memory_mib: a.memoryMib, detail: `host gone, attested by operator ${who.principal}: cleanup not proven`, actor: ctx.actor });
+  if (!(await casAllocationState(tx, a.id, a.state, t.state, now, t.reason))) throw new Error(`allocation ${a.id} changed under the owner's lock`);
+  await clearDue(tx, "alloc_cleanup", a.id);
+  await clearDue(tx, "alloc_launch", a.id);
+  return { ...a, state: t.state, stateSince: now, reason: t.reason };
+}
+
+async function getOwnerLocked(tx: Tx, a: AllocationRecord) {
+  const owner = await lockOwner(tx, a.org, a.owner);
+  if (!owner) throw new Error(`allocation ${a.id} has no owner row for ${a.owner}`);
+  return owner;
 }
 
 /** The reconciler's handler of an `alloc_expiry` due row: release at expiry (at equality), else re-arm. */

@@ -19,6 +19,7 @@ import { createHmac } from "node:crypto";
 import { policyFingerprint } from "../../core/network-policy.js";
 import { setMachineFingerprint } from "../../store/machine-network.js";
 import { setMachineImage } from "../../store/images.js";
+import { setMachineForwarding } from "../../store/forwarding.js";
 import type { Ctx } from "../context.js";
 
 export interface FillResult {
@@ -65,9 +66,11 @@ export async function fillPool(tx: Tx, ctx: Ctx, pool: PoolRecord, now: number, 
       await setClaimMachine(tx, claim.id, machineId);
       await setMachineFingerprint(tx, machineId, policyFingerprint(pool.network));
       if (pool.image !== null) await setMachineImage(tx, machineId, pool.image);
+      if (pool.forwarding === "off") await setMachineForwarding(tx, machineId, pool.forwarding);
+      const forwarding = pool.forwarding === "off" ? { forwarding: "off" } : {};
       const network = pool.network.mode === "none" ? {} : { network: pool.network };
       const image = pool.image === null ? {} : { image: pool.image };
-      await insertOp(tx, { id: opId, kind: "provision", machineId, hostId: hostIds[i] ?? null, generation: 0, args: { claimId: claim.id, keeperKey: pool.keeperKey, ...network, ...image }, now });
+      await insertOp(tx, { id: opId, kind: "provision", machineId, hostId: hostIds[i] ?? null, generation: 0, args: { claimId: claim.id, keeperKey: pool.keeperKey, ...network, ...image, ...forwarding }, now });
       await audit(tx, { at: now, machineId, subject: claim.id, event: "provision", from: null, to: "provisioning", generation: 0, actor: ctx.actor });
     }
   }

@@ -4,7 +4,7 @@
  * an unexpired claim that already funds provisioning.
  */
 import { BerthError } from "../../core/errors.js";
-import { CAPACITY_LIMIT, type Access, type PoolIdentity, type PoolRecord, type ProviderName, type CapacityCounts } from "../../core/pool.js";
+import { CAPACITY_LIMIT, type Access, type PoolIdentity, type PoolRecord, type ProviderName, type CapacityCounts, type Forwarding } from "../../core/pool.js";
 import { missingPortableCapabilities } from "../../providers/provider.js";
 import { poolRef, setDue } from "../../store/due.js";
 import { countLiveMachines, countMachinesByState, poolTotals } from "../../store/machines.js";
@@ -19,6 +19,7 @@ import { applyTransition } from "./transition.js";
 import { countCapacity, type IssuedClaim } from "./capacity.js";
 import { formatImageRef, imageProvider, parseImageRef } from "../../core/image-ref.js";
 import { lastProvisionError, staleImageReadyMachineIds, type ProvisionError } from "../../store/images.js";
+import { staleForwardingReadyMachineIds } from "../../store/forwarding.js";
 import { countHostsByRuntime, listHosts } from "../../store/hosts.js";
 import type { Tx } from "../../store/store.js";
 
@@ -37,6 +38,8 @@ export interface EnsureInput {
   network?: NetworkPolicy;
   /** The image its machines boot (core/image-ref.ts); default null: the host's root. */
   image?: string | null;
+  /** Forwards to the machines' own ports; default "on". */
+  forwarding?: Forwarding;
 }
 
 export interface EnsureResult {
@@ -63,7 +66,7 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
   if (!ctx.providers.get(input.provider)) throw new BerthError("invalid_request", `invalid_request: provider ${input.provider} is not configured on this coordinator`);
   if (input.access === "portable") checkPortable(ctx, input.provider);
   const image = checkImage(input);
-  const settings = { ...input, network: input.network ?? NO_NETWORK, image };
+  const settings = { ...input, network: input.network ?? NO_NETWORK, image, forwarding: input.forwarding ?? "on" };
   if (settings.network.mode === "egress" && input.provider !== "hosts") {
     throw new BerthError("invalid_request", `invalid_request: network egress is enforced by berth agents; provider ${input.provider} cannot enforce it (use --provider hosts, or --network none)`);
   }
@@ -106,6 +109,11 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
       for (const id of await staleImageReadyMachineIds(tx, p.org, input.name, image)) {
         const m = await lockMachine(tx, id);
         if (m && m.state === "ready") await applyTransition(tx, ctx, m, { kind: "drain", reason: `image changed to ${image ?? "the host's root"}` }, now, { nonce: `${nonce}:img:${id}` });
+      }
+      // And the forwarding switch: an agent applies it when it provisions a machine.
+      for (const id of await staleForwardingReadyMachineIds(tx, p.org, input.name, settings.forwarding)) {
+        const m = await lockMachine(tx, id);
+        if (m && m.state === "ready") await applyTransition(tx, ctx, m, { kind: "drain", reason: `forwarding changed to ${settings.forwarding}` }, now, { nonce: `${nonce}:fwd:${id}` });
       }
     }
     const pool = (await lockPool(tx, p.org, input.name))!;

@@ -51,10 +51,10 @@ export const createAllocationSchema = z.strictObject({
 
 export const planSchema = z.strictObject({ size: z.string().min(1).max(64), strategy: z.enum(["binpack", "spread"]).default("binpack") });
 export const releaseAllocationSchema = z.strictObject({ keepVolume: z.boolean().default(false) });
-export const resolveAllocationSchema = z.strictObject({ volume: z.enum(["keep", "destroy"]) });
+export const resolveAllocationSchema = z.strictObject({ volume: z.enum(["keep", "destroy", "host_gone"]) });
 // Non-positive budgets reach checkBudget, which refuses them with one message for every dimension.
 export const budgetSchema = z.strictObject({ vcpu: int(-1_000_000, 1_000_000), memoryMib: int(-1_000_000_000, 1_000_000_000), count: int(-1_000_000, 1_000_000) });
-export const standingSchema = z.strictObject({ standing: z.enum(HOST_STANDINGS as [string, ...string[]]) });
+export const standingSchema = z.strictObject({ standing: z.enum(HOST_STANDINGS as [string, ...string[]]), hostGone: z.boolean().default(false) });
 
 export function presentAllocation(a: AllocationRecord) {
   return {
@@ -134,8 +134,8 @@ export function registerAllocationRoutes(app: HttpServer, d: AllocationRouteDeps
   }));
   // The change is recorded, then pushed to the agent; `standing` is what is true now: `withdrawing` until the agent acknowledged.
   app.post("/v1/hosts/:host/standing", { ...auth("operator"), body: standingSchema }, async (req) => {
-    const { hostId, epoch } = await changeHostStanding(ctx, req.auth.org, req.params.host!, req.body.standing as (typeof HOST_STANDINGS)[number]);
-    const reported = d.agent ? await pushStanding({ ctx, agent: d.agent }, hostId) : null;
+    const { hostId, epoch } = await changeHostStanding(ctx, req.auth.org, req.params.host!, req.body.standing as (typeof HOST_STANDINGS)[number], req.body.hostGone ? req.auth.tokenId : null);
+    const reported = d.agent && !req.body.hostGone ? await pushStanding({ ctx, agent: d.agent }, hostId) : req.body.hostGone ? "withdrawn" : null;
     return { hostId, requested: req.body.standing, standing: reported ?? reportedStanding(req.body.standing as (typeof HOST_STANDINGS)[number], epoch, 0), epoch };
   });
 }

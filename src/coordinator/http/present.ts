@@ -21,6 +21,7 @@ export function presentPool(p: PoolRecord) {
     keeperKey: p.keeperKey !== null,
     network: { ...p.network, fingerprint: policyFingerprint(p.network) },
     image: p.image,
+    forwarding: p.forwarding,
   };
 }
 

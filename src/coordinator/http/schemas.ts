@@ -24,6 +24,8 @@ export const ensureSchema = z.strictObject({
   network: z
     .strictObject({ mode: z.enum(["none", "egress"]), allow: z.array(text(300)).max(64).default([]), dns: z.array(text(15)).max(16).default([]) })
     .default({ mode: "none", allow: [], dns: [] }),
+  /** Forwards to the machines' own ports (docs/sessions.md): "off" refuses every one. */
+  forwarding: z.enum(["on", "off"]).default("on"),
 });
 
 export const registerSchema = z.strictObject({

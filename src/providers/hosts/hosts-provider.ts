@@ -84,8 +84,12 @@ export class HostsProvider implements Provider {
   }
 
   async #provision(host: HostRow, op: OperationRequest): Promise<OperationOutcome> {
-    // The machine's network policy and image go with its provision (absent: none and the host's root, as before).
-    const args = { ...(op.args.network !== undefined ? { network: op.args.network } : {}), ...(typeof op.args.image === "string" ? { image: op.args.image } : {}) };
+    // The machine's network policy, image and forwarding switch go with its provision (absent: none, the host's root and on, as before).
+    const args = {
+      ...(op.args.network !== undefined ? { network: op.args.network } : {}),
+      ...(typeof op.args.image === "string" ? { image: op.args.image } : {}),
+      ...(op.args.forwarding === "off" ? { forwarding: "off" } : {}),
+    };
     const created = await this.#call(host, { opId: op.opId, kind: "provision", machineId: op.machine.resource_id, generation: 0, args });
     if (created.kind !== "done") return created;
     const keeperKey = typeof op.args.keeperKey === "string" ? op.args.keeperKey : null;
