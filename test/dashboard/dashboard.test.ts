@@ -164,8 +164,9 @@ describe("dashboard in chromium", { skip: BROWSER_SKIP }, () => {
     const id = (await ready.first().getAttribute("data-machine"))!;
     const reopened = streaming(page);
     await page.locator(`tr[data-machine="${id}"] button`).click();
-    await page.waitForURL(`${coord.url}/ui/pools/ci`);
+    await page.waitForURL(`${coord.url}/ui/pools/ci?done=machine-drained&id=${id}`);
     await reopened;
+    assert.match(await page.locator("main p.notice.done[role=status]").innerText(), new RegExp(`Machine ${id} is draining`));
     await page.locator(`table[data-group="draining"] tr[data-machine="${id}"]`).waitFor({ timeout: 2000 });
     assert.equal(await page.locator(`table[data-group="ready"] tr[data-machine="${id}"]`).count(), 0);
     assert.equal(await ready.count(), before - 1);
@@ -177,6 +178,43 @@ describe("dashboard in chromium", { skip: BROWSER_SKIP }, () => {
     const states = await page.locator("#live table").last().locator("tbody tr td:nth-child(4)").allInnerTexts();
     assert.deepEqual(states.slice(0, 2), ["destroyed", "draining"]);
     await shot(page, "machine");
+  });
+
+  test("the drain-pool confirmation follows its 'also end live borrows now' box; a confirmed action shows a success notice", async () => {
+    await page.goto(`${coord.url}/ui/pools/zz-late`);
+    const asked: string[] = [];
+    const answer = (d: import("playwright-core").Dialog) => {
+      asked.push(d.message());
+      void d.dismiss();
+    };
+    page.removeAllListeners("dialog");
+    page.on("dialog", answer);
+    try {
+      await page.getByRole("button", { name: "Drain pool" }).click();
+      await page.getByLabel("also end live borrows now").check();
+      await page.getByRole("button", { name: "Drain pool" }).click();
+    } finally {
+      page.off("dialog", answer);
+      page.on("dialog", (d) => void d.accept());
+    }
+    assert.equal(asked.length, 2);
+    assert.doesNotMatch(asked[0]!, /ended now/);
+    assert.match(asked[0]!, /live borrows run to their end/);
+    assert.match(asked[1]!, /live borrows are ended now/);
+    // Dismissed twice: nothing happened.
+    assert.equal(page.url(), `${coord.url}/ui/pools/zz-late`);
+    await page.getByRole("button", { name: "Drain pool" }).click();
+    await page.waitForURL(/\/ui\/pools\/zz-late/);
+    assert.match(await page.locator("main p.notice.done[role=status]").innerText(), /Pool zz-late is draining/);
+  });
+
+  test("memory is shown in GiB, as the CLI shows it", async () => {
+    await page.goto(`${coord.url}/ui`);
+    const hosts = (await page.locator("tr[data-host]").allInnerTexts()).join("\n");
+    // One host holds al-dash-1 (small: 4 GiB), the other none.
+    assert.match(hosts, /4 GiB \/ 16 GiB memory/);
+    assert.match(hosts, /0 GiB \/ 16 GiB memory/);
+    assert.doesNotMatch(hosts, /MiB/);
   });
 
   test("a form posted without the session's CSRF token (or from another site) is refused and changes nothing", async () => {
@@ -200,7 +238,8 @@ describe("dashboard in chromium", { skip: BROWSER_SKIP }, () => {
     assert.match(await page.locator(`tr[data-owner="${tok.memberA!.id}"]`).innerText(), /2 \/ 4 vCPU/);
     await shot(page, "allocations");
     await page.locator('tr[data-allocation="al-dash-1"] button').click();
-    await page.waitForURL(`${coord.url}/ui/allocations`);
+    await page.waitForURL(`${coord.url}/ui/allocations?done=allocation-released&id=al-dash-1`);
+    assert.match(await page.locator("main p.notice.done[role=status]").innerText(), /Allocation al-dash-1 was released/);
     assert.equal(await page.locator('tr[data-allocation="al-dash-1"]').count(), 0);
     await page.goto(`${coord.url}/ui/tokens`);
     assert.equal(await page.locator("tr[data-token]").count(), 3);

@@ -2,8 +2,9 @@
  * The dashboard's actions, each a confirmed form POST: the session is checked
  * before the body is read, then the form's CSRF token, then the role, then
  * the same action code the API runs (org-scoped by the session's principal).
- * The answer is a redirect back to the page the form was on, or a refusal
- * page naming what happened.
+ * The answer is a redirect back to the page the form was on, with
+ * `?done=KIND&id=ID` so that page shows what was done (routes.ts: a fixed
+ * sentence per kind, the id escaped), or a refusal page naming what happened.
  */
 import type { IncomingMessage } from "node:http";
 import { z } from "zod";
@@ -20,6 +21,16 @@ import { checkCsrf, type Session } from "./session.js";
 import type { LiveChanges } from "./sse.js";
 import { backTo, redirect, sendRefusal } from "./respond.js";
 
+/** What an action did, as the page it returns to says it (`?done=`). */
+export const DONE = {
+  "machine-drained": (id: string) => `Machine ${id} is draining: it is destroyed, and leaves the pool's ready machines.`,
+  "pool-drained": (id: string) => `Pool ${id} is draining: its capacity is zero and its ready machines are being destroyed.`,
+  "borrow-ended": (id: string) => `Borrow ${id} was ended: its borrower has lost access; its machine is cleaned up.`,
+  "allocation-released": (id: string) => `Allocation ${id} was released.`,
+  "token-revoked": (id: string) => `Token ${id} was revoked, with its live grants.`,
+} as const;
+export type DoneKind = keyof typeof DONE;
+
 const form = z.object({ csrf: z.string().optional(), force: z.string().optional(), back: z.string().optional() });
 
 interface ActionDeps {
@@ -29,35 +40,37 @@ interface ActionDeps {
 
 export function addUiActions(app: HttpServer, ctx: Ctx, d: ActionDeps): void {
   /** `run` answers where to go next (a dashboard path). */
-  const act = (path: string, role: Role, run: (p: Principal, params: Record<string, Id>, body: z.output<typeof form>, s: Session) => Promise<string>) =>
+  const act = (path: string, role: Role, done: DoneKind, run: (p: Principal, params: Record<string, Id>, body: z.output<typeof form>, s: Session) => Promise<string>) =>
     app.post(path, { ...d.withSession, bodyType: "form", body: form }, async (req) => {
       try {
         checkCsrf(req.auth, req.body.csrf);
         requireRole(req.auth.principal, role);
         const next = await run(req.auth.principal, req.params, req.body, req.auth);
-        return redirect(req.res, backTo(req.body.back, next));
+        const to = backTo(req.body.back, next);
+        const id = Object.values(req.params)[0] ?? "";
+        return redirect(req.res, to.startsWith("/ui/sign-in") ? to : `${to}?done=${done}&id=${encodeURIComponent(id)}`);
       } catch (e) {
         return sendRefusal(req.res, e, true);
       }
     });
 
-  act("/ui/machines/:machine/drain", "operator", async (p, params) => {
+  act("/ui/machines/:machine/drain", "operator", "machine-drained", async (p, params) => {
     const r = await drainMachine(ctx, p, params.machine!);
     return `/ui/machines/${r.machineId}`;
   });
-  act("/ui/pools/:pool/drain", "operator", async (p, params, body) => {
+  act("/ui/pools/:pool/drain", "operator", "pool-drained", async (p, params, body) => {
     await drainPool(ctx, p, params.pool!, body.force === "true");
     return `/ui/pools/${params.pool}`;
   });
-  act("/ui/borrows/:borrow/end", "operator", async (p, params) => {
+  act("/ui/borrows/:borrow/end", "operator", "borrow-ended", async (p, params) => {
     await endBorrowAsOperator(ctx, p, params.borrow!);
     return "/ui/borrows";
   });
-  act("/ui/allocations/:allocation/release", "member", async (p, params) => {
+  act("/ui/allocations/:allocation/release", "member", "allocation-released", async (p, params) => {
     await releaseAllocation(ctx, { org: p.org, principal: p.tokenId, operator: allows(p, "operator") }, params.allocation!, false);
     return "/ui/allocations";
   });
-  act("/ui/tokens/:token/revoke", "admin", async (p, params, _body, s) => {
+  act("/ui/tokens/:token/revoke", "admin", "token-revoked", async (p, params, _body, s) => {
     const id = params.token!;
     // Only a token of the admin's own organisation; another's is as unknown as a missing one.
     if (!(await listApiTokensOfOrg(ctx.store, p.org)).some((t) => t.id === id)) throw new BerthError("not_found", `not_found: no token ${id} in this organisation`);

@@ -41,7 +41,7 @@ ${o.head}</head><body>${o.body}</body></html>`;
  * `mark` is the change mark the page was rendered at, so the stream reports
  * a change that happened between the render and the stream's start.
  */
-export function page(v: View, o: { title: string; current: string; live: string; mark: string; body: Html }): Html {
+export function page(v: View, o: { title: string; current: string; live: string; mark: string; body: Html; notice?: string }): Html {
   const p = v.principal;
   return shell({
     title: o.title,
@@ -51,7 +51,7 @@ export function page(v: View, o: { title: string; current: string; live: string;
     )}</nav>
 <form method="post" action="/ui/sign-out"><span class="who">org <b>${p.org}</b> · role <b>${p.role}</b> · token <code>${p.tokenId}</code></span>
 <input type="hidden" name="csrf" value="${v.csrf}"><button type="submit">Sign out</button></form></header>
-<main id="main" tabindex="-1"><h1>${o.title}</h1>
+<main id="main" tabindex="-1"><h1>${o.title}</h1>${o.notice ? html`<p class="notice done" role="status">${o.notice}</p>` : ""}
 <form id="ui-action" method="post" action="/ui" hidden><input type="hidden" name="csrf" value="${v.csrf}"><input type="hidden" name="back" value="${v.here}"></form>
 <div id="outage" class="notice error" role="status" aria-live="polite" hidden></div>
 <div id="events" hidden data-stream="/ui/events?since=${o.mark}" data-probe="${withPart(o.live)}"></div>
@@ -87,6 +87,11 @@ export function bar(segments: Segment[], max: number, o: { min?: number; text?: 
   const tick = o.min !== undefined && o.min > 0 ? html`<line class="mark" x1="${((o.min / scale) * 100).toFixed(2)}%" x2="${((o.min / scale) * 100).toFixed(2)}%" y1="0" y2="100%"></line>` : "";
   const text = o.text ?? segments.map((s) => `${s.label} ${s.n}`).join(" · ") + ` / ${max}`;
   return html`<span class="bar"><svg role="img" aria-label="${o.label}: ${text}" preserveAspectRatio="none"><rect class="bg" x="0" y="0" width="100%" height="100%"></rect>${rects}${tick}</svg><span class="txt">${text}</span></span>`;
+}
+
+/** Memory as the CLI shows it: MiB → GiB, at most one decimal. */
+export function gib(mib: number): number {
+  return Math.round((mib / 1024) * 10) / 10;
 }
 
 /** One capacity dimension: used of total, in text too. */
@@ -129,9 +134,13 @@ export function action(o: { action: string; label: string; confirm: string }): H
   return html`<button form="ui-action" formaction="${o.action}" data-confirm="${o.confirm}">${o.label}</button>`;
 }
 
-/** An action with fields of its own (a checkbox): a form of its own, with the CSRF token. */
-export function actionForm(v: View, o: { action: string; label: string; confirm: string; extra: Html }): Html {
-  return html`<form class="inline" method="post" action="${o.action}" data-confirm="${o.confirm}"><input type="hidden" name="csrf" value="${v.csrf}"><input type="hidden" name="back" value="${v.here}">${o.extra}<button type="submit" class="danger">${o.label}</button></form>`;
+/**
+ * An action with fields of its own (a checkbox): a form of its own, with the
+ * CSRF token. `confirmChecked` is the confirmation asked instead when its
+ * checkbox is ticked.
+ */
+export function actionForm(v: View, o: { action: string; label: string; confirm: string; confirmChecked?: string; extra: Html }): Html {
+  return html`<form class="inline" method="post" action="${o.action}" data-confirm="${o.confirm}"${o.confirmChecked ? html` data-confirm-checked="${o.confirmChecked}"` : ""}><input type="hidden" name="csrf" value="${v.csrf}"><input type="hidden" name="back" value="${v.here}">${o.extra}<button type="submit" class="danger">${o.label}</button></form>`;
 }
 
 /** Machine states grouped as capacity is counted (src/coordinator/actions/capacity.ts). */

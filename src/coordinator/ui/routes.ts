@@ -32,7 +32,7 @@ import { loadBorrows, renderBorrows } from "./pages/borrows.js";
 import { loadAllocations, renderAllocations } from "./pages/allocations.js";
 import { loadMachine, renderMachine } from "./pages/machine.js";
 import { loadTokens, renderTokens } from "./pages/tokens.js";
-import { addUiActions } from "./actions.js";
+import { addUiActions, DONE, type DoneKind } from "./actions.js";
 
 export interface UiOptions {
   /** Session lifetime (default one hour; never past the token's expiry). */
@@ -131,7 +131,10 @@ export function addUiRoutes(app: HttpServer, ctx: Ctx, o: UiOptions = {}): Ui {
         // The mark is read before the data, so a change after it is always reported.
         const mark = part ? "" : await live.digest(s.principal.org);
         const out = await build(v, req.params);
-        const html = part ? out.body : page(v, { title: out.title, current: out.current, live: self, mark, body: out.body });
+        const q = query(req.raw);
+        const done = q.get("done");
+        const notice = done !== null && Object.hasOwn(DONE, done) ? DONE[done as DoneKind](q.get("id") ?? "") : undefined;
+        const html = part ? out.body : page(v, { title: out.title, current: out.current, live: self, mark, body: out.body, ...(notice ? { notice } : {}) });
         const bytes = Buffer.from(html.text, "utf8");
         // The server's share of the answer (session, change mark, reads, rendering, encoding), for operators and the bench.
         return sendHtml(req.res, 200, bytes, { "server-timing": `page;dur=${(Number(process.hrtime.bigint() - started) / 1e6).toFixed(2)}` });

@@ -70,7 +70,8 @@ export const UI_JS = String.raw`(function () {
   }
   document.addEventListener("submit", function (e) {
     var b = e.submitter, f = e.target;
-    var msg = (b && b.getAttribute("data-confirm")) || (f && f.getAttribute && f.getAttribute("data-confirm"));
+    var checked = f && f.getAttribute && f.getAttribute("data-confirm-checked") && f.querySelector("input[type=checkbox]:checked");
+    var msg = (b && b.getAttribute("data-confirm")) || (f && f.getAttribute && f.getAttribute(checked ? "data-confirm-checked" : "data-confirm"));
     if (msg && !window.confirm(msg)) e.preventDefault();
   }, true);
   function hms(t) {

@@ -12,7 +12,7 @@ import { ownersOf } from "../../actions/alloc-owners.js";
 import type { AllocationRecord } from "../../../store/allocations.js";
 import type { OwnerRecord } from "../../../store/alloc-owners.js";
 import { html, type Html } from "../html.js";
-import { action, ago, capacity, deadline, type View } from "../layout.js";
+import { action, ago, capacity, gib, deadline, type View } from "../layout.js";
 
 export interface AllocationsData {
   allocations: AllocationRecord[];
@@ -28,7 +28,7 @@ export async function loadAllocations(ctx: AllocCtx, p: Principal): Promise<Allo
 
 function row(v: View, a: AllocationRecord): Html {
   const mayRelease = (a.owner === v.principal.tokenId || allows(v.principal, "operator")) && a.state !== "released" && a.state !== "releasing";
-  return html`<tr data-allocation="${a.id}"><td>${a.id}</td><td class="state">${a.state}</td><td><code>${a.owner}</code></td><td>${a.size} (${a.vcpu} vCPU, ${a.memoryMib} MiB)</td><td>${a.plan.hostName}</td>
+  return html`<tr data-allocation="${a.id}"><td>${a.id}</td><td class="state">${a.state}</td><td><code>${a.owner}</code></td><td>${a.size} (${a.vcpu} vCPU, ${gib(a.memoryMib)} GiB)</td><td>${a.plan.hostName}</td>
 <td>${ago(v.now, a.createdAt)}</td><td>${deadline(v.now, a.expiresAt)}</td><td>${mayRelease ? action({ action: `/ui/allocations/${a.id}/release`, label: "Release", confirm: `Release allocation ${a.id}? Its workspace is torn down.` }) : ""}</td></tr>`;
 }
 
@@ -39,6 +39,6 @@ ${d.allocations.length === 0 ? html`<p class="muted">No live allocation.</p>` : 
 ${d.owners === null ? html`<p class="muted">Owners' budgets are shown to operators.</p>` : html`<h2 id="owners">Owners' budgets (${d.owners.length})</h2>
 ${d.owners.length === 0 ? html`<p class="muted">No owner admitted.</p>` : html`<table aria-labelledby="owners"><thead><tr><th>Owner</th><th>vCPU</th><th>Memory</th><th>Allocations</th></tr></thead>
 <tbody>${d.owners.map(
-    (o) => html`<tr data-owner="${o.owner}"><td><code>${o.owner}</code></td><td>${capacity("vCPU", o.used.vcpu, o.budget.vcpu)}</td><td>${capacity("memory", o.used.memoryMib, o.budget.memoryMib, " MiB")}</td><td>${capacity("allocations", o.used.count, o.budget.count)}</td></tr>`,
+    (o) => html`<tr data-owner="${o.owner}"><td><code>${o.owner}</code></td><td>${capacity("vCPU", o.used.vcpu, o.budget.vcpu)}</td><td>${capacity("memory", gib(o.used.memoryMib), gib(o.budget.memoryMib), " GiB")}</td><td>${capacity("allocations", o.used.count, o.budget.count)}</td></tr>`,
   )}</tbody></table>`}`}`;
 }

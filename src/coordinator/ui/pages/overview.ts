@@ -14,7 +14,7 @@ import { listHosts, runtimeDetailOf, type HostRow } from "../../../store/hosts.j
 import { listHostAccounts } from "../../../store/host-accounts.js";
 import type { HostAccount } from "../../../core/allocation-placement.js";
 import { html, type Html } from "../html.js";
-import { action, ago, bar, capacity, stateClass, type View } from "../layout.js";
+import { action, ago, bar, capacity, gib, stateClass, type View } from "../layout.js";
 import { allows } from "../../auth.js";
 
 export interface OverviewData {
@@ -66,7 +66,7 @@ function runtimeCell(host: HostRow): Html {
 function hostRow(host: HostRow, a: HostAccount | undefined): Html {
   return html`<tr data-host="${host.name}"><td>${host.name}</td>${runtimeCell(host)}<td>${a?.standing ?? "—"}</td><td class="muted">not reported</td>
 <td>${capacity("machine slots", host.used_slots, host.slots)}</td>
-<td>${a ? html`${capacity("vCPU", a.used.vcpu, a.capacity.vcpu)}<br>${capacity("memory", a.used.memoryMib, a.capacity.memoryMib, " MiB")}<br>${capacity("allocation slots", a.used.slots, a.capacity.slots)}` : html`<span class="muted">no account</span>`}</td></tr>`;
+<td>${a ? html`${capacity("vCPU", a.used.vcpu, a.capacity.vcpu)}<br>${capacity("memory", gib(a.used.memoryMib), gib(a.capacity.memoryMib), " GiB")}<br>${capacity("allocation slots", a.used.slots, a.capacity.slots)}` : html`<span class="muted">no account</span>`}</td></tr>`;
 }
 
 export function renderOverview(v: View, d: OverviewData): Html {

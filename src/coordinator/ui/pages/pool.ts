@@ -91,7 +91,8 @@ export function renderPool(v: View, d: PoolData): Html {
 ${allows(v.principal, "operator") && pool.maxReady > 0 ? html`<div class="actions">${actionForm(v, {
     action: `/ui/pools/${pool.name}/drain`,
     label: "Drain pool",
-    confirm: `Drain pool ${pool.name}? Its capacity drops to zero and its ready machines are destroyed.`,
+    confirm: `Drain pool ${pool.name}? Its capacity drops to zero and its ready machines are destroyed; live borrows run to their end.`,
+    confirmChecked: `Drain pool ${pool.name} and end its borrows? Its capacity drops to zero, its ready machines are destroyed, and its live borrows are ended now (their borrowers lose access at once).`,
     extra: html`<label><input type="checkbox" name="force" value="true"> also end live borrows now</label> `,
   })}</div>` : ""}
 <h2 id="charts">Latency</h2><div class="charts">${chart("chart-latency", "Borrow latency", d.latency)}${chart("chart-ready-age", "Ready-queue age", d.readyAge)}</div>
