@@ -4,12 +4,14 @@
  * `berth ssh --print` run by /usr/bin/ssh, a file written to the workspace
  * volume that survives an agent SIGKILL + restart and a sandbox restart,
  * `berth volume verify` finding a damaged volume, `volume reset`, release
- * with nothing left running and the budget back, and a kept volume.
+ * with nothing left running and the budget back, and a kept volume; `berth cp
+ * ALLOCATION` with the allocation's key, both ways.
  */
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { existsSync, renameSync } from "node:fs";
+import { randomBytes } from "node:crypto";
+import { existsSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { AllocRig } from "../helpers/alloc-rig.js";
 import { berth } from "../helpers/cluster.js";
@@ -64,6 +66,21 @@ for (const runtime of ["process", "gvisor"] as const) {
       const w = await sshPrint("e1", "echo kept > note.txt; echo $BERTH_MACHINE; pwd");
       assert.equal(w.status, 0, w.err);
       assert.match(w.out, /^a-e1\n/);
+
+      // berth cp ALLOCATION: the allocation's key (BERTH_KEY_DIR), over SFTP, both ways byte-exact with its mode.
+      const local = join(rig.tmp.path, "cp-up.bin");
+      const data = randomBytes(1024 * 1024 + 7);
+      writeFileSync(local, data, { mode: 0o640 });
+      const up = await cli(["cp", "e1", local, ":cp.bin"]);
+      assert.equal(up.status, 0, up.stderr);
+      const down = await cli(["cp", "e1", ":cp.bin", join(rig.tmp.path, "cp-down.bin")]);
+      assert.equal(down.status, 0, down.stderr);
+      assert.ok(readFileSync(join(rig.tmp.path, "cp-down.bin")).equals(data));
+      assert.equal(statSync(join(rig.tmp.path, "cp-down.bin")).mode & 0o777, 0o640);
+      const missing = await cli(["cp", "e1", ":no-such", join(rig.tmp.path, "x")]);
+      assert.equal(missing.status, 1);
+      assert.match(missing.stderr, /not_found: download no-such/);
+      assert.equal((await cli(["ssh", "e1", "--", "rm", "cp.bin"])).status, 0);
 
       // The agent dies hard and comes back: the volume (and the key) are still there.
       await rig.killAgent();
