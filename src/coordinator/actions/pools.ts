@@ -21,6 +21,7 @@ import { formatImageRef, imageProvider, parseImageRef } from "../../core/image-r
 import { lastProvisionError, staleImageReadyMachineIds, type ProvisionError } from "../../store/images.js";
 import { staleForwardingReadyMachineIds } from "../../store/forwarding.js";
 import { countHostsByRuntime, listHosts } from "../../store/hosts.js";
+import { closeBreaker, readBreaker, type Breaker } from "../../store/provision-breaker.js";
 import type { Tx } from "../../store/store.js";
 
 export interface EnsureInput {
@@ -133,7 +134,7 @@ export async function getPool(
   ctx: Ctx,
   p: Principal,
   name: string,
-): Promise<{ pool: PoolRecord; counts: CapacityCounts; states: Record<string, number>; machines: MachineNetworkRow[]; provisionError: ProvisionError | null }> {
+): Promise<{ pool: PoolRecord; counts: CapacityCounts; states: Record<string, number>; machines: MachineNetworkRow[]; provisionError: ProvisionError | null; breaker: Breaker | null }> {
   const now = ctx.now();
   return ctx.store.transaction(async (tx) => {
     const pool = await readPool(tx, p.org, name);
@@ -141,8 +142,23 @@ export async function getPool(
     const counts = await countCapacity(tx, p.org, name, now);
     const states: Record<string, number> = {};
     for (const r of await countMachinesByState(tx, p.org, name)) states[r.state] = r.n;
-    return { pool, counts, states, machines: await poolMachineNetworks(tx, p.org, name), provisionError: await lastProvisionError(tx, p.org, name) };
+    return { pool, counts, states, machines: await poolMachineNetworks(tx, p.org, name), provisionError: await lastProvisionError(tx, p.org, name), breaker: await readBreaker(tx, p.org, name) };
   });
+}
+
+/** `berth pool resume`: closes the pool's provisioning breaker (the operator fixed the cause) and lets it fill now. */
+export async function resumePool(ctx: Ctx, p: Principal, name: string): Promise<{ pool: string; resumed: boolean }> {
+  const now = ctx.now();
+  const had = await ctx.store.transaction(async (tx) => {
+    const pool = await lockPool(tx, p.org, name);
+    if (!pool) throw new BerthError("not_found", `not_found: no pool named ${name} in this organisation`);
+    const b = await readBreaker(tx, p.org, name);
+    await closeBreaker(tx, p.org, name);
+    await setDue(tx, "fill", poolRef(p.org, name), now);
+    return b !== null && b.openUntil !== null && b.openUntil > now;
+  }, { name: "resume" });
+  ctx.kick();
+  return { pool: name, resumed: had };
 }
 
 /**
