@@ -29,6 +29,11 @@ export interface CoordinatorConfig {
   allocationActorLeaseMs: number;
   /** Lifetime of a host credential issued against a signed challenge (the agent renews it before). */
   hostCredentialTtlMs: number;
+  /** Provisions given up in a row after which a pool stops launching (its circuit breaker opens). */
+  provisionBreakerThreshold: number;
+  /** The first pause of an opened breaker; it doubles with each trip in a row, up to provisionBreakerMaxMs. */
+  provisionBreakerBackoffMs: number;
+  provisionBreakerMaxMs: number;
 }
 
 export const DEFAULT_CONFIG: CoordinatorConfig = {
@@ -41,6 +46,9 @@ export const DEFAULT_CONFIG: CoordinatorConfig = {
   maxAllocationMs: 24 * 3_600_000,
   allocationActorLeaseMs: 15_000,
   hostCredentialTtlMs: 15 * 60_000,
+  provisionBreakerThreshold: 3,
+  provisionBreakerBackoffMs: 5 * 60_000,
+  provisionBreakerMaxMs: 3_600_000,
 };
 
 export interface Ctx {

@@ -38,6 +38,7 @@ import { readinessVerdict, type ReadinessEvidence, type ReadinessVerdict } from 
 import { policyFingerprint } from "../core/network-policy.js";
 import { setMachineEvidence } from "../store/machine-network.js";
 import { readPool } from "../store/pools.js";
+import { closeBreaker, provisionGaveUp } from "../store/provision-breaker.js";
 
 /** Attempts before a failed or unprovable operation is given up (destroy is retried for as long as it takes). */
 export const OP_MAX_ATTEMPTS = 6;
@@ -206,6 +207,8 @@ export class OperationExecutor {
               ? await this.#deps.registerProvisioned(tx, m, found, now)
               : { ok: false as const, why: "the provider's proof lacks the machine's incarnation or SSH address" };
       if (net.kind === "quarantine") ctx.metrics.quarantined.inc({ pool: m.pool, reason: "network_probe_failed" });
+      // The provider launched and proved a machine: the pool's provisioning works, its breaker closes.
+      if (found) await closeBreaker(tx, m.org, m.pool);
       if (!r.ok && m.state === "provisioning") {
         const d = await applyTransition(tx, ctx, m, { kind: "drain", reason: `not registered: ${r.why}` }, now, { nonce });
         if (d.opIds.length === 0) await audit(tx, { at: now, machineId: m.id, subject: op.id, event: "unregistered", from: "provisioning", to: d.machine.state, generation: m.generation, actor: ctx.actor });
@@ -294,6 +297,15 @@ export class OperationExecutor {
     const { ctx, grants } = this.#deps;
     if (op.kind === "provision") {
       if (m.state === "provisioning") await applyTransition(tx, ctx, m, { kind: "drain", reason: `provisioning failed: ${error}` }, now, { nonce });
+      // Failing capacity stops itself: after N provisions given up in a row a pool of a
+      // self-placed provider (cloud instances: each attempt is paid for) stops launching for a while.
+      if (!ctx.providers.get(m.provider)?.selfPlaced) return;
+      const c = ctx.config;
+      const opened = await provisionGaveUp(tx, m.org, m.pool, error, now, { threshold: c.provisionBreakerThreshold, backoffMs: c.provisionBreakerBackoffMs, maxBackoffMs: c.provisionBreakerMaxMs });
+      if (opened) {
+        tx.afterCommit(() => ctx.metrics.provisionBreakerTrips.inc({ pool: m.pool }));
+        await audit(tx, { at: now, machineId: m.id, subject: op.id, event: "provision_breaker_open", from: null, to: "paused", generation: m.generation, actor: ctx.actor, detail: `pool ${m.pool} stops launching until ${new Date(opened.openUntil!).toISOString()}: ${error}`.slice(0, 1000) });
+      }
       return;
     }
     if (m.generation !== op.generation && op.kind !== "destroy") return;

@@ -53,6 +53,7 @@ export class Metrics {
   readonly claims = new client.Counter({ name: "berth_fill_claims_total", help: "Fill claims by event: created, completed, expired", labelNames: ["pool", "event"], registers: [this.registry] });
   readonly heartbeats = new client.Counter({ name: "berth_heartbeats_total", help: "Borrow heartbeats by outcome", labelNames: ["outcome"], registers: [this.registry] });
   readonly quarantined = new client.Counter({ name: "berth_machines_quarantined_total", help: "Machines quarantined, by reason class", labelNames: ["pool", "reason"], registers: [this.registry] });
+  readonly provisionBreakerTrips = new client.Counter({ name: "berth_provision_breaker_trips_total", help: "Times a pool's provisioning circuit breaker opened (N provisions given up in a row)", labelNames: ["pool"], registers: [this.registry] });
   readonly pruned = new client.Counter({ name: "berth_records_pruned_total", help: "Terminal records pruned after retention", labelNames: ["kind"], registers: [this.registry] });
   readonly grants = new client.Counter({ name: "berth_grants_total", help: "Portable grant events: issued, acked, active, expired, revoked, fence_failed, revoke_failed", labelNames: ["pool", "event"], registers: [this.registry] });
   readonly ttlRotations = new client.Counter({ name: "berth_ttl_rotations_total", help: "Ready machines rotated out before their hard TTL", labelNames: ["pool"], registers: [this.registry] });

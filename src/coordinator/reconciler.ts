@@ -194,7 +194,10 @@ async function onFillDue(tx: Tx, ctx: Ctx, ref: string, now: number, seed: Uint8
   }
   const r = await fillPool(tx, ctx, pool, now, seed);
   const after = await countCapacity(tx, org, name, now);
-  if (fillDecision(pool, after).kind === "issue" || (r.why !== null && r.why.startsWith("no enrolled host"))) {
+  if (r.pausedUntil) {
+    // The provisioning breaker is open: look again when it closes, not before.
+    await setDue(tx, "fill", ref, r.pausedUntil);
+  } else if (fillDecision(pool, after).kind === "issue" || (r.why !== null && r.why.startsWith("no enrolled host"))) {
     // Still short (hosts full): look again later rather than spinning.
     await setDue(tx, "fill", ref, now + 5_000);
   }

@@ -17,6 +17,8 @@ import { HOST_STANDING_MIGRATION } from "./host-standing.js";
 import { AUDIT_DETAIL_MIGRATION } from "./audit.js";
 import { ALLOCATION_RESOLVE_MIGRATION } from "./allocation-launches.js";
 import { FORWARDING_MIGRATION } from "./forwarding.js";
+import { AWS_LAUNCHES_MIGRATION } from "./aws-launches.js";
+import { PROVISION_BREAKER_MIGRATION } from "./provision-breaker.js";
 
 export const MIGRATIONS: readonly Migration[] = [
   {
@@ -194,4 +196,6 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
   AUDIT_DETAIL_MIGRATION,
   ALLOCATION_RESOLVE_MIGRATION,
   FORWARDING_MIGRATION,
+  AWS_LAUNCHES_MIGRATION,
+  PROVISION_BREAKER_MIGRATION,
 ];

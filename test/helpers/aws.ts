@@ -15,38 +15,52 @@ import type { OperationOutcome, OperationRequest } from "../../src/providers/pro
 import type { MachineRow } from "../../src/store/machines.js";
 import { connect, execStreaming } from "../../src/cli/ssh-client.js";
 import { AwsEmulator } from "./aws-emulator/emulator.js";
+import { storeLaunchRecords } from "../../src/providers/aws/records.js";
+import { SqliteStore } from "../../src/store/sqlite/sqlite-store.js";
+import type { Store } from "../../src/store/store.js";
 import { tempDir } from "./env.js";
 
 export const FAKE_CREDENTIALS = { accessKeyId: "AKIDEMULATOR", secretAccessKey: "emulator-secret-not-a-real-key" };
 
-export function awsConfigFor(emu: AwsEmulator, pools: string[] = ["ci"]): AwsConfig {
-  const pool = { region: "eu-west-1", subnetId: "subnet-0abc", securityGroupIds: ["sg-0abc"], instanceType: "t3.micro", imageId: "ami-0abc1234", instanceProfile: "berth-ssm", sshAddress: "private", sshPort: emu.sshPort };
-  return parseAwsConfig({ deployment: "test", endpoint: emu.url, pools: Object.fromEntries(pools.map((p) => [p, pool])) });
+export function awsConfigFor(emu: AwsEmulator, pools: string[] = ["ci"], o: { deployment?: string; region?: string } = {}): AwsConfig {
+  const pool = { region: o.region ?? "eu-west-1", subnetId: "subnet-0abc", securityGroupIds: ["sg-0abc"], instanceType: "t3.micro", imageId: "ami-0abc1234", instanceProfile: "berth-ssm", sshAddress: "private", sshPort: emu.sshPort };
+  return parseAwsConfig({ deployment: o.deployment ?? "test", endpoint: emu.url, pools: Object.fromEntries(pools.map((p) => [p, pool])) });
 }
 
 export interface AwsWorld {
   emu: AwsEmulator;
   provider: AwsProvider;
+  /** The SQLite store holding the provider's launch records. */
+  store: Store;
   dir: string;
+  /** Another provider on the same emulator and records, under an edited configuration (a restart after a config change). */
+  providerWith(o: { deployment?: string; region?: string; pools?: string[] }): AwsProvider;
   close(): Promise<void>;
 }
 
-export async function awsWorld(o: { stepBudgetMs?: number; pollMs?: number; pools?: string[] } = {}): Promise<AwsWorld> {
+export async function awsWorld(o: { stepBudgetMs?: number; pollMs?: number; pools?: string[]; store?: Store } = {}): Promise<AwsWorld> {
   const dir = tempDir("berth-aws-emu-");
   const emu = await new AwsEmulator(dir.path).start();
-  const config = awsConfigFor(emu, o.pools);
-  // One SDK attempt per call, so the provider's own handling of lost replies and throttling is what is tested.
-  const clients = (region: string) => {
-    const base = { region, endpoint: config.endpoint, credentials: FAKE_CREDENTIALS, maxAttempts: 1 };
-    return { ec2: new EC2Client(base), ssm: new SSMClient(base) };
+  const store = o.store ?? new SqliteStore({ path: join(dir.path, "berth.db") });
+  const records = storeLaunchRecords(store);
+  const build = (config: AwsConfig) => {
+    // One SDK attempt per call, so the provider's own handling of lost replies and throttling is what is tested.
+    const clients = (region: string) => {
+      const base = { region, endpoint: config.endpoint, credentials: FAKE_CREDENTIALS, maxAttempts: 1 };
+      return { ec2: new EC2Client(base), ssm: new SSMClient(base) };
+    };
+    return new AwsProvider({ config, records, clients, stepBudgetMs: o.stepBudgetMs ?? 8_000, pollMs: o.pollMs ?? 50 });
   };
-  const provider = new AwsProvider({ config, clients, stepBudgetMs: o.stepBudgetMs ?? 8_000, pollMs: o.pollMs ?? 50 });
+  const provider = build(awsConfigFor(emu, o.pools));
   return {
     emu,
     provider,
+    store,
     dir: dir.path,
+    providerWith: (c) => build(awsConfigFor(emu, c.pools ?? o.pools, c)),
     async close() {
       await emu.stop();
+      if (!o.store) await store.close();
       dir.cleanup();
     },
   };

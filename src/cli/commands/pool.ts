@@ -1,4 +1,4 @@
-/** `berth pool ensure|ls|show|drain`. */
+/** `berth pool ensure|ls|show|resume`. */
 import type { Command } from "commander";
 import { Option } from "commander";
 import { readFileSync } from "node:fs";
@@ -31,6 +31,8 @@ interface PoolView {
   provisionError?: { machineId: string; at: number; state: "retrying" | "failed"; error: string } | null;
   /** pool show: why fewer than minReady are ready (null when not short). */
   shortfall?: string | null;
+  /** pool show: the provisioning circuit breaker (null: no failure since the last success). */
+  provisionBreaker?: { failures: number; trips: number; openUntil: number | null; cause: string | null } | null;
   /** pool show: each live machine's policy and last readiness evidence. */
   networks?: Array<{ id: string; state: string; generation: number; policyFingerprint: string; evidence: { result: string; policyFingerprint: string; generation: number; at: number; checks: Array<{ ok: boolean }> } | null }>;
 }
@@ -163,6 +165,12 @@ export function register(program: Command): void {
               const e = p.provisionError;
               process.stdout.write(`  provisioning    ${e.state === "failed" ? "FAILED" : "retrying"} (${new Date(e.at).toISOString()}, machine ${e.machineId}): ${e.error}\n`);
             }
+            const br = p.provisionBreaker;
+            if (br && br.openUntil !== null && br.openUntil > Date.now()) {
+              process.stdout.write(`  launching       PAUSED until ${new Date(br.openUntil).toISOString()} (breaker open, trip ${br.trips}): ${br.cause ?? "unknown"}\n                  fix the cause, then: berth pool resume ${p.name}\n`);
+            } else if (br && br.failures > 0) {
+              process.stdout.write(`  launching       ${br.failures} failed provision(s) in a row: ${br.cause ?? "unknown"}\n`);
+            }
             const states = Object.entries(p.states ?? {});
             if (states.length) process.stdout.write(`  machines        ${states.map(([s, n]) => `${s} ${n}`).join(", ")}\n`);
             if (p.network && p.network.mode !== "none" && (p.networks ?? []).length > 0) {
@@ -176,6 +184,20 @@ export function register(program: Command): void {
               );
             }
           }
+          return 0;
+        } finally {
+          await api.close();
+        }
+      }),
+  );
+  clientOpts(pool.command("resume").description("Close a pool's provisioning breaker (after fixing why its launches failed) and let it fill now").argument("<name>", "pool name")).action(
+    (name: string, o: { json: boolean; url?: string; tokenFile?: string; config?: string }) =>
+      runCommand(async () => {
+        const { api } = clientFrom(o);
+        try {
+          const r = await api.call<{ pool: string; resumed: boolean }>("POST", `/v1/pools/${encodeURIComponent(name)}/resume`);
+          if (o.json) printJson(r);
+          else process.stdout.write(r.resumed ? `pool ${r.pool}: breaker closed; filling again\n` : `pool ${r.pool}: the breaker was not open; nothing to resume\n`);
           return 0;
         } finally {
           await api.close();

@@ -7,11 +7,12 @@ import { StateDirLock } from "../state-lock.js";
 import { durationArg, loadOrCreateSecret, openStoreFromFlags, runCommand } from "../common.js";
 import { httpLimitOptions, httpLimitsFrom, type HttpLimitFlags } from "../http-limits.js";
 
-async function startAws(file: string) {
+async function startAws(file: string, store: import("../../store/store.js").Store) {
   const { AwsProvider } = await import("../../providers/aws/aws-provider.js");
   const { loadAwsConfig } = await import("../../providers/aws/config.js");
+  const { storeLaunchRecords } = await import("../../providers/aws/records.js");
   const { liveMachinesIn, startSweepLoop } = await import("../../providers/aws/sweep.js");
-  const provider = new AwsProvider({ config: loadAwsConfig(file) });
+  const provider = new AwsProvider({ config: loadAwsConfig(file), records: storeLaunchRecords(store) });
   return {
     provider,
     sweep: (store: Parameters<typeof liveMachinesIn>[0], log: Parameters<typeof startSweepLoop>[3]) => startSweepLoop(provider, liveMachinesIn(store), 5 * 60_000, log),
@@ -75,7 +76,7 @@ Example:
         const metricsTokenHash = o.metricsTokenFile === undefined ? null : hashToken("api", readSecretLine(resolve(o.metricsTokenFile), "--metrics-token-file"));
         // Loaded only here: every other command starts without the coordinator.
         const { startCoordinator } = await import("../../coordinator/server.js");
-        const aws = o.awsConfig ? await startAws(resolve(o.awsConfig)) : null;
+        const aws = o.awsConfig ? await startAws(resolve(o.awsConfig), store) : null;
         const c = await startCoordinator({ store, secret, host, port, config: { portable: o.portable, ...(o.allocActorLease !== undefined ? { allocationActorLeaseMs: o.allocActorLease } : {}) }, providers: aws ? [aws.provider] : [], metricsTokenHash, httpLimits });
         const stopSweep = aws ? aws.sweep(store, c.ctx.log) : () => undefined;
         lock.setUrl(c.url);

@@ -19,6 +19,7 @@ import { createHmac } from "node:crypto";
 import { policyFingerprint } from "../../core/network-policy.js";
 import { setMachineFingerprint } from "../../store/machine-network.js";
 import { setMachineImage } from "../../store/images.js";
+import { openBreaker } from "../../store/provision-breaker.js";
 import { setMachineForwarding } from "../../store/forwarding.js";
 import type { Ctx } from "../context.js";
 
@@ -26,6 +27,8 @@ export interface FillResult {
   pool: PoolRecord;
   issued: IssuedClaim[];
   why: string | null;
+  /** The pool's provisioning breaker is open until then: look again at that time. */
+  pausedUntil?: number | null;
 }
 
 function derivedId(seed: Uint8Array, prefix: string, i: number): string {
@@ -37,6 +40,10 @@ export async function fillPool(tx: Tx, ctx: Ctx, pool: PoolRecord, now: number, 
   const decision = fillDecision(pool, counts);
   if (decision.kind === "hold") return { pool, issued: [], why: decision.why };
   const provider = ctx.providers.get(pool.provider);
+  if (provider?.capabilities.provision) {
+    const b = await openBreaker(tx, pool.org, pool.name, now);
+    if (b) return { pool, issued: [], why: `provisioning paused until ${new Date(b.openUntil!).toISOString()} after ${ctx.config.provisionBreakerThreshold} failed provisions in a row: ${b.cause ?? "unknown"}`, pausedUntil: b.openUntil };
+  }
   let count = decision.claims;
   const hostIds: string[] = [];
   if (provider?.capabilities.provision && !provider.selfPlaced) {

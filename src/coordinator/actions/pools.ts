@@ -13,7 +13,7 @@ import { whyShort } from "./exhausted.js";
 import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
 import { fillPool } from "./fill.js";
-import { NO_NETWORK, policyFingerprint, policyRefusal, type NetworkPolicy } from "../../core/network-policy.js";
+import { NO_NETWORK, hostAddressRefusal, policyFingerprint, policyRefusal, type NetworkPolicy } from "../../core/network-policy.js";
 import { poolMachineNetworks, staleReadyMachineIds, type MachineNetworkRow } from "../../store/machine-network.js";
 import { lockMachine } from "../../store/machines.js";
 import { applyTransition } from "./transition.js";
@@ -21,7 +21,8 @@ import { countCapacity, type IssuedClaim } from "./capacity.js";
 import { formatImageRef, imageProvider, parseImageRef } from "../../core/image-ref.js";
 import { lastProvisionError, staleImageReadyMachineIds, type ProvisionError } from "../../store/images.js";
 import { staleForwardingReadyMachineIds } from "../../store/forwarding.js";
-import { countHostsByRuntime } from "../../store/hosts.js";
+import { countHostsByRuntime, listHosts } from "../../store/hosts.js";
+import { closeBreaker, readBreaker, type Breaker } from "../../store/provision-breaker.js";
 import type { Tx } from "../../store/store.js";
 
 export interface EnsureInput {
@@ -83,6 +84,11 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
   const result = await ctx.store.transaction(async (tx) => {
     // Insert-if-absent first, so concurrent first ensures of one pool serialize on its row.
     if (image !== null && input.provider === "hosts") await checkImageHosts(tx, p.org, input.name);
+    if (settings.network.mode === "egress") {
+      const addrs = (await listHosts(tx, p.org)).flatMap((h) => [urlHost(h.url), h.ssh_host]);
+      const hostRefused = hostAddressRefusal(settings.network, addrs);
+      if (hostRefused !== null) throw new BerthError("invalid_request", hostRefused);
+    }
     const created = await insertPoolIfAbsent(tx, p.org, input.name, settings, now);
     const existing = await lockPool(tx, p.org, input.name);
     if (!created && existing) {
@@ -129,7 +135,7 @@ export async function getPool(
   ctx: Ctx,
   p: Principal,
   name: string,
-): Promise<{ pool: PoolRecord; counts: CapacityCounts; states: Record<string, number>; machines: MachineNetworkRow[]; provisionError: ProvisionError | null; shortfall: string | null }> {
+): Promise<{ pool: PoolRecord; counts: CapacityCounts; states: Record<string, number>; machines: MachineNetworkRow[]; provisionError: ProvisionError | null; breaker: Breaker | null; shortfall: string | null }> {
   const now = ctx.now();
   return ctx.store.transaction(async (tx) => {
     const pool = await readPool(tx, p.org, name);
@@ -139,8 +145,23 @@ export async function getPool(
     for (const r of await countMachinesByState(tx, p.org, name)) states[r.state] = r.n;
     // Fewer ready than minReady: why (what holds the pool back), for waits that must say so.
     const shortfall = counts.ready < pool.minReady ? await whyShort(tx, pool, counts, Boolean(ctx.providers.get(pool.provider)?.capabilities.provision)) : null;
-    return { pool, counts, states, machines: await poolMachineNetworks(tx, p.org, name), provisionError: await lastProvisionError(tx, p.org, name), shortfall };
+    return { pool, counts, states, machines: await poolMachineNetworks(tx, p.org, name), provisionError: await lastProvisionError(tx, p.org, name), breaker: await readBreaker(tx, p.org, name), shortfall };
   });
+}
+
+/** `berth pool resume`: closes the pool's provisioning breaker (the operator fixed the cause) and lets it fill now. */
+export async function resumePool(ctx: Ctx, p: Principal, name: string): Promise<{ pool: string; resumed: boolean }> {
+  const now = ctx.now();
+  const had = await ctx.store.transaction(async (tx) => {
+    const pool = await lockPool(tx, p.org, name);
+    if (!pool) throw new BerthError("not_found", `not_found: no pool named ${name} in this organisation`);
+    const b = await readBreaker(tx, p.org, name);
+    await closeBreaker(tx, p.org, name);
+    await setDue(tx, "fill", poolRef(p.org, name), now);
+    return b !== null && b.openUntil !== null && b.openUntil > now;
+  }, { name: "resume" });
+  ctx.kick();
+  return { pool: name, resumed: had };
 }
 
 /**
@@ -186,3 +207,10 @@ export async function listPools(ctx: Ctx, p: Principal): Promise<Array<{ pool: P
   });
 }
 
+function urlHost(url: string): string {
+  try {
+    return new URL(url).hostname;
+  } catch {
+    return "";
+  }
+}

@@ -9,7 +9,7 @@ import type { Ctx } from "../context.js";
 import { Reply, type HttpServer } from "../../http/server.js";
 import { authenticate, authenticateCached, requireRole, TokenCache, type Principal, type Role, type UncheckedPrincipal } from "../auth.js";
 import { drainSchema, ensureSchema, registerSchema, borrowSchema, chosenKeeper, chosenPortable, returnSchema, heartbeatSchema, ackSchema, reportSchema, enrollSchema } from "./schemas.js";
-import { ensurePool, getPool, listPools } from "../actions/pools.js";
+import { ensurePool, getPool, listPools, resumePool } from "../actions/pools.js";
 import { registerMachine } from "../actions/register.js";
 import { borrowKeeper, getBorrow, heartbeatKeeper, returnKeeper } from "../actions/borrow.js";
 import { reportTelemetry } from "../actions/report.js";
@@ -89,12 +89,13 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
   }));
   app.get("/v1/pools/:pool", auth(), async (req) => {
     const x = await getPool(ctx, req.auth, req.params.pool!);
-    return { ...presentPool(x.pool), counts: x.counts, states: x.states, networks: x.machines.map(presentMachineNetwork), provisionError: x.provisionError, shortfall: x.shortfall };
+    return { ...presentPool(x.pool), counts: x.counts, states: x.states, networks: x.machines.map(presentMachineNetwork), provisionError: x.provisionError, provisionBreaker: x.breaker, shortfall: x.shortfall };
   });
   app.post("/v1/pools/:pool/ensure", { ...auth("operator"), body: ensureSchema }, async (req) => {
     const res = await ensurePool(ctx, req.auth, { name: req.params.pool!, ...req.body, network: parsePolicy(req.body.network) });
     return { ...presentPool(res.pool), counts: res.counts, claims: res.claims, note: res.note };
   });
+  app.post("/v1/pools/:pool/resume", auth("operator"), async (req) => resumePool(ctx, req.auth, req.params.pool!));
   app.post("/v1/pools/:pool/drain", { ...auth("operator"), body: drainSchema }, async (req) => drainPool(ctx, req.auth, req.params.pool!, req.body.force));
   app.post("/v1/pools/:pool/machines", { ...auth("operator"), body: registerSchema }, async (req) =>
     new Reply(201, await registerMachine(ctx, req.auth, { pool: req.params.pool!, ...req.body })),

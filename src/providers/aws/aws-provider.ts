@@ -9,17 +9,24 @@
  * `ambiguous`; the executor retries with the same operation id, and each step
  * here resumes from what it can observe instead of acting blindly again:
  *
- *   provision   look the op id up as RunInstances ClientToken; launch only if
- *               absent; wait for running and for the SSM agent; enroll.
- *   install_key resolve the instance by its tags; run install_key (guest
+ *   provision   record the launch (op id = ClientToken, region, deployment,
+ *               machine) in the store first; look the op id up as
+ *               RunInstances ClientToken in the recorded region; launch only
+ *               if absent; record the instance id the answer (or the lookup)
+ *               names; wait for running and for the SSM agent; enroll.
+ *   install_key resolve the instance from the machine's launch records
+ *               (records.ts), in the region it was launched in; instances of
+ *               today's deployment tag with no record count too; run install_key (guest
  *               timer, then key, generation checked, result recorded).
  *   remove_key  same, remove_key (seals the generation: no late install).
  *   fence       fence_prepare removes every grant key and records the boot id
  *               once; RebootInstances; done only when SSM reads a different
  *               boot id. An accepted reboot alone is never reported fenced.
  *   scrub       kill the user's processes, empty its home.
- *   destroy     terminate every instance bound to the machine; done only when
- *               each is observed `terminated`.
+ *   destroy     terminate every instance the machine's launch records name
+ *               (in their own region, whatever the configuration says now)
+ *               and every instance tagged for it under today's deployment;
+ *               done only when each is observed `terminated`.
  *
  * Credentials come from the SDK's default provider chain; berth never sees
  * or stores them.
@@ -29,7 +36,8 @@ import { SSMClient, DescribeInstanceInformationCommand } from "@aws-sdk/client-s
 import type { OperationOutcome, OperationRequest, Provider, ProviderCapabilities } from "../provider.js";
 import { parsePublicKey } from "../../core/ssh-public-key.js";
 import { poolConfig, withImage, type AwsConfig, type AwsPoolConfig } from "./config.js";
-import { boundInstances, byClientToken, byId, boundTo, launch, reboot, stateOf, terminate, type Binding } from "./ec2.js";
+import { boundInstances, byClientToken, byId, byInstanceId, boundTo, launch, reboot, stateOf, terminate, type Binding } from "./ec2.js";
+import type { LaunchRecord, LaunchRecords } from "./records.js";
 import { errorName, errorText, runGuest, type Clock, type GuestOutcome } from "./ssm.js";
 import type { GuestStep } from "./guest.js";
 
@@ -40,6 +48,8 @@ export interface AwsClients {
 
 export interface AwsProviderDeps {
   config: AwsConfig;
+  /** The durable launch records (storeLaunchRecords(store)): written before RunInstances, read by destroy and the sweep. */
+  records: LaunchRecords;
   /** Builds the SDK clients for a region (default: endpoint from the config, credentials from the default chain). */
   clients?: (region: string) => AwsClients;
   /** Static credentials, for an emulator only; production leaves this unset. */
@@ -55,9 +65,15 @@ export interface AwsProviderDeps {
 const CAPABILITIES: ProviderCapabilities = { provision: true, installKey: true, revokeKey: true, fence: true, scrub: true, destroy: true, observeIdentity: true };
 
 /** Errors after which AWS is known to have changed nothing. */
-const DEFINITE_REFUSALS = new Set(["InvalidParameterValue", "InvalidParameterCombination", "InvalidAMIID.NotFound", "InvalidAMIID.Malformed", "InvalidSubnetID.NotFound", "InvalidGroup.NotFound", "UnauthorizedOperation", "AccessDeniedException", "InvalidInstanceId", "InvalidDocument", "ValidationException"]);
+const DEFINITE_REFUSALS = new Set(["InsufficientInstanceCapacity", "InstanceLimitExceeded", "VcpuLimitExceeded", "InvalidParameterValue", "InvalidParameterCombination", "InvalidAMIID.NotFound", "InvalidAMIID.Malformed", "InvalidSubnetID.NotFound", "InvalidGroup.NotFound", "UnauthorizedOperation", "AccessDeniedException", "InvalidInstanceId", "InvalidDocument", "ValidationException"]);
 
-type Ctx = { op: OperationRequest; pc: AwsPoolConfig; c: AwsClients; b: Binding; deadline: number };
+/** `tagScope`: where instances tagged for the machine under today's deployment are looked for (null: the pool is no longer configured). */
+type Ctx = { op: OperationRequest; pc: AwsPoolConfig; c: AwsClients; b: Binding; deadline: number; tagScope: AwsClients | null };
+
+/** A launch record with no instance found for it this long after it was written launched nothing (EC2 lists a new instance well within it). */
+const LAUNCH_SETTLE_MS = 10 * 60_000;
+
+type Located = { inst: Instance; c: AwsClients; rec: LaunchRecord | null };
 
 export class AwsProvider implements Provider {
   readonly name = "aws";
@@ -74,6 +90,14 @@ export class AwsProvider implements Provider {
 
   get deployment(): string {
     return this.deps.config.deployment;
+  }
+
+  get records(): LaunchRecords {
+    return this.deps.records;
+  }
+
+  get now(): number {
+    return this.#clock.now();
   }
 
   clientsFor(region: string): AwsClients {
@@ -93,8 +117,19 @@ export class AwsProvider implements Provider {
   async run(op: OperationRequest): Promise<OperationOutcome> {
     const m = op.machine;
     const pc = poolConfig(this.deps.config, m.org, m.pool);
-    if (!pc) return { kind: "failed", error: `aws_unconfigured: pool ${m.pool} has no entry in the AWS configuration`, retryable: false };
-    const x: Ctx = { op, pc, c: this.clientsFor(pc.region), b: { deployment: this.deployment, org: m.org, pool: m.pool, machineId: m.id }, deadline: this.#clock.now() + this.#budget };
+    const b: Binding = { deployment: this.deployment, org: m.org, pool: m.pool, machineId: m.id };
+    const deadline = this.#clock.now() + this.#budget;
+    if (!pc) {
+      // A pool removed from the configuration still has its launches on record: destroy ends them.
+      if (op.kind !== "destroy") return { kind: "failed", error: `aws_unconfigured: pool ${m.pool} has no entry in the AWS configuration`, retryable: false };
+      try {
+        return await this.#destroy({ op, pc: null as unknown as AwsPoolConfig, c: null as unknown as AwsClients, b, deadline, tagScope: null });
+      } catch (e) {
+        return { kind: "ambiguous", error: `aws destroy: ${errorText(e)}` };
+      }
+    }
+    const c = this.clientsFor(pc.region);
+    const x: Ctx = { op, pc, c, b, deadline, tagScope: c };
     try {
       switch (op.kind) {
         case "provision":
@@ -108,17 +143,32 @@ export class AwsProvider implements Provider {
           return await this.#onInstance(x);
       }
     } catch (e) {
-      if (DEFINITE_REFUSALS.has(errorName(e))) return { kind: "failed", error: `aws refused ${op.kind}: ${errorText(e)}`, retryable: false };
+      if (DEFINITE_REFUSALS.has(errorName(e))) {
+        // Refused before anything was launched (the token was looked up first in this same call): the launch record is closed.
+        if (op.kind === "provision") await this.deps.records.ended(op.opId, this.#clock.now(), `refused: ${errorName(e)}`).catch(() => undefined);
+        return { kind: "failed", error: `aws refused ${op.kind}: ${errorText(e)}`, retryable: false };
+      }
       // Throttling, transport errors, lost replies: the request may or may not have taken effect.
       return { kind: "ambiguous", error: `aws ${op.kind}: ${errorText(e)}` };
     }
   }
 
-  async #provision(x: Ctx): Promise<OperationOutcome> {
+  async #provision(x0: Ctx): Promise<OperationOutcome> {
+    // The launch is on record before it can cost money; a retry keeps the first attempt's region and deployment.
+    const rec = await this.deps.records.intend({ clientToken: x0.op.opId, machineId: x0.b.machineId, org: x0.b.org, pool: x0.b.pool, region: x0.pc.region, deployment: x0.b.deployment, requestedAt: this.#clock.now() });
+    const x: Ctx = { ...x0, c: this.clientsFor(rec.region), b: { ...x0.b, deployment: rec.deployment } };
     const { ec2 } = x.c;
     // A retry (or a lost reply) is resolved by looking the token up first, never by a blind second launch.
     let inst = await byClientToken(ec2, x.op.opId);
-    if (!inst) inst = await launch(ec2, withImage(x.pc, x.op.args.image), x.b, x.op.opId);
+    if (inst) await this.deps.records.launched(x.op.opId, inst.InstanceId!, null);
+    else {
+      if (rec.region !== x0.pc.region || rec.deployment !== x0.b.deployment) {
+        return { kind: "failed", error: `aws_config_changed: provision ${x.op.opId} was recorded for region ${rec.region}, deployment ${rec.deployment}; the configuration now says ${x0.pc.region}, ${x0.b.deployment}`, retryable: false };
+      }
+      const l = await launch(ec2, withImage(x.pc, x.op.args.image), x.b, x.op.opId);
+      inst = l.instance;
+      await this.deps.records.launched(x.op.opId, inst.InstanceId!, l.account);
+    }
     if (!boundTo(inst, x.b)) return { kind: "failed", error: `instance ${inst.InstanceId} launched under op ${x.op.opId} is not tagged for machine ${x.b.machineId}`, retryable: false };
     const id = inst.InstanceId!;
     const running = await this.#waitFor(async () => {
@@ -140,19 +190,50 @@ export class AwsProvider implements Provider {
     return { kind: "done", result: { instanceId: id, incarnation: String(g.value.incarnation), sshHost: host, sshPort: x.pc.sshPort, hostKey: String(g.value.hostKey) } };
   }
 
+  /**
+   * Every not-terminated instance of the machine: those its launch records
+   * name (looked up in the record's region; a record whose instance is
+   * observed terminated, or whose token launched nothing, is closed), and
+   * those tagged for it under today's deployment in today's region.
+   */
+  async #located(x: Ctx): Promise<Located[]> {
+    const out: Located[] = [];
+    const seen = new Set<string>();
+    const now = this.#clock.now();
+    for (const rec of await this.deps.records.openFor(x.b.machineId)) {
+      const c = this.clientsFor(rec.region);
+      const inst = rec.instanceId ? await byInstanceId(c.ec2, rec.instanceId) : await byClientToken(c.ec2, rec.clientToken);
+      if (inst?.InstanceId && !rec.instanceId) await this.deps.records.launched(rec.clientToken, inst.InstanceId, null);
+      if (!inst) {
+        if (now - rec.requestedAt >= LAUNCH_SETTLE_MS) await this.deps.records.ended(rec.clientToken, now, rec.instanceId ? "no longer listed by EC2" : "no instance launched with this client token");
+        continue;
+      }
+      if (stateOf(inst) === "terminated") {
+        await this.deps.records.ended(rec.clientToken, now, "observed terminated");
+        continue;
+      }
+      seen.add(inst.InstanceId!);
+      out.push({ inst, c, rec });
+    }
+    if (x.tagScope) for (const inst of await boundInstances(x.tagScope.ec2, x.b)) if (!seen.has(inst.InstanceId!)) out.push({ inst, c: x.tagScope, rec: null });
+    return out;
+  }
+
   /** The one instance bound to the machine, running; or why there is none. */
-  async #bound(x: Ctx): Promise<{ inst: Instance } | { outcome: OperationOutcome }> {
-    const found = await boundInstances(x.c.ec2, x.b);
+  async #bound(x: Ctx): Promise<{ inst: Instance; c: AwsClients } | { outcome: OperationOutcome }> {
+    const located = await this.#located(x);
+    const found = located.map((l) => l.inst);
     if (found.length === 0) return { outcome: { kind: "failed", error: `no live instance is bound to machine ${x.b.machineId}`, retryable: false } };
     if (found.length > 1) return { outcome: { kind: "failed", error: `${found.length} instances are bound to machine ${x.b.machineId}; refusing to act on any`, retryable: false } };
     const inst = found[0]!;
     if (stateOf(inst) !== "running") return { outcome: { kind: "ambiguous", error: `instance ${inst.InstanceId} is ${stateOf(inst)}` } };
-    return { inst };
+    return { inst, c: located[0]!.c };
   }
 
-  async #onInstance(x: Ctx): Promise<OperationOutcome> {
-    const r = await this.#bound(x);
+  async #onInstance(x0: Ctx): Promise<OperationOutcome> {
+    const r = await this.#bound(x0);
     if ("outcome" in r) return r.outcome;
+    const x: Ctx = { ...x0, c: r.c };
     const id = r.inst.InstanceId!;
     const a = x.op.args;
     switch (x.op.kind) {
@@ -205,11 +286,13 @@ export class AwsProvider implements Provider {
   }
 
   async #destroy(x: Ctx): Promise<OperationOutcome> {
-    const live = await boundInstances(x.c.ec2, x.b);
+    const live = await this.#located(x);
     if (live.length === 0) return { kind: "done", result: { existed: false, terminated: [] } };
-    const ids = live.map((i) => i.InstanceId!);
-    await terminate(x.c.ec2, ids.filter((_, k) => stateOf(live[k]!) !== "shutting-down"));
-    const gone = await this.#waitFor(async () => ((await boundInstances(x.c.ec2, x.b)).length === 0 ? true : null), x.deadline);
+    const ids = live.map((l) => l.inst.InstanceId!);
+    const byClient = new Map<AwsClients, string[]>();
+    for (const l of live) if (stateOf(l.inst) !== "shutting-down") byClient.set(l.c, [...(byClient.get(l.c) ?? []), l.inst.InstanceId!]);
+    for (const [c, list] of byClient) await terminate(c.ec2, list);
+    const gone = await this.#waitFor(async () => ((await this.#located(x)).length === 0 ? true : null), x.deadline);
     if (!gone) return { kind: "ambiguous", error: `termination of ${ids.join(", ")} requested; not yet observed terminated` };
     return { kind: "done", result: { existed: true, terminated: ids, evidence: "instances observed terminated" } };
   }

@@ -69,12 +69,17 @@ export async function boundInstances(ec2: EC2Client, b: Binding): Promise<Instan
   return found.filter((i) => boundTo(i, b));
 }
 
+/** The instance with this id, by filter (an id AWS no longer lists is absent, not an error). */
+export async function byInstanceId(ec2: EC2Client, instanceId: string): Promise<Instance | undefined> {
+  return (await describe(ec2, [{ Name: "instance-id", Values: [instanceId] }]))[0];
+}
+
 export async function byId(ec2: EC2Client, instanceId: string): Promise<Instance | undefined> {
   const r = await ec2.send(new DescribeInstancesCommand({ InstanceIds: [instanceId] }));
   return r.Reservations?.[0]?.Instances?.[0];
 }
 
-export async function launch(ec2: EC2Client, pc: AwsPoolConfig, b: Binding, opId: string): Promise<Instance> {
+export async function launch(ec2: EC2Client, pc: AwsPoolConfig, b: Binding, opId: string): Promise<{ instance: Instance; account: string | null }> {
   const tags = [
     { Key: TAG.managed, Value: b.deployment },
     { Key: TAG.org, Value: b.org },
@@ -103,7 +108,7 @@ export async function launch(ec2: EC2Client, pc: AwsPoolConfig, b: Binding, opId
   );
   const i = r.Instances?.[0];
   if (!i?.InstanceId) throw new Error("RunInstances answered without an instance");
-  return i;
+  return { instance: i, account: r.OwnerId ?? null };
 }
 
 export async function reboot(ec2: EC2Client, instanceId: string): Promise<void> {

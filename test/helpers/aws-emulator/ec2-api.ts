@@ -51,37 +51,41 @@ function notFound(ids: string[]): { status: number; body: string } {
   return { status: 400, body: errorXml("InvalidInstanceID.NotFound", `The instance IDs '${ids.join(", ")}' do not exist`) };
 }
 
-export async function ec2Action(emu: AwsEmulator, action: string, p: URLSearchParams): Promise<{ status: number; body: string }> {
+export async function ec2Action(emu: AwsEmulator, action: string, p: URLSearchParams, region: string): Promise<{ status: number; body: string }> {
+  // Each region is its own namespace: ids, client tokens and filters see only its instances.
+  const here = new Map(emu.inRegion(region).map((i) => [i.id, i]));
   switch (action) {
     case "RunInstances": {
+      const refusal = emu.faults.runRefusals.shift();
+      if (refusal) return { status: 400, body: errorXml(refusal, `emulated ${refusal}: no instance launched`) };
       const token = p.get("ClientToken") ?? randomUUID();
       // Idempotency: the same client token returns the instance it launched, whatever its state.
-      let inst = [...emu.instances.values()].find((i) => i.clientToken === token && p.get("ClientToken"));
+      let inst = [...here.values()].find((i) => i.clientToken === token && p.get("ClientToken"));
       if (!inst) {
         const tags: Record<string, string> = { "emu:image": p.get("ImageId") ?? "" };
         for (let s = 1; p.has(`TagSpecification.${s}.ResourceType`); s++) {
           if (p.get(`TagSpecification.${s}.ResourceType`) !== "instance") continue;
           for (let t = 1; p.has(`TagSpecification.${s}.Tag.${t}.Key`); t++) tags[p.get(`TagSpecification.${s}.Tag.${t}.Key`)!] = p.get(`TagSpecification.${s}.Tag.${t}.Value`) ?? "";
         }
-        inst = emu.newInstance(tags, token);
+        inst = emu.newInstance(tags, token, region);
       }
       return reply(action, `<reservationId>r-${inst.id.slice(2)}</reservationId><ownerId>000000000000</ownerId><instancesSet>${instanceXml(inst)}</instancesSet>`);
     }
     case "DescribeInstances": {
       const ids = list(p, "InstanceId");
-      const missing = ids.filter((id) => !emu.instances.has(id));
+      const missing = ids.filter((id) => !here.has(id));
       if (missing.length > 0) return notFound(missing);
       const fs = filters(p);
-      const found = [...emu.instances.values()].filter((i) => (ids.length === 0 || ids.includes(i.id)) && fs.every((f) => matches(i, f)));
+      const found = [...here.values()].filter((i) => (ids.length === 0 || ids.includes(i.id)) && fs.every((f) => matches(i, f)));
       const items = found.map((i) => `<item><reservationId>r-${i.id.slice(2)}</reservationId><ownerId>000000000000</ownerId><instancesSet>${instanceXml(i)}</instancesSet></item>`).join("");
       return reply(action, `<reservationSet>${items}</reservationSet>`);
     }
     case "RebootInstances": {
       const ids = list(p, "InstanceId");
-      const missing = ids.filter((id) => !emu.instances.has(id));
+      const missing = ids.filter((id) => !here.has(id));
       if (missing.length > 0) return notFound(missing);
       for (const id of ids) {
-        const inst = emu.instances.get(id)!;
+        const inst = here.get(id)!;
         if (inst.state !== "running") continue;
         if (emu.faults.rebootsIgnored > 0) {
           emu.faults.rebootsIgnored--;
@@ -93,11 +97,11 @@ export async function ec2Action(emu: AwsEmulator, action: string, p: URLSearchPa
     }
     case "TerminateInstances": {
       const ids = list(p, "InstanceId");
-      const missing = ids.filter((id) => !emu.instances.has(id));
+      const missing = ids.filter((id) => !here.has(id));
       if (missing.length > 0) return notFound(missing);
       const items: string[] = [];
       for (const id of ids) {
-        const inst = emu.instances.get(id)!;
+        const inst = here.get(id)!;
         const before = inst.state;
         await emu.terminate(inst);
         items.push(`<item><instanceId>${id}</instanceId>${stateXml("currentState", inst.state)}${stateXml("previousState", before)}</item>`);

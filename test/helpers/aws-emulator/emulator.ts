@@ -22,6 +22,8 @@ import { EmulatedInstance, type Invocation } from "./instance.js";
 import { ec2Action } from "./ec2-api.js";
 import { ssmAction } from "./ssm-api.js";
 
+export const DEFAULT_REGION = "us-east-1";
+
 export interface Faults {
   /** Action name -> how many of the next calls lose their reply (after the action took effect). */
   lose: Map<string, number>;
@@ -33,9 +35,13 @@ export interface Faults {
   ssmHolds: Array<{ release: () => void; held: Promise<void> }>;
   /** The next SendCommand deliveries run twice; the second run this many ms after the first ends. */
   ssmDuplicates: number[];
+  /** The next RunInstances calls are refused with these EC2 error codes (InsufficientInstanceCapacity, InstanceLimitExceeded, VcpuLimitExceeded…), one per call; nothing is launched. */
+  runRefusals: string[];
   /** How many RebootInstances calls are answered true and ignored. */
   rebootsIgnored: number;
   bootMs: number;
+  /** Instances launched while set boot, but their SSM agent never registers (a private subnet without NAT or SSM endpoints). */
+  ssmNeverRegisters: boolean;
   rebootMs: number;
   terminateLagMs: number;
 }
@@ -44,7 +50,9 @@ export class AwsEmulator {
   readonly instances = new Map<string, EmulatedInstance>();
   readonly invocations = new Map<string, Invocation & { instanceId: string }>();
   readonly calls: string[] = [];
-  readonly faults: Faults = { lose: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], rebootsIgnored: 0, bootMs: 0, rebootMs: 0, terminateLagMs: 0 };
+  /** `region:Action` of every call, in order. */
+  readonly regionCalls: string[] = [];
+  readonly faults: Faults = { lose: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], runRefusals: [], rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, rebootMs: 0, terminateLagMs: 0 };
   url = "";
   sshPort = 0;
   #server: Server | null = null;
@@ -89,14 +97,22 @@ export class AwsEmulator {
     return [...this.instances.values()].filter((i) => i.state !== "terminated");
   }
 
-  newInstance(tags: Record<string, string>, clientToken: string): EmulatedInstance {
+  /** Instances of one region (each region is its own EC2/SSM namespace, as on AWS). */
+  inRegion(region: string): EmulatedInstance[] {
+    return [...this.instances.values()].filter((i) => i.region === region);
+  }
+
+  newInstance(tags: Record<string, string>, clientToken: string, region = DEFAULT_REGION): EmulatedInstance {
     const id = `i-${randomBytes(8).toString("hex").slice(0, 17)}`;
     const ip = `127.77.${1 + (this.instances.size >> 8)}.${1 + (this.instances.size % 250)}`;
     const inst = new EmulatedInstance(id, tags, clientToken, ip, this.sshPort, this.dir, Date.now());
+    inst.region = region;
     this.instances.set(id, inst);
+    const unregistered = this.faults.ssmNeverRegisters;
     this.later(this.faults.bootMs, async () => {
       if (inst.state !== "pending") return;
       await inst.boot();
+      if (unregistered) inst.ssmOnline = false;
       inst.state = "running";
       this.deliverPending(inst);
     });
@@ -143,15 +159,18 @@ export class AwsEmulator {
     const target = req.headers["x-amz-target"];
     const isSsm = typeof target === "string" && target.startsWith("AmazonSSM.");
     const action = isSsm ? target.slice("AmazonSSM.".length) : (new URLSearchParams(body).get("Action") ?? "");
+    // The region is the one the SigV4 credential scope names (signatures themselves are not checked).
+    const region = /Credential=[^/]+\/\d{8}\/([^/]+)\//.exec(String(req.headers.authorization ?? ""))?.[1] ?? DEFAULT_REGION;
     this.calls.push(action);
+    this.regionCalls.push(`${region}:${action}`);
     if (take(this.faults.throttle, action)) {
       if (isSsm) return sendJson(res, 400, { __type: "ThrottlingException", message: "Rate exceeded" }, "ThrottlingException");
       return sendXml(res, 503, errorXml("RequestLimitExceeded", "Request limit exceeded."));
     }
     try {
       const reply: { status: number; body: unknown; errorType?: string } = isSsm
-        ? await ssmAction(this, action, JSON.parse(body || "{}") as Record<string, unknown>)
-        : await ec2Action(this, action, new URLSearchParams(body));
+        ? await ssmAction(this, action, JSON.parse(body || "{}") as Record<string, unknown>, region)
+        : await ec2Action(this, action, new URLSearchParams(body), region);
       if (take(this.faults.lose, action)) {
         // The action took effect; the answer never arrives.
         req.socket.destroy();

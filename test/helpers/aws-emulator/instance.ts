@@ -42,6 +42,8 @@ export interface Invocation {
 
 export class EmulatedInstance {
   state: InstanceState = "pending";
+  /** The region it was launched in (set by the emulator). */
+  region = "us-east-1";
   readonly root: string;
   readonly hostKey = generateSshKeyPair("emulated-host");
   ssmOnline = false;

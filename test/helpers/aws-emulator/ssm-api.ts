@@ -14,13 +14,13 @@ function err(type: string, message: string): Reply {
   return { status: 400, body: { __type: type, message }, errorType: type };
 }
 
-export async function ssmAction(emu: AwsEmulator, action: string, b: Record<string, unknown>): Promise<Reply> {
+export async function ssmAction(emu: AwsEmulator, action: string, b: Record<string, unknown>, region: string): Promise<Reply> {
   switch (action) {
     case "SendCommand": {
       if (b.DocumentName !== "AWS-RunShellScript") return err("InvalidDocument", `document ${String(b.DocumentName)} is not supported by the emulator`);
       const ids = (b.InstanceIds as string[] | undefined) ?? [];
       const inst = emu.instances.get(ids[0] ?? "");
-      if (ids.length !== 1 || !inst || inst.state === "terminated") return err("InvalidInstanceId", "the instance is not a managed instance");
+      if (ids.length !== 1 || !inst || inst.region !== region || inst.state === "terminated") return err("InvalidInstanceId", "the instance is not a managed instance");
       const commands = ((b.Parameters as Record<string, string[]> | undefined)?.commands ?? []).join("\n");
       const commandId = randomUUID();
       const inv: Invocation & { instanceId: string; gated?: boolean } = { commandId, comment: String(b.Comment ?? ""), script: commands, status: "Pending", code: -1, stdout: "", stderr: "", requestedAt: Date.now(), instanceId: inst.id };
@@ -83,7 +83,7 @@ export async function ssmAction(emu: AwsEmulator, action: string, b: Record<stri
       const filters = (b.Filters as Array<{ Key: string; Values: string[] }> | undefined) ?? [];
       const want = filters.find((f) => f.Key === "InstanceIds")?.Values;
       const list = [...emu.instances.values()]
-        .filter((i) => i.state === "running" && (!want || want.includes(i.id)))
+        .filter((i) => i.region === region && i.state === "running" && (!want || want.includes(i.id)))
         .map((i) => ({ InstanceId: i.id, PingStatus: i.ssmOnline ? "Online" : "ConnectionLost", PlatformType: "Linux", AgentVersion: "3.3.0.0-emulated" }));
       return { status: 200, body: { InstanceInformationList: list } };
     }

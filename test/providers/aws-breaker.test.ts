@@ -1,0 +1,93 @@
+/**
+ * Failing capacity stops itself: a pool whose instances never register with
+ * SSM (a private subnet without NAT or SSM endpoints, emulated) launches
+ * N instances, gives each up, then its provisioning breaker opens: no
+ * further launch, the cause in `GET /v1/pools/:name` (what `berth pool show`
+ * prints) and a metric; every launched instance is terminated. `berth pool
+ * resume` (POST /v1/pools/:name/resume) ends the pause, and a pool whose
+ * cause was fixed fills again. Real coordinator (SQLite, reconciler,
+ * executor) against the EC2/SSM emulator. Capacity and limit errors on
+ * RunInstances are refusals (failed, not ambiguous), so they reach the
+ * breaker at once instead of after six attempts.
+ */
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { startTestCoordinator } from "../helpers/env.js";
+import { awsWorld, machine, op } from "../helpers/aws.js";
+
+type PoolShown = { counts: { ready: number }; provisionBreaker: { failures: number; trips: number; openUntil: number | null; cause: string | null } | null };
+
+async function until<T>(what: string, fn: () => Promise<T | null | undefined | false>, timeoutMs = 120_000): Promise<T> {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+test("a pool whose instances never register stops launching after N failed provisions and says why", { timeout: 240_000 }, async () => {
+  const w = await awsWorld({ stepBudgetMs: 400, pollMs: 50 });
+  // A fill claim outlives one given-up provision (about 10 s at this step budget), so each failed machine is replaced only once it is given up.
+  const t = await startTestCoordinator({ providers: [w.provider], config: { portable: true, claimTtlMs: 20_000, provisionBreakerThreshold: 2, provisionBreakerBackoffMs: 3_600_000 } });
+  try {
+    w.emu.faults.ssmNeverRegisters = true;
+    const admin = await t.api("admin");
+    const launches = () => w.emu.calls.filter((c) => c === "RunInstances").length;
+    await admin.call("POST", "/v1/pools/ci/ensure", { minReady: 1, maxReady: 1, compatibilityKey: "aws-linux", access: "portable", provider: "aws", heartbeatMs: 5_000 });
+    const shown = () => admin.call<PoolShown>("GET", "/v1/pools/ci");
+    // Either the breaker opens, or a third instance is launched (today's loop with no brake).
+    const seen = await until("the breaker open or a third launch", async () => {
+      const p = await shown();
+      return (p.provisionBreaker?.openUntil ?? 0) > Date.now() || launches() >= 3 ? p : null;
+    });
+    assert.equal(launches(), 2, "exactly N instances launched before the pool stopped");
+    const br = seen.provisionBreaker!;
+    assert.ok(br.openUntil! > Date.now() + 30 * 60_000, "paused for the configured backoff");
+    assert.match(br.cause ?? "", /SSM agent is not online/, "the cause is shown");
+
+    // The given-up machines are destroyed and their instances terminated; while paused, nothing new is launched.
+    await until("every machine destroyed", async () => {
+      const left = await t.store.transaction((tx) => tx.get<{ n: number }>("SELECT COUNT(*) AS n FROM machines WHERE state <> 'destroyed'"));
+      return Number(left?.n) === 0;
+    });
+    await until("both instances terminated", async () => w.emu.live().length === 0);
+    for (let i = 0; i < 5; i++) await t.coord.reconciler.tick();
+    assert.equal(launches(), 2, "no launch while the breaker is open");
+    const metrics = await (await fetch(`${t.coord.url}/metrics`)).text();
+    assert.match(metrics, /berth_provision_breaker_trips_total\{pool="ci"\} 1/);
+
+    // The operator fixes the cause and resumes: the pool fills again, and the success closes the breaker.
+    w.emu.faults.ssmNeverRegisters = false;
+    const r = await admin.call<{ resumed: boolean }>("POST", "/v1/pools/ci/resume");
+    assert.equal(r.resumed, true);
+    const filled = await until("one ready machine", async () => {
+      const p = await shown();
+      return p.counts.ready >= 1 ? p : null;
+    });
+    assert.equal(filled.provisionBreaker, null, "a proven provision closes the breaker");
+    assert.equal(launches(), 3);
+  } finally {
+    await t.close();
+    await w.close();
+  }
+});
+
+for (const code of ["InsufficientInstanceCapacity", "InstanceLimitExceeded", "VcpuLimitExceeded"]) {
+  test(`${code} on RunInstances is a refusal: the provision fails at once, nothing launched, its record closed`, { timeout: 60_000 }, async () => {
+    const w = await awsWorld({ stepBudgetMs: 400, pollMs: 50 });
+    try {
+      w.emu.faults.runRefusals.push(code);
+      const req = op("provision", machine(`m_${code.toLowerCase()}`), 0);
+      const o = await w.provider.run(req);
+      assert.equal(o.kind, "failed", JSON.stringify(o));
+      assert.equal(o.kind === "failed" && o.retryable, false, "not retried as if the outcome were unknown");
+      assert.match(o.kind === "failed" ? o.error : "", new RegExp(code));
+      assert.equal(w.emu.instances.size, 0);
+      assert.equal((await w.provider.records.byToken(req.opId))?.endReason, `refused: ${code}`);
+    } finally {
+      await w.close();
+    }
+  });
+}
