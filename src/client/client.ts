@@ -21,6 +21,7 @@ import { randomBytes } from "node:crypto";
 import { BerthError } from "../core/errors.js";
 import { newId } from "../core/ids.js";
 import { newToken } from "../core/tokens.js";
+import { formatDuration } from "../core/durations.js";
 import { writeFileDurable } from "../store/durable-file.js";
 import { Borrow, type Access } from "./borrow.js";
 import { ConfigError, loadConfig, type ConfigFlags } from "./config.js";
@@ -44,14 +45,17 @@ export interface BorrowOptions {
   pool: string;
   /** keeper (default) or portable (per-borrow key, two-phase ack). */
   access?: Access;
-  /** Portable: requested length (capped at 30 min, the machine's TTL and your token). */
+  /**
+   * How long the borrow lasts. Keeper: default 30 min (or half the pool's hard TTL if shorter), at most
+   * what the pool's machines live (else `duration_too_long`). Portable: capped at 30 min, the machine's TTL and your token.
+   */
   durationMs?: number;
   /** Write the borrow's receipt (0600) here, and a portable key next to it; default: memory only. */
   receiptPath?: string | null;
   /** How long to wait for a ready machine when the pool is momentarily empty (default 0: refuse at once). */
   waitMs?: number;
-  /** Called while waiting, with the time waited so far. */
-  onWait?: (waitedMs: number) => void;
+  /** Called while waiting, with the time waited so far and why no machine is ready (the coordinator's words). */
+  onWait?: (waitedMs: number, why: string) => void;
   signal?: AbortSignal;
   /**
    * SSH follows: load the SSH client (ssh2, 50–130 ms of CPU) while the borrow request is in
@@ -169,8 +173,8 @@ export class BerthClient {
         writeFileDurable(keyFile, pair.privateKey, 0o600);
       }
       body.publicKey = pair.publicKey;
-      if (o.durationMs !== undefined) body.durationMs = o.durationMs;
     }
+    if (o.durationMs !== undefined) body.durationMs = o.durationMs;
     // The borrow's id and tokens are chosen here, so a request whose reply is lost can be sent
     // again and answers the same borrow instead of taking a second machine.
     body.borrowId = newId(access === "portable" ? "g" : "b", randomBytes);
@@ -191,13 +195,16 @@ export class BerthClient {
         }
         const waited = Date.now() - started;
         const exhausted = e instanceof ApiError && e.code === "pool_exhausted";
-        if (!exhausted || waited + pause > (o.waitMs ?? 0) || o.signal?.aborted) {
+        const waitMs = o.waitMs ?? 0;
+        if (!exhausted || waited >= waitMs || o.signal?.aborted) {
           removeQuietly(keyFile);
-          if (exhausted && o.waitMs) throw new ApiError(e.status, e.code, `${e.message.replace(/; try again shortly.*$/, "")}; waited ${Math.round(waited / 100) / 10}s (--wait)`);
+          if (exhausted && waitMs) throw new ApiError(e.status, e.code, `${e.message.replace(/; try again shortly.*$/, "")}; waited ${Math.round(waited / 100) / 10}s (--wait ${formatDuration(waitMs)})`);
           throw e;
         }
-        o.onWait?.(waited);
-        await sleep(pause, o.signal);
+        // Why nothing is ready, as the coordinator said (its pool_exhausted message, code dropped).
+        o.onWait?.(waited, e.message.replace(/^pool_exhausted: /, ""));
+        // The last try is at the end of the wait, not a pause before it.
+        await sleep(Math.min(pause, waitMs - waited), o.signal);
         pause = Math.min(250, Math.ceil(pause * 1.5));
       }
     }

@@ -28,3 +28,19 @@ export function liveDecision(b: BorrowCore, now: number): LiveDecision {
 export function nextHeartbeatDeadline(now: number, heartbeatMs: number, expiresAt: number): number {
   return Math.min(now + heartbeatMs, expiresAt);
 }
+
+/** A keeper borrow that asks for no `--duration` lasts this long, or half its pool's hard TTL when that is shorter. */
+export const DEFAULT_KEEPER_BORROW_MS = 30 * 60_000;
+
+/**
+ * How long a keeper borrow lasts: what it asks (`durationMs`), else the
+ * default. The pool caps it: a machine lives `hardTtlMs` and is rotated out
+ * `marginMs` before that, so no machine could carry a longer borrow; asking
+ * more is `too_long` (refused, never silently shortened).
+ */
+export function keeperBorrowMs(requestedMs: number | null, pool: { hardTtlMs: number }, marginMs: number): { kind: "ok"; ms: number } | { kind: "too_long"; maxMs: number } {
+  const maxMs = pool.hardTtlMs - marginMs;
+  if (requestedMs === null) return { kind: "ok", ms: Math.min(DEFAULT_KEEPER_BORROW_MS, Math.floor(pool.hardTtlMs / 2)) };
+  if (requestedMs > maxMs) return { kind: "too_long", maxMs };
+  return { kind: "ok", ms: requestedMs };
+}

@@ -17,6 +17,7 @@ export type ErrorCode =
   | "pool_exhausted"
   | "borrow_not_active"
   | "borrow_expired"
+  | "duration_too_long"
   | "generation_mismatch"
   | "claim_consumed"
   | "claim_expired"
@@ -65,6 +66,8 @@ const STATUS: Record<ErrorCode, number> = {
   pool_exhausted: 503,
   borrow_not_active: 409,
   borrow_expired: 409,
+  /** A keeper borrow asked for longer than any machine of its pool lives (hard TTL less the rotation margin). */
+  duration_too_long: 400,
   generation_mismatch: 409,
   claim_consumed: 409,
   claim_expired: 409,

@@ -222,6 +222,25 @@ export function policyRefusal(p: NetworkPolicy, machineRange: string = DEFAULT_M
   return null;
 }
 
+/**
+ * An allow entry that names exactly one of the hosts' own addresses (an IPv4
+ * literal of an enrolled agent's URL or SSH address): the host is always
+ * refused to its machines, so the entry opens nothing. An entry that merely
+ * contains the address (a /24, 0.0.0.0/0) opens the rest and is accepted.
+ */
+export function hostAddressRefusal(p: NetworkPolicy, hostAddresses: readonly string[]): string | null {
+  if (p.mode !== "egress") return null;
+  for (const e of p.allow.map(parseAllowEntry)) {
+    if (e.cidr === null) continue;
+    for (const a of hostAddresses) {
+      if (cidrRange(`${a}/32`) !== null && cidrWithin(e.cidr, `${a}/32`)) {
+        return `invalid_request: network allow entry ${e.text} names the address of an enrolled host (${a}), which the platform deny list always refuses to machines; remove it`;
+      }
+    }
+  }
+  return null;
+}
+
 /** One line for people: `egress: 2 allow entries, dns 10.0.0.53 (np-…)` or `none`. */
 export function describePolicy(p: NetworkPolicy): string {
   if (p.mode === "none") return "none";

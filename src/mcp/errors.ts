@@ -38,6 +38,7 @@ const HINTS: Record<string, string> = {
   unknown_output: "use the output_id a run_command result gave in this session (outputs are kept until the session ends)",
   pool_exhausted: "wait a few seconds and borrow again, or pass wait_seconds",
   borrow_expired: "the machine's hard deadline passed; borrow a new machine",
+  duration_too_long: "ask a shorter duration: the pool's machines do not live that long",
   grant_expired: "the machine's hard deadline passed; borrow a new machine",
   not_found: "call list_pools for the pools you may borrow from",
   forbidden: "this token may not do that; ask an operator",

@@ -173,6 +173,8 @@ export const poolReply = o({
   claims: z.array(o({ id: s, token: s, expiresAt: n })).optional(),
   note: nullable(s).optional(),
   provisionError: nullable(o({ machineId: s, at: n, state: z.enum(["retrying", "failed"]), error: s })).optional(),
+  /** Why fewer than minReady are ready (null when not short). */
+  shortfall: nullable(s).optional(),
   /** The provisioning circuit breaker (null: no failure since the last success). */
   provisionBreaker: nullable(o({ failures: n, trips: n, openUntil: nullable(n), cause: nullable(s) })).optional(),
   /** Each live machine's policy and last readiness evidence (docs/network.md). */

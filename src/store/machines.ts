@@ -57,10 +57,19 @@ export async function readMachine(tx: Tx, id: string): Promise<MachineRow | unde
  * out). On PostgreSQL the row is locked and rows other borrowers hold are
  * skipped, so concurrent borrows never take the same machine.
  */
-export async function takeReadyMachine(tx: Tx, pool: PoolRecord, access: Access, now: number): Promise<MachineRow | undefined> {
+/** The compatible ready machine that has waited longest, outside its rotation margin and living at least `lifeMs` more. */
+export async function takeReadyMachine(tx: Tx, pool: PoolRecord, access: Access, now: number, lifeMs = 0): Promise<MachineRow | undefined> {
   return tx.get<MachineRow>(
     `SELECT * FROM machines WHERE org = ? AND pool = ? AND state = 'ready' AND access = ? AND hard_expires_at > ? AND COALESCE(network_fingerprint, 'none') = ? ORDER BY ready_since, id LIMIT 1${tx.skipLocked}`,
-    [pool.org, pool.name, access, now + rotationMarginMs(pool.hardTtlMs), policyFingerprint(pool.network)],
+    [pool.org, pool.name, access, Math.max(now + rotationMarginMs(pool.hardTtlMs), now + lifeMs - 1), policyFingerprint(pool.network)],
+  );
+}
+
+/** A ready machine of the pool with less than `lifeMs` to live (the shortest-lived first), locked; none when every one lives long enough. */
+export async function lockShortLivedReady(tx: Tx, pool: PoolRecord, now: number, lifeMs: number): Promise<MachineRow | undefined> {
+  return tx.get<MachineRow>(
+    `SELECT * FROM machines WHERE org = ? AND pool = ? AND state = 'ready' AND hard_expires_at < ? ORDER BY hard_expires_at, id LIMIT 1${tx.skipLocked}`,
+    [pool.org, pool.name, now + lifeMs],
   );
 }
 

@@ -2,7 +2,7 @@
 import { strict as assert } from "node:assert";
 import { describe, it } from "node:test";
 import { isBerthError } from "../../src/core/errors.js";
-import { makePolicy, parseAllowEntry, parsePolicy, permitsTcp, policyFingerprint, NO_NETWORK } from "../../src/core/network-policy.js";
+import { hostAddressRefusal, makePolicy, parseAllowEntry, parsePolicy, permitsTcp, policyFingerprint, NO_NETWORK } from "../../src/core/network-policy.js";
 import { readinessVerdict, type ReadinessEvidence } from "../../src/core/network-evidence.js";
 import { machineRuleset } from "../../src/agent/network/ruleset.js";
 import { probePlan } from "../../src/agent/network/probe.js";
@@ -31,6 +31,15 @@ describe("network policy", () => {
     assert.match(refused(() => parseAllowEntry("1.2.3.4:0")), /invalid port/);
     assert.match(refused(() => makePolicy("none", ["1.2.3.4"])), /need --network egress/);
     assert.match(refused(() => makePolicy("egress", [], ["not-an-ip"])), /not an IPv4 address/);
+  });
+
+  it("refuses an allow entry naming exactly an enrolled host's address; one containing it opens the rest and is accepted", () => {
+    const hosts = ["192.0.2.10", "e2e.example", "198.51.100.7"];
+    assert.match(hostAddressRefusal(makePolicy("egress", ["192.0.2.10:22"]), hosts) ?? "", /names the address of an enrolled host \(192\.0\.2\.10\)/);
+    assert.match(hostAddressRefusal(makePolicy("egress", ["203.0.113.1:443", "198.51.100.7/32:80"]), hosts) ?? "", /198\.51\.100\.7/);
+    assert.equal(hostAddressRefusal(makePolicy("egress", ["192.0.2.0/24:443", "0.0.0.0/0"]), hosts), null);
+    assert.equal(hostAddressRefusal(makePolicy("egress", ["192.0.2.11:22"]), hosts), null);
+    assert.equal(hostAddressRefusal(makePolicy("none"), hosts), null);
   });
 
   it("has one fingerprint per canonical policy; none is 'none'", () => {

@@ -41,6 +41,7 @@ const STATUS: Record<ErrorCode, number> = {
   portable_unsupported: 400,
   grant_expired: 409,
   grant_not_pending: 409,
+  duration_too_long: 400,
   token_mismatch: 403,
   key_mismatch: 403,
   provider_unavailable: 503,

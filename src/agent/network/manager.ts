@@ -73,6 +73,9 @@ export interface SweepReport {
 }
 
 /** The outcome of comparing a machine's live rules with the recorded ones. */
+/** First uid of machines' own uids (process runtime under a policy); far above any account a host has. */
+export const MACHINE_UID_BASE = 1_000_000_000;
+
 export type RulesVerdict =
   | { ok: true; digest: string; evidenceAt: number | null }
   | { ok: false; why: string; diff: string[] };
@@ -137,6 +140,17 @@ export class MachineNetworks {
   names(machineId: string): { netns: string; hostIf: string; table: string } {
     const m = hex(`${this.#stateDir}\0${machineId}`, 8);
     return { netns: `berth-${this.tag}-${m}`, hostIf: `bm${this.tag}${m}`, table: `berth_${this.tag}_${m}` };
+  }
+
+  /**
+   * The machine's own uid (and gid) on this host: MACHINE_UID_BASE + the
+   * first address of its /30 divided by 4. Unique among live machine networks
+   * of the host: the slot lease is host-wide and ranges of agents on one host
+   * cannot overlap (their routes would). No passwd entry; the process runtime
+   * runs the machine's commands as it.
+   */
+  machineUid(slot: number): number {
+    return MACHINE_UID_BASE + Math.floor((this.#rangeFirst + slot * 4) / 4);
   }
 
   addresses(slot: number): { host: string; guest: string } {

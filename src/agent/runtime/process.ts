@@ -35,8 +35,8 @@
  * why it is only a supplement.
  */
 import { spawn } from "node:child_process";
-import { existsSync, mkdirSync, readdirSync, rmSync, rmdirSync, writeFileSync } from "node:fs";
-import { join, resolve } from "node:path";
+import { chownSync, existsSync, mkdirSync, readdirSync, rmSync, rmdirSync, statSync, writeFileSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
 import { userInfo } from "node:os";
 import pty from "node-pty";
 import { BerthError } from "../../core/errors.js";
@@ -61,6 +61,12 @@ interface ProcessMachineRecord {
   createdAt: string;
   /** The machine's network namespace (network policy `egress`); absent: the host's network. */
   netns?: string;
+  /**
+   * With a namespace: the machine's own unprivileged uid/gid (no passwd entry).
+   * Every command runs as it, with no capabilities and no_new_privs, and sees
+   * only its own processes (see exec).
+   */
+  runAs?: { uid: number; gid: number };
   /** "off": its pool refuses forwards (CreateOptions.forwarding); absent: allowed. */
   forwarding?: "off";
 }
@@ -71,6 +77,30 @@ interface Tracked {
 }
 
 const FENCE_ROUNDS = 100;
+
+/**
+ * Under a network policy, inside the mount namespace `ip netns exec` made for
+ * the command (its mounts never reach the host), still root:
+ *   - a /proc of its own with hidepid=invisible: the command sees only the
+ *     processes of its own uid (the machine's);
+ *   - a tmpfs over the agent's state directory (other machines, the agent's
+ *     records), or over its highest ancestor others cannot traverse
+ *     (hiddenRoot), with only this machine's workspace bound back at its path
+ *     (`mount -c`: "." is the spawn's cwd, the workspace, not a path looked up
+ *     again under the tmpfs);
+ * then setpriv: the machine's uid/gid, no supplementary groups, every
+ * capability set empty (bounding set too) and no_new_privs (setuid binaries
+ * give nothing back), and exec of the command with the same pid.
+ * An unprivileged uid cannot setns() (no CAP_SYS_ADMIN), touch nftables or
+ * routes (no CAP_NET_ADMIN), signal or ptrace the agent or another machine
+ * (another uid), nor write a root-owned file.
+ */
+const CONFINE = [
+  'sd=$1 ws=$2 uid=$3 gid=$4; shift 4',
+  'mount -t proc -o hidepid=invisible,nosuid,nodev,noexec proc /proc || exit 126',
+  'mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev berth-state "$sd" && mkdir -p "$ws" && mount -c --bind . "$ws" && cd "$ws" || exit 126',
+  'exec setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all --ambient-caps=-all --bounding-set=-all --no-new-privs -- "$@"',
+].join("\n");
 const KEEP_INCARNATIONS = 16;
 
 export interface ProcessRuntimeOptions {
@@ -146,6 +176,8 @@ export class ProcessRuntime implements Runtime {
         }
       }
       const inc = newIncarnation();
+      const runAs = opts.network ? { uid: opts.network.uid, gid: opts.network.uid } : null;
+      if (runAs) chownSync(join(dir, "workspace"), runAs.uid, runAs.gid);
       const rec: ProcessMachineRecord = {
         v: 1,
         machineId,
@@ -154,6 +186,7 @@ export class ProcessRuntime implements Runtime {
         cgroup,
         createdAt: new Date().toISOString(),
         ...(opts.network ? { netns: opts.network.netns } : {}),
+        ...(runAs ? { runAs } : {}),
         ...(opts.forwarding ? { forwarding: opts.forwarding } : {}),
       };
       writeRecord(join(dir, "machine.json"), rec);
@@ -191,8 +224,12 @@ export class ProcessRuntime implements Runtime {
       // the same pid (so "command not found" is a normal exit 127 from the
       // shell, not a spawn error).
       const join_ = rec.cgroup ? 'echo $$ > "$0" || exit 126; ' : "";
-      const enter = rec.netns ? 'ns=$1; shift; exec ip netns exec "$ns" "$@"' : 'exec "$@"';
-      const args = ["-c", join_ + enter, rec.cgroup ? join(rec.cgroup, "cgroup.procs") : "berth-exec", ...(rec.netns ? [rec.netns] : []), ...argv];
+      if (rec.netns && !rec.runAs) {
+        throw new BerthError("conflict", `conflict: machine ${machineId} was created without a uid of its own for its network policy; destroy it and provision it again`);
+      }
+      const enter = rec.netns ? 'ns=$1 confine=$2; shift 2; exec ip netns exec "$ns" /bin/sh -c "$confine" berth-confine "$@"' : 'exec "$@"';
+      const confine = rec.runAs ? [CONFINE, hiddenRoot(this.stateDir), workspace, String(rec.runAs.uid), String(rec.runAs.gid)] : [];
+      const args = ["-c", join_ + enter, rec.cgroup ? join(rec.cgroup, "cgroup.procs") : "berth-exec", ...(rec.netns ? [rec.netns] : []), ...confine, ...argv];
 
       let plumbing: Plumbing;
       let pid: number;
@@ -376,6 +413,21 @@ export class ProcessRuntime implements Runtime {
   async list(): Promise<string[]> {
     return readdirSync(this.machinesDir).filter((n) => isId(n) && existsSync(join(this.machinesDir, n, "machine.json"))).sort();
   }
+}
+
+/**
+ * Where the confined command's tmpfs goes: the state directory, or its
+ * highest ancestor others cannot traverse (a 0700 temporary or home
+ * directory), so the workspace bound back inside it is reachable by the
+ * machine's uid along a path of 0755 tmpfs directories. Whatever it hides was
+ * closed to that uid anyway.
+ */
+function hiddenRoot(stateDir: string): string {
+  let top = stateDir;
+  for (let d = dirname(stateDir); d !== dirname(d); d = dirname(d)) {
+    if ((statSync(d).mode & 0o001) === 0) top = d;
+  }
+  return top;
 }
 
 function safeUser(): string {

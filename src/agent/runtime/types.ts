@@ -134,6 +134,8 @@ export interface CreateOptions {
     netns: string;
     /** Its inode when set up: a sandbox started in another namespace of the same name is restarted. */
     inode: string;
+    /** The machine's own unprivileged uid (= gid) on this host: the process runtime runs every command as it. */
+    uid: number;
     /** Files bound over /etc/hosts and /etc/resolv.conf (gvisor; the process runtime uses `ip netns exec`'s /etc/netns). */
     hosts: string;
     resolvConf: string;

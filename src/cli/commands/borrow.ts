@@ -8,6 +8,10 @@ import { berthClientFrom, durationArg, iso, printJson, runCommand } from "../com
 import { systemSshCommand } from "../ssh-command.js";
 import { shellQuote } from "../../client/ssh.js";
 import { BerthError } from "../../core/errors.js";
+import { waitProgress } from "../wait-progress.js";
+
+/** What a bare `berth borrow --wait` waits. */
+const DEFAULT_BORROW_WAIT = "5m";
 
 function clientOpts(c: Command): Command {
   return c.option("--url <url>", "coordinator URL (or BERTH_URL)").option("--token-file <file>", "API token file (or BERTH_TOKEN_FILE)").option("--config <file>", "client config file").option("--json", "print JSON", false);
@@ -40,12 +44,20 @@ export function register(program: Command): void {
       .argument("<pool>", "pool name")
       .requiredOption("--receipt <file>", "where to write the receipt")
       .addOption(new Option("--access <mode>", "keeper, or portable (explicit opt-in: per-borrow key, two-phase ack)").choices(["keeper", "portable"]).default("keeper"))
-      .option("--duration <duration>", "portable: requested length (max 30m, capped by the machine's TTL and your token)", durationArg("--duration")),
-  ).action((pool: string, o: { receipt: string; access: "keeper" | "portable"; duration?: number; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
+      .addOption(
+        new Option("--wait [duration]", `when the pool has no ready machine, wait for one this long (bare --wait: ${DEFAULT_BORROW_WAIT}), saying why on stderr; then exit 69 (pool_exhausted)`)
+          .argParser(durationArg("--wait"))
+          .preset(DEFAULT_BORROW_WAIT),
+      )
+      .option("--duration <duration>", "how long the borrow lasts. keeper: default 30m (or half the pool's hard TTL if shorter), at most what its machines live; portable: max 30m, capped by the machine's TTL and your token", durationArg("--duration")),
+  ).action((pool: string, o: { receipt: string; access: "keeper" | "portable"; duration?: number; wait?: number; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
     runCommand(async () => {
+      const waitMs = o.wait ?? 0;
       const { client, config } = berthClientFrom(o);
+      const waiting = waitProgress(pool, waitMs, false);
       try {
-        const r = (await client.borrow({ pool, access: o.access, durationMs: o.duration, receiptPath: resolve(o.receipt) })).receipt;
+        const r = (await client.borrow({ pool, access: o.access, durationMs: o.duration, receiptPath: resolve(o.receipt), waitMs, onWait: (ms, why) => waiting.onWait(ms, why) })).receipt;
+        waiting.done();
         if (o.json) printJson({ borrowId: r.borrowId, access: r.access, state: r.state, machine: r.machine, expiresAt: r.expiresAt, receipt: resolve(o.receipt) });
         else {
           process.stdout.write(describe(r, "borrowed"));
@@ -53,6 +65,7 @@ export function register(program: Command): void {
         }
         return 0;
       } finally {
+        waiting.done();
         await client.close();
       }
     }),

@@ -31,13 +31,15 @@ export async function waitReady(api: Api, name: string, want: number, timeoutMs:
     const p = await api.send("GET /v1/pools/{pool}", { pool: name });
     const ready = p.counts?.ready ?? 0;
     const err = p.provisionError && p.provisionError.at >= started - 1000 ? p.provisionError : null;
-    const line = `pool ${name}: ${ready} ready (waiting for ${want}), ${p.counts?.openClaims ?? 0} provisioning${err ? `; provisioning ${err.state === "failed" ? "failed" : "is retrying"}: ${err.error}` : ""}`;
+    // Why it is short, as the coordinator sees it (hosts full and which pool holds the slots, at its maximum, …).
+    const why = ready < want && p.shortfall && !err ? p.shortfall : null;
+    const line = `pool ${name}: ${ready} ready (waiting for ${want}), ${p.counts?.openClaims ?? 0} provisioning${err ? `; provisioning ${err.state === "failed" ? "failed" : "is retrying"}: ${err.error}` : ""}${why ? `: ${why}` : ""}`;
     if (line !== last) progress(line);
     last = line;
     if (ready >= want) return p;
     // A provision the coordinator gave up on (a bad image, a refusal) will fail the same way again: say so now.
     if (err && err.state === "failed" && ready === 0) throw new BerthError("operation_failed", `operation_failed: pool ${name}: provisioning failed: ${err.error}`);
-    if (Date.now() >= deadline) throw new BerthError("pool_exhausted", `pool_exhausted: pool ${name} reached ${ready} of ${want} ready machines before the wait ran out`);
+    if (Date.now() >= deadline) throw new BerthError("pool_exhausted", `pool_exhausted: pool ${name} reached ${ready} of ${want} ready machines before the wait ran out${why ? `: ${why}` : ""}`);
     await new Promise((r) => setTimeout(r, 200));
   }
 }

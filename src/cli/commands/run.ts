@@ -28,6 +28,7 @@ import { randomBytes } from "node:crypto";
 import { BerthClient } from "../../client/client.js";
 import type { RemoteCommand } from "../../client/ssh.js";
 import { loadConfig, type ClientConfig } from "../../client/config.js";
+import { waitProgress } from "../wait-progress.js";
 import { describeError, durationArg, EXIT, exitCodeOf, iso, reportError, UsageError } from "../common.js";
 
 export { shellQuote } from "../../client/ssh.js";
@@ -92,8 +93,7 @@ export async function runOnBorrowed(client: BerthClient, config: Pick<ClientConf
   const handlers = (["SIGINT", "SIGTERM", "SIGHUP"] as const).map((s) => [s, () => onSignal(s)] as const);
   for (const [s, h] of handlers) process.on(s, h);
 
-  const tty = Boolean(process.stderr.isTTY) && !o.quiet;
-  let waitShown = false;
+  const waiting = waitProgress(o.pool, o.waitMs, o.quiet);
   let expiresAt = 0;
   const forwardStdin = o.stdin === "always" || (o.stdin === "auto" && !isatty(0) && !isDevNull(0));
   try {
@@ -109,14 +109,9 @@ export async function runOnBorrowed(client: BerthClient, config: Pick<ClientConf
       stdin: forwardStdin ? process.stdin : null,
       stdout: process.stdout,
       stderr: process.stderr,
-      onWait: (ms) => {
-        if (!tty) return;
-        waitShown = true;
-        process.stderr.write(`\rberth: pool ${o.pool} has no ready machine; waiting (${(ms / 1000).toFixed(1)}s of ${(o.waitMs / 1000).toFixed(0)}s)…`);
-      },
+      onWait: (ms, why) => waiting.onWait(ms, why),
       onBorrowed: (b) => {
-        if (waitShown) process.stderr.write("\n");
-        waitShown = false;
+        waiting.done();
         expiresAt = b.expiresAt;
         say(`borrowed ${b.machine.id} from ${o.pool} (${o.access}); hard deadline ${iso(b.expiresAt)}`);
       },
@@ -141,7 +136,7 @@ export async function runOnBorrowed(client: BerthClient, config: Pick<ClientConf
     }
     return status;
   } catch (e) {
-    if (waitShown) process.stderr.write("\n");
+    waiting.done();
     const returnError = (e as { returnError?: unknown }).returnError;
     if (got !== null) {
       say(`${got}: stopped before the command ran`);
@@ -165,7 +160,7 @@ export function register(program: Command): void {
     .description("Borrow a machine, run a command on it over SSH, give it back; exits with the command's status")
     .option("--pool <name>", "pool to borrow from (or BERTH_POOL, or the client config's pool: `default` after `berth up`)")
     .addOption(new Option("--pool-access <mode>", "keeper (default) or portable (explicit opt-in)").choices(["keeper", "portable"]).default("keeper"))
-    .option("--duration <duration>", "portable: borrow length (max 30m); the command is interrupted at the deadline", durationArg("--duration"))
+    .option("--duration <duration>", "borrow length (keeper: default 30m or half the pool's hard TTL, at most what its machines live; portable: max 30m); the command is interrupted at the deadline", durationArg("--duration"))
     .addOption(new Option("--wait <duration>", "wait this long for a ready machine when the pool is empty").argParser(durationArg("--wait")).default(DEFAULT_WAIT_MS, `${DEFAULT_WAIT_MS / 1000}s`))
     .option("--drain", "retire the machine afterwards instead of returning it to the pool", false)
     .option("-n, --no-stdin", "do not forward standard input (the command reads EOF), as ssh -n")

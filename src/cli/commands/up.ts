@@ -25,7 +25,7 @@ import { generateSshKeyPair } from "../../core/ssh-keys.js";
 import { writeFileDurable } from "../../store/durable-file.js";
 import { Api } from "../../client/http.js";
 import { BerthClient } from "../../client/client.js";
-import { describeError, EXIT, exitCodeOf, intArg, loadOrCreateSecret, reportError } from "../common.js";
+import { describeError, EXIT, exitCodeOf, intArg, loadOrCreateSecret, reportError, UsageError } from "../common.js";
 import { StateDirLock } from "../state-lock.js";
 import { AGENT_STOP_MS, Interrupted, SIGNAL_EXIT, TEARDOWN_MS, UpSignals } from "../up-stop.js";
 import { parseListen } from "./serve.js";
@@ -202,6 +202,17 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
         if (!o.quiet) process.stderr.write(`berth: ${s}\n`);
       };
       const dir = resolve(o.stateDir);
+      // The portable pool needs a slot of the one local host: a default pool whose min-ready takes
+      // every slot would leave it waiting for one that never frees. Said now, before anything starts.
+      if (o.portable && o.minReady >= o.slots) {
+        reportError(
+          new UsageError(
+            `--portable needs a host slot for the portable pool: --min-ready ${o.minReady} on ${o.slots} slots leaves none (the default pool keeps them all); use --min-ready ${o.slots - 1} or less, or --slots ${o.minReady + 1}`,
+          ),
+        );
+        process.exitCode = EXIT.usage;
+        return;
+      }
       // Before anything is started: no signal may kill berth and leave its children running.
       const signals = new UpSignals(say);
       mkdirSync(dir, { recursive: true, mode: 0o700 });
@@ -251,7 +262,8 @@ The process runtime (used without root or runsc) gives NO isolation; gvisor does
         await signals.interruptible(
           api.send("POST /v1/pools/{pool}/ensure", { pool: "default" }, {
             minReady: o.minReady,
-            maxReady: Math.max(o.minReady, Math.min(o.slots, o.minReady * 2)),
+            // With --portable, one slot stays for the portable pool.
+            maxReady: Math.max(o.minReady, Math.min(o.portable ? o.slots - 1 : o.slots, o.minReady * 2)),
             compatibilityKey: "local",
             access: "keeper",
             provider: "hosts",

@@ -14,11 +14,14 @@
 import { BerthError } from "../../core/errors.js";
 import { newId } from "../../core/ids.js";
 import { hashToken, newToken, sameHash } from "../../core/tokens.js";
-import { liveDecision, nextHeartbeatDeadline } from "../../core/borrow.js";
+import { keeperBorrowMs, liveDecision, nextHeartbeatDeadline } from "../../core/borrow.js";
+import { rotationMarginMs } from "../../core/pool.js";
+import { formatDuration } from "../../core/durations.js";
 import type { Tx } from "../../store/store.js";
 import { clearDue, poolRef, requestFillCheck, setDue } from "../../store/due.js";
+import { whyExhausted } from "./exhausted.js";
 import { endBorrow, insertBorrow, lockBorrowAsToken, readBorrowWithMachineState, setBorrowHeartbeat, type BorrowRow } from "../../store/borrows.js";
-import { lockMachine, readMachine, takeReadyMachine } from "../../store/machines.js";
+import { lockMachine, lockShortLivedReady, readMachine, takeReadyMachine } from "../../store/machines.js";
 import { readPool, readPoolAsToken } from "../../store/pools.js";
 import { tokenLive } from "../../store/api-tokens.js";
 import type { Ctx } from "../context.js";
@@ -55,11 +58,16 @@ class LendRefused extends Error {}
 /** How many machines one borrow request may find failing their lend-time check before it gives up. */
 const LEND_ATTEMPTS = 3;
 
-export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string, chosen: ChosenBorrow | null = null): Promise<KeeperBorrowResult> {
+/**
+ * `durationMs`: how long the borrow lasts from now (null: the default,
+ * core/borrow.ts). Only a machine that lives that long is lent; asking more
+ * than the pool's machines live is `duration_too_long`.
+ */
+export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string, chosen: ChosenBorrow | null = null, durationMs: number | null = null): Promise<KeeperBorrowResult> {
   if (!chosen) {
     for (let attempt = 1; ; attempt++) {
       try {
-        return await borrowKeeperOnce(ctx, p, poolName, null);
+        return await borrowKeeperOnce(ctx, p, poolName, null, durationMs);
       } catch (e) {
         if (!(e instanceof LendRefused)) throw e;
         if (attempt >= LEND_ATTEMPTS) throw lendExhausted(poolName, e.message);
@@ -68,7 +76,7 @@ export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string, cho
   }
   return borrowOrRepeat(
     chosen.borrowId,
-    () => borrowKeeperOnce(ctx, p, poolName, chosen).catch((e: unknown) => {
+    () => borrowKeeperOnce(ctx, p, poolName, chosen, durationMs).catch((e: unknown) => {
       // A client-chosen id names the withdrawn borrow now: the client borrows again with a new one.
       throw e instanceof LendRefused ? lendExhausted(poolName, e.message) : e;
     }),
@@ -76,7 +84,7 @@ export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string, cho
   );
 }
 
-async function borrowKeeperOnce(ctx: Ctx, p: Principal, poolName: string, chosen: ChosenBorrow | null): Promise<KeeperBorrowResult> {
+async function borrowKeeperOnce(ctx: Ctx, p: Principal, poolName: string, chosen: ChosenBorrow | null, durationMs: number | null): Promise<KeeperBorrowResult> {
   const started = process.hrtime.bigint();
   const now = ctx.now();
   const borrowId = chosen?.borrowId ?? newId("b", ctx.randomBytes);
@@ -90,16 +98,33 @@ async function borrowKeeperOnce(ctx: Ctx, p: Principal, poolName: string, chosen
     if (pool.access !== "keeper") {
       throw new BerthError("namespace_conflict", `namespace_conflict: pool ${poolName} is a ${pool.access} pool; borrow it with --access ${pool.access}`);
     }
-    const m = await takeReadyMachine(tx, pool, "keeper", now);
+    const length = keeperBorrowMs(durationMs, pool, rotationMarginMs(pool.hardTtlMs));
+    if (length.kind === "too_long") {
+      throw new BerthError(
+        "duration_too_long",
+        `duration_too_long: pool ${poolName}'s machines live ${formatDuration(pool.hardTtlMs)} (its hard TTL), so a borrow there lasts at most ${formatDuration(length.maxMs)}; ask --duration ${formatDuration(length.maxMs)} or less, or raise the pool's --hard-ttl`,
+      );
+    }
+    // Only a machine that outlives the borrow is lent: its deadline is the borrow's own.
+    const m = await takeReadyMachine(tx, pool, "keeper", now, length.ms);
     if (!m) {
       // A resent borrow whose first request took the last machine gets that borrow, not pool_exhausted.
       const repeat = chosen ? await earlierBorrow(tx, p, poolName, chosen, now) : null;
       if (repeat) return { miss: false as const, repeat };
+      // A ready machine too short-lived for this borrow is retired (one per refused borrow), so a fresh one replaces it.
+      const provisions = Boolean(ctx.providers.get(pool.provider)?.capabilities.provision);
+      const short = provisions ? await lockShortLivedReady(tx, pool, now, length.ms) : undefined;
+      let work = false;
+      if (short) {
+        const drained = await applyTransition(tx, ctx, short, { kind: "drain", reason: `retired: less than ${formatDuration(length.ms)} left for a ${formatDuration(length.ms)} borrow` }, now, { subject: borrowId, nonce: `${borrowId}:short` });
+        work = drained.opIds.length > 0;
+      }
+      const why = await whyExhausted(tx, pool, now, { provisions, retired: short ? { lifeMs: length.ms } : null });
       await requestFillCheck(tx, poolRef(p.org, poolName), now);
-      return { miss: true as const, pool: pool.name };
+      return { miss: true as const, pool: pool.name, why, work };
     }
     const applied = await applyTransition(tx, ctx, m, { kind: "reserve", mode: "keeper" }, now, { subject: borrowId, lentTo: borrowId, nonce: borrowId });
-    const expiresAt = m.hard_expires_at;
+    const expiresAt = now + length.ms;
     const heartbeatDeadline = nextHeartbeatDeadline(now, pool.heartbeatMs, expiresAt);
     await insertBorrow(
       tx,
@@ -121,7 +146,7 @@ async function borrowKeeperOnce(ctx: Ctx, p: Principal, poolName: string, chosen
     ctx.metrics.warm.inc({ pool: out.pool, result: "miss" });
     ctx.metrics.borrowRequests.inc({ pool: out.pool, access: "keeper", outcome: "exhausted" });
     ctx.kick();
-    throw new BerthError("pool_exhausted", `pool_exhausted: pool ${poolName} has no ready machine right now; try again shortly (the pool is being refilled)`);
+    throw new BerthError("pool_exhausted", `pool_exhausted: ${out.why}`);
   }
   if (out.work) ctx.kick();
   if (needsLendCheck(out.machine)) {
@@ -188,15 +213,25 @@ async function loadBorrow(tx: Tx, p: Principal, borrowId: string, token: string)
   return b;
 }
 
+/** What happened to a borrow whose deadline passed, and what to do: nothing is left to return. */
+function expiredError(b: BorrowRow): BerthError {
+  const length = formatDuration(b.expires_at - b.created_at);
+  return new BerthError(
+    "borrow_expired",
+    `borrow_expired: borrow ${b.id} ended at ${new Date(b.expires_at).toISOString()}: its deadline (--duration ${length}) passed, so its machine was taken back and is destroyed, never lent again; nothing to return; borrow again, with a longer --duration if the work needs more than ${length}`,
+  );
+}
+
 function refuseNotLive(b: BorrowRow, now: number): void {
   const d = liveDecision({ state: b.state, heartbeatDeadline: b.heartbeat_deadline, expiresAt: b.expires_at }, now);
   switch (d.kind) {
     case "live":
       return;
     case "ended":
+      if (d.state === "expired") throw expiredError(b);
       throw new BerthError("borrow_not_active", `borrow_not_active: borrow ${b.id} is ${d.state}${b.reason ? ` (${b.reason})` : ""}; borrow again`);
     case "expired":
-      throw new BerthError("borrow_expired", `borrow_expired: borrow ${b.id} expired at ${new Date(d.at).toISOString()}; borrow again`);
+      throw expiredError(b);
     case "heartbeat_missed":
       throw new BerthError("borrow_expired", `borrow_expired: borrow ${b.id} missed its heartbeat deadline ${new Date(d.at).toISOString()} and is being quarantined; borrow again`);
   }

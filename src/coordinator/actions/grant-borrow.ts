@@ -25,6 +25,7 @@ import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
 import { applyTransition } from "./transition.js";
 import { checkPortable } from "./pools.js";
+import { whyExhausted } from "./exhausted.js";
 import { borrowOrRepeat, chosenIdConflict, chosenIdTaken } from "./chosen-id.js";
 
 /** A grant id and tokens the client chose (`POST …/borrow` with `borrowId`, `borrowToken` and `grantToken`). */
@@ -69,7 +70,7 @@ async function borrowOnce(ctx: Ctx, p: Principal, poolName: string, body: Portab
       const repeat = chosen ? await earlierGrant(tx, p, poolName, key.fingerprint, chosen, now) : null;
       if (repeat) return { repeat };
       await setDueNoLater(tx, "fill", poolRef(p.org, poolName), now);
-      return null;
+      return { miss: await whyExhausted(tx, pool, now, { provisions: Boolean(ctx.providers.get(pool.provider)?.capabilities.provision), retired: null }) };
     }
     const expiresAt = grantExpiresAt({ now, requestedMs: body.durationMs ?? null, maxMs: ctx.config.maxBorrowMs, machineHardExpiresAt: m.hard_expires_at, authorizationExpiresAt: p.expiresAt });
     const ackDeadline = Math.min(now + ctx.config.ackTimeoutMs, expiresAt);
@@ -91,13 +92,14 @@ async function borrowOnce(ctx: Ctx, p: Principal, poolName: string, body: Portab
     if (refill) await requestFillCheck(tx, poolRef(p.org, poolName), now);
     return { repeat: null, machine: applied.machine, readySince: m.ready_since, expiresAt, ackDeadline, heartbeatDeadline, heartbeatMs: pool.heartbeatMs, refill };
   });
-  if (out?.repeat) return out.repeat;
-  if (!out || out.refill) ctx.kick();
-  if (!out) {
+  if ("miss" in out) {
+    ctx.kick();
     ctx.metrics.warm.inc({ pool: poolName, result: "miss" });
     ctx.metrics.borrowRequests.inc({ pool: poolName, access: "portable", outcome: "exhausted" });
-    throw new BerthError("pool_exhausted", `pool_exhausted: pool ${poolName} has no ready machine right now; try again shortly (the pool is being refilled)`);
+    throw new BerthError("pool_exhausted", `pool_exhausted: ${out.miss}`);
   }
+  if (out.repeat) return out.repeat;
+  if (out.refill) ctx.kick();
   ctx.metrics.warm.inc({ pool: poolName, result: "hit" });
   ctx.metrics.borrowRequests.inc({ pool: poolName, access: "portable", outcome: "ok" });
   ctx.metrics.grants.inc({ pool: poolName, event: "issued" });

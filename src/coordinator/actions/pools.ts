@@ -9,10 +9,11 @@ import { missingPortableCapabilities } from "../../providers/provider.js";
 import { poolRef, setDue } from "../../store/due.js";
 import { countLiveMachines, countMachinesByState, poolTotals } from "../../store/machines.js";
 import { insertPoolIfAbsent, listPools as listPoolRecords, lockPool, readPool, updatePool } from "../../store/pools.js";
+import { whyShort } from "./exhausted.js";
 import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
 import { fillPool } from "./fill.js";
-import { NO_NETWORK, policyFingerprint, policyRefusal, type NetworkPolicy } from "../../core/network-policy.js";
+import { NO_NETWORK, hostAddressRefusal, policyFingerprint, policyRefusal, type NetworkPolicy } from "../../core/network-policy.js";
 import { poolMachineNetworks, staleReadyMachineIds, type MachineNetworkRow } from "../../store/machine-network.js";
 import { lockMachine } from "../../store/machines.js";
 import { applyTransition } from "./transition.js";
@@ -20,7 +21,7 @@ import { countCapacity, type IssuedClaim } from "./capacity.js";
 import { formatImageRef, imageProvider, parseImageRef } from "../../core/image-ref.js";
 import { lastProvisionError, staleImageReadyMachineIds, type ProvisionError } from "../../store/images.js";
 import { staleForwardingReadyMachineIds } from "../../store/forwarding.js";
-import { countHostsByRuntime } from "../../store/hosts.js";
+import { countHostsByRuntime, listHosts } from "../../store/hosts.js";
 import { closeBreaker, readBreaker, type Breaker } from "../../store/provision-breaker.js";
 import type { Tx } from "../../store/store.js";
 
@@ -83,6 +84,11 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
   const result = await ctx.store.transaction(async (tx) => {
     // Insert-if-absent first, so concurrent first ensures of one pool serialize on its row.
     if (image !== null && input.provider === "hosts") await checkImageHosts(tx, p.org, input.name);
+    if (settings.network.mode === "egress") {
+      const addrs = (await listHosts(tx, p.org)).flatMap((h) => [urlHost(h.url), h.ssh_host]);
+      const hostRefused = hostAddressRefusal(settings.network, addrs);
+      if (hostRefused !== null) throw new BerthError("invalid_request", hostRefused);
+    }
     const created = await insertPoolIfAbsent(tx, p.org, input.name, settings, now);
     const existing = await lockPool(tx, p.org, input.name);
     if (!created && existing) {
@@ -129,7 +135,7 @@ export async function getPool(
   ctx: Ctx,
   p: Principal,
   name: string,
-): Promise<{ pool: PoolRecord; counts: CapacityCounts; states: Record<string, number>; machines: MachineNetworkRow[]; provisionError: ProvisionError | null; breaker: Breaker | null }> {
+): Promise<{ pool: PoolRecord; counts: CapacityCounts; states: Record<string, number>; machines: MachineNetworkRow[]; provisionError: ProvisionError | null; breaker: Breaker | null; shortfall: string | null }> {
   const now = ctx.now();
   return ctx.store.transaction(async (tx) => {
     const pool = await readPool(tx, p.org, name);
@@ -137,7 +143,9 @@ export async function getPool(
     const counts = await countCapacity(tx, p.org, name, now);
     const states: Record<string, number> = {};
     for (const r of await countMachinesByState(tx, p.org, name)) states[r.state] = r.n;
-    return { pool, counts, states, machines: await poolMachineNetworks(tx, p.org, name), provisionError: await lastProvisionError(tx, p.org, name), breaker: await readBreaker(tx, p.org, name) };
+    // Fewer ready than minReady: why (what holds the pool back), for waits that must say so.
+    const shortfall = counts.ready < pool.minReady ? await whyShort(tx, pool, counts, Boolean(ctx.providers.get(pool.provider)?.capabilities.provision)) : null;
+    return { pool, counts, states, machines: await poolMachineNetworks(tx, p.org, name), provisionError: await lastProvisionError(tx, p.org, name), breaker: await readBreaker(tx, p.org, name), shortfall };
   });
 }
 
@@ -199,3 +207,10 @@ export async function listPools(ctx: Ctx, p: Principal): Promise<Array<{ pool: P
   });
 }
 
+function urlHost(url: string): string {
+  try {
+    return new URL(url).hostname;
+  } catch {
+    return "";
+  }
+}

@@ -89,7 +89,7 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
   }));
   app.get("/v1/pools/:pool", auth(), async (req) => {
     const x = await getPool(ctx, req.auth, req.params.pool!);
-    return { ...presentPool(x.pool), counts: x.counts, states: x.states, networks: x.machines.map(presentMachineNetwork), provisionError: x.provisionError, provisionBreaker: x.breaker };
+    return { ...presentPool(x.pool), counts: x.counts, states: x.states, networks: x.machines.map(presentMachineNetwork), provisionError: x.provisionError, provisionBreaker: x.breaker, shortfall: x.shortfall };
   });
   app.post("/v1/pools/:pool/ensure", { ...auth("operator"), body: ensureSchema }, async (req) => {
     const res = await ensurePool(ctx, req.auth, { name: req.params.pool!, ...req.body, network: parsePolicy(req.body.network) });
@@ -110,11 +110,9 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
       const r = await d.portable.borrow(await checked(req), req.params.pool!, body, chosenPortable(body));
       return new Reply(r.repeated ? 200 : 201, r);
     }
-    if (body.publicKey !== undefined || body.durationMs !== undefined) {
-      throw new BerthError("invalid_request", "invalid_request: publicKey and durationMs are only for --access portable borrows");
-    }
+    if (body.publicKey !== undefined) throw new BerthError("invalid_request", "invalid_request: publicKey is only for --access portable borrows");
     const chosen = chosenKeeper(body);
-    const r = await keeper(req.auth, (p) => borrowKeeper(ctx, p, req.params.pool!, chosen));
+    const r = await keeper(req.auth, (p) => borrowKeeper(ctx, p, req.params.pool!, chosen, body.durationMs ?? null));
     return new Reply(r.repeated ? 200 : 201, r);
   });
   app.get("/v1/borrows/:borrow", auth(), async (req) => {
