@@ -163,9 +163,17 @@ async function drainAndWait(api: Api, name: string, deadline: number, force: Abo
         say(`${live} machine(s) of pool ${name} not destroyed within ${TEARDOWN_MS / 1000} s; stopping the agent and destroying them directly`);
         break;
       }
-      await new Promise((res) => {
-        const t = setTimeout(res, 100);
-        force.addEventListener("abort", () => (clearTimeout(t), res(undefined)), { once: true });
+      // One listener at a time: each wait removes its own (a listener per poll would pile up on the signal).
+      await new Promise<void>((res) => {
+        const onAbort = () => {
+          clearTimeout(t);
+          res();
+        };
+        const t = setTimeout(() => {
+          force.removeEventListener("abort", onAbort);
+          res();
+        }, 100);
+        force.addEventListener("abort", onAbort, { once: true });
       });
     }
   } catch (e) {
