@@ -12,10 +12,31 @@ import { Api } from "../src/cli/api.js";
 import { generateSshKeyPair, type SshKeyPair } from "../src/core/ssh-keys.js";
 import { connect, execStreaming } from "../src/cli/ssh-client.js";
 import type { SshConnection } from "../src/client/ssh.js";
-import { BIN, startBenchCoordinator, stopChild, type BenchCoordinator, type Engine } from "./lib.js";
+import { arg, BIN, startBenchCoordinator, stopChild, type BenchCoordinator, type Engine } from "./lib.js";
+import { networkAvailability } from "../src/agent/network/host.js";
 import { Writable } from "node:stream";
 
 export type Runtime = "process" | "gvisor";
+
+/**
+ * The runtimes a network bench runs (`--runtimes`, gvisor dropped with the reason when it cannot run);
+ * exits 0 with the reason when network policies are unavailable here.
+ */
+export function networkBenchRuntimes(): { runtimes: Runtime[]; skipped: string[] } {
+  const na = networkAvailability();
+  if (!na.ok) {
+    process.stdout.write(`network policies unavailable here: ${na.why}\n`);
+    process.exit(0);
+  }
+  let runtimes = arg("runtimes", "process,gvisor").split(",") as Runtime[];
+  const skipped: string[] = [];
+  const gv = gvisorSkipReason();
+  if (gv && runtimes.includes("gvisor")) {
+    skipped.push(gv);
+    runtimes = runtimes.filter((r) => r !== "gvisor");
+  }
+  return { runtimes, skipped };
+}
 
 /** Why gvisor cannot run here, or null. */
 export function gvisorSkipReason(): string | null {

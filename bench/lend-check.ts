@@ -16,24 +16,12 @@
  * Needs root, `ip` and `nft` (skipped with the reason otherwise).
  */
 import { arg, dist, printTable, round, writeResult, type Dist } from "./lib.js";
-import { ensureHostsPool, gvisorSkipReason, startCluster, waitReadyCount, type Borrowed, type Runtime } from "./cluster.js";
+import { ensureHostsPool, networkBenchRuntimes, startCluster, waitReadyCount, type Borrowed, type Runtime } from "./cluster.js";
 import { Api } from "../src/cli/api.js";
-import { networkAvailability } from "../src/agent/network/host.js";
 import { startNetnsTarget } from "../test/helpers/netns-target.js";
 
 const runs = Number(arg("runs", "40"));
-let runtimes = arg("runtimes", "process,gvisor").split(",") as Runtime[];
-const skipped: string[] = [];
-const na = networkAvailability();
-if (!na.ok) {
-  process.stdout.write(`network policies unavailable here: ${na.why}\n`);
-  process.exit(0);
-}
-const gv = gvisorSkipReason();
-if (gv && runtimes.includes("gvisor")) {
-  skipped.push(gv);
-  runtimes = runtimes.filter((r) => r !== "gvisor");
-}
+const { runtimes, skipped } = networkBenchRuntimes();
 
 interface Row {
   runtime: Runtime;
