@@ -7,7 +7,8 @@
  * terminal restored, and `fg` resends the (changed) window size; `exit N`
  * returns to the local shell with the terminal restored (icanon, echo) and
  * berth's exit status N; so do SIGTERM to berth (143) and the machine side
- * closing the session (the borrow returned: 255). Also: the `--print` command line works with the
+ * closing the session (the borrow returned: 255); on gvisor the terminal is a
+ * real one (tty, /dev/pts, stty, job control, less, vim: realTerminal). Also: the `--print` command line works with the
  * system ssh client, and `berth ssh ALLOCATION` without its key is refused clearly.
  * Process runtime always; gvisor where runsc and root are present.
  */
@@ -92,6 +93,57 @@ async function remoteSize(tmux: Tmux, rows: number, cols: number): Promise<void>
   }
 }
 
+/**
+ * The session's terminal is a real one (on gvisor too, where the sandbox's own
+ * devpts provides it): `tty` names a /dev/pts device listed in /dev/pts, `stty -a`
+ * works and reports the window (rows x cols), the login shell has job control
+ * (a job stopped by SIGTSTP is reported, the shell answers, `fg` resumes it),
+ * and full-screen programs work (less pages and quits; vim edits and writes).
+ */
+async function realTerminal(tmux: Tmux): Promise<void> {
+  // tty names a /dev/pts device, and that device is listed in /dev/pts.
+  let from = tmux.screen().length;
+  tmux.type("echo tty=$(tty); l=$(ls /dev/pts); echo ls-rc=$? $l");
+  const tty = (await tmux.waitFor(/^tty=(.*)$/m, "tty's answer", from))[1] ?? "";
+  assert.match(tty, /^\/dev\/pts\/\d+$/, `tty says ${tty}`);
+  const lsLine = await tmux.waitFor(/^ls-rc=(\d+) ?(.*)$/m, "ls /dev/pts", from);
+  assert.equal(lsLine[1], "0", `ls /dev/pts: ${lsLine[0]}`);
+  assert.ok((lsLine[2] ?? "").split(/\s+/).includes(tty.slice("/dev/pts/".length)), `${tty} is listed in /dev/pts: ${lsLine[0]}`);
+
+  // stty -a works and reports the tmux window's size.
+  from = tmux.screen().length;
+  tmux.type("s=$(stty -a); echo stty-rc=$?; echo \"$s\" | head -1");
+  await tmux.waitFor(/rows 40; columns 132/, "stty -a's window size", from);
+  await tmux.waitFor(/^stty-rc=0$/m, "stty -a's status", from);
+
+  // Job control: a job stops on SIGTSTP, the shell reports it and gets the terminal back; fg resumes it.
+  from = tmux.screen().length;
+  tmux.type("sh -c 'kill -TSTP $$; echo resumed-$((3*3))'");
+  await tmux.waitFor(/Stopped/, "the shell reporting the stopped job", from, 20_000);
+  tmux.type("echo back-$((2+2))");
+  await tmux.waitFor(/^back-4$/m, "the shell answering while the job is stopped", from, 20_000);
+  tmux.type("fg");
+  await tmux.waitFor(/^resumed-9$/m, "the job resumed by fg", from, 20_000);
+
+  // less: a full-screen pager shows the first page and its prompt, q quits.
+  from = tmux.screen().length;
+  tmux.type("seq 1000 | less");
+  await tmux.waitFor(/^39\n:\s*$/m, "less's first page and prompt", 0, 20_000); // the pager's own screen: no history before it
+  tmux.keys("q");
+  tmux.type("echo less-rc=$?");
+  await tmux.waitFor(/^less-rc=0$/m, "less quit", from, 20_000);
+
+  // vim: insert text, write, quit; the file holds it.
+  tmux.type("vim -u NONE -N vt.txt");
+  await tmux.waitFor(/"vt\.txt" \[New\]/, "vim's screen", 0, 20_000);
+  tmux.keys("i");
+  tmux.cmd("send-keys", "-t", "t", "-l", "typed-in-vim");
+  tmux.keys("Escape");
+  tmux.type(":wq");
+  tmux.type("echo file=$(cat vt.txt)");
+  await tmux.waitFor(/^file=typed-in-vim$/m, "the file vim wrote", 0, 20_000);
+}
+
 for (const runtime of ["process", "gvisor"] as const) {
   const gv = gvisorAvailability();
   const skip = noTmux ?? (runtime === "gvisor" && !gv.ok ? `gvisor runtime unavailable: ${(gv as { why: string }).why}` : null);
@@ -135,6 +187,9 @@ for (const runtime of ["process", "gvisor"] as const) {
       tmux.type("echo rc=$?");
       await tmux.waitFor(/^rc=130$/m, "the interrupted sleep's status", from);
       await tmux.waitFor(/^REMOTE> ?$/m, "the prompt after Ctrl-C", from);
+
+      // gvisor: the sandbox's own devpts through the relay (the process runtime's PTY is the host's own).
+      if (runtime === "gvisor") await realTerminal(tmux);
 
       // Ctrl-Z suspends berth itself: the local shell is back, with a cooked terminal.
       from = tmux.screen().length;

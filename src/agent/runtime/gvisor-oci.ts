@@ -44,10 +44,15 @@ set -- $r
 [ "$3" = "$g" ] && [ "\${20}" = "$st" ] || exit 4
 kill -$sig -$g || exit 5`;
 
-/** Prints the number of live processes outside init's group (pgid 1) and outside this counting shell's own group. */
+/**
+ * Prints the number of live processes outside init's group (pgid 1), outside
+ * this counting shell's own group, and other than a terminal session's relay
+ * (berth-pty-relay: the runtime's plumbing, like the exec client on the host).
+ */
 export const COUNT_SCRIPT = `n=0
 for f in /proc/[0-9]*/stat; do
   read -r s < "$f" 2>/dev/null || continue
+  case $s in *" (berth-pty-relay) "*) continue;; esac
   r=\${s##*) }
   set -- $r
   [ "$1" = Z ] && continue

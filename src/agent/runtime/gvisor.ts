@@ -40,7 +40,12 @@
  * inside the sandbox and in the same shell, that the leader still has the
  * recorded start time and group; otherwise nothing is signalled.
  * PTY: the exec client runs under node-pty with `"terminal": true` and no
- * console socket, so the PTY slave is the command's stdio.
+ * console socket, so the host PTY's slave is the command's stdio. gVisor
+ * imports it as a host file, which is no /dev/pts device (`tty`: "not a tty",
+ * no job control), so the command runs under berth-pty-relay (pty-relay.c,
+ * copied into /run/berth at each start; not counted as a live process): a terminal of the sandbox's own
+ * devpts whose session the command leads, with sizes and signals passed on.
+ * Without the built relay (no C compiler at build time) the host PTY is used.
  *
  * Durable order: the machine record names the new container before `runsc
  * run`, and its sandbox pid + start time right after; a restarted agent
@@ -49,8 +54,9 @@
  * bare pid.
  */
 import { spawn } from "node:child_process";
-import { chownSync, existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, chownSync, copyFileSync, existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
 import { createHash, randomBytes } from "node:crypto";
 import pty from "node-pty";
 import { BerthError } from "../../core/errors.js";
@@ -67,6 +73,11 @@ import type { BootImage, CreateOptions, ExecHandle, ExecRequest, FenceProof, Pro
 import { forwardingOff } from "./types.js";
 import { cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
 import { KeyedLock } from "../keyed-lock.js";
+
+/** The static relay built by scripts/build-pty-relay.mjs (absent where it could not be built). */
+const PTY_RELAY = fileURLToPath(new URL("../../../berth-pty-relay", import.meta.url));
+/** Where the relay is inside the sandbox (the /run/berth bind). */
+const PTY_RELAY_IN = "/run/berth/berth-pty-relay";
 
 interface ContainerRecord {
   id: string;
@@ -186,6 +197,10 @@ export class GvisorRuntime implements Runtime {
     mkdirSync(join(bundle, "run"), { mode: 0o755 });
     mkdirSync(join(this.dir(rec.machineId), "workspace"), { recursive: true, mode: 0o700 });
     writeFileSync(join(bundle, "run", "incarnation"), inc + "\n", { mode: 0o644 });
+    if (existsSync(PTY_RELAY)) {
+      copyFileSync(PTY_RELAY, join(bundle, "run", "berth-pty-relay"));
+      chmodSync(join(bundle, "run", "berth-pty-relay"), 0o755);
+    }
     const res = rec.resources ? { ...rec.resources, cgroupsPath: `/berth/${cid}` } : undefined;
     const net = rec.network;
     const image = rec.image;
@@ -341,7 +356,9 @@ export class GvisorRuntime implements Runtime {
           },
           image?.env ?? null,
         );
-        const argv = req.argv && req.argv.length > 0 ? req.argv : [shell, "-l"];
+        const command = req.argv && req.argv.length > 0 ? req.argv : [shell, "-l"];
+        // A PTY session gets a /dev/pts terminal of the sandbox's own (the relay), where this incarnation has it.
+        const argv = req.pty && existsSync(join(c.bundle, "run", "berth-pty-relay")) ? [PTY_RELAY_IN, ...command] : command;
         const execDir = join(this.dir(machineId), "exec");
         mkdirSync(execDir, { recursive: true, mode: 0o700 });
         const tag = randomBytes(8).toString("hex");
