@@ -20,6 +20,8 @@ export interface GvisorExecParts {
   plumbing: Plumbing;
   /** The client's PTY, or null for pipes. */
   pty: pty.IPty | null;
+  /** The leader is berth-pty-relay, which passes the signals it gets on to its terminal's foreground group. */
+  relayed?: boolean;
   /**
    * `kill -SIG -PGID` inside the sandbox, only while the leader is still the
    * recorded process in the same container; "0" only checks. False: refused.
@@ -42,7 +44,9 @@ export function gvisorExecHandle(x: GvisorExecParts): ExecHandle {
   // client is signalled on the host; while that client lives, the process it waits for is
   // the recorded leader, so the forwarding cannot reach another session.
   const signalForeground = (signal: NodeJS.Signals): Promise<boolean> => {
-    if (!p) return signalGroup(signal);
+    // No PTY: the group. A relayed PTY: the relay's group (the relay passes it on), not through the
+    // client, whose forwarding would reach the relay anyway and does not pass every signal (QUIT).
+    if (!p || x.relayed) return signalGroup(signal);
     const next = chain.then(async () => {
       if (!(await x.signalLeaderGroup("0"))) return false;
       return signalExact(client, signal);

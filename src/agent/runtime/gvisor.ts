@@ -358,7 +358,8 @@ export class GvisorRuntime implements Runtime {
         );
         const command = req.argv && req.argv.length > 0 ? req.argv : [shell, "-l"];
         // A PTY session gets a /dev/pts terminal of the sandbox's own (the relay), where this incarnation has it.
-        const argv = req.pty && existsSync(join(c.bundle, "run", "berth-pty-relay")) ? [PTY_RELAY_IN, ...command] : command;
+        const relayed = Boolean(req.pty) && existsSync(join(c.bundle, "run", "berth-pty-relay"));
+        const argv = relayed ? [PTY_RELAY_IN, ...command] : command;
         const execDir = join(this.dir(machineId), "exec");
         mkdirSync(execDir, { recursive: true, mode: 0o700 });
         const tag = randomBytes(8).toString("hex");
@@ -396,9 +397,9 @@ export class GvisorRuntime implements Runtime {
         if (!set) this.clients.set(machineId, (set = new Set()));
         set.add(client);
         void plumbing.exited.then(() => set.delete(client));
-        return { rec, c, client, plumbing, p, line, specPath, ipidPath };
+        return { rec, c, client, plumbing, p, line, specPath, ipidPath, relayed };
       })
-      .then(async ({ rec, c, client, plumbing, p, line, specPath, ipidPath }) => {
+      .then(async ({ rec, c, client, plumbing, p, line, specPath, ipidPath, relayed }) => {
         // Outside the lock: the identity handshake (gvisor-identity.ts).
         const leader = await awaitExecIdentity({
           machineId,
@@ -414,6 +415,7 @@ export class GvisorRuntime implements Runtime {
           leader,
           plumbing,
           pty: p,
+          relayed,
           signalLeaderGroup: (signal) => this.signalLeaderGroup(machineId, c.id, leader, signal),
         });
       });
