@@ -10,7 +10,7 @@ import { join, resolve } from "node:path";
 import { randomBytes } from "node:crypto";
 import { InvalidArgumentError } from "commander";
 import { BerthError, isBerthError } from "../core/errors.js";
-import { parseDuration } from "../core/durations.js";
+import { formatDuration, MAX_BORROW_MS, MIN_BORROW_MS, parseDuration } from "../core/durations.js";
 import type { Store } from "../store/store.js";
 import { Api, ApiError } from "../client/http.js";
 import { BerthClient } from "../client/client.js";
@@ -157,5 +157,16 @@ export function durationArg(name: string) {
     } catch (e) {
       throw new InvalidArgumentError((e as Error).message.replace(/^invalid_request: /, ""));
     }
+  };
+}
+
+/** A borrow's --duration: a duration from 1s to 24h (a usage error naming the limit, before anything is sent). */
+export function borrowDurationArg(name = "--duration") {
+  const parse = durationArg(name);
+  return (v: string): number => {
+    const ms = parse(v);
+    if (ms > MAX_BORROW_MS) throw new InvalidArgumentError(`${name} ${v}: a borrow lasts at most ${MAX_BORROW_MS / 3_600_000}h`);
+    if (ms < MIN_BORROW_MS) throw new InvalidArgumentError(`${name} ${v}: a borrow lasts at least ${formatDuration(MIN_BORROW_MS)}`);
+    return ms;
   };
 }

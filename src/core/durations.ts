@@ -1,6 +1,11 @@
 /** Parses "30s", "10m", "2h", "30d" or a plain number of milliseconds. */
 import { BerthError } from "./errors.js";
 
+/** The longest borrow any pool grants (a keeper pool's own cap, its machines' life, may be shorter). */
+export const MAX_BORROW_MS = 24 * 3_600_000;
+/** The shortest borrow. */
+export const MIN_BORROW_MS = 1_000;
+
 const UNIT: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 };
 
 export function parseDuration(s: string, what = "duration"): number {

@@ -16,6 +16,7 @@
  */
 import { z } from "zod";
 import { isId } from "../core/ids.js";
+import { formatDuration, MAX_BORROW_MS, MIN_BORROW_MS } from "../core/durations.js";
 import { INVALID_ID_PARAMS, type IssueLike } from "../core/refusal.js";
 import type { HostStanding } from "../core/allocation-placement.js";
 
@@ -57,7 +58,12 @@ export const registerSchema = z.strictObject({
 export const borrowSchema = z.strictObject({
   access: z.enum(["keeper", "portable"]).default("keeper"),
   publicKey: text(2000).optional(),
-  durationMs: int(1_000, 24 * 3_600_000).optional(),
+  durationMs: z
+    .number()
+    .int()
+    .min(MIN_BORROW_MS, `a borrow lasts at least ${formatDuration(MIN_BORROW_MS)}`)
+    .max(MAX_BORROW_MS, `a borrow lasts at most ${MAX_BORROW_MS / 3_600_000}h (${MAX_BORROW_MS} ms)`)
+    .optional(),
   /** An id and tokens the client chose, so that a retry after a lost reply answers the same borrow (keeper b_…, portable g_… with grantToken). */
   borrowId: z.string().regex(/^[bg]_[a-z0-9]{20,64}$/, "must be b_ (keeper) or g_ (portable) and 20 to 64 characters of a-z, 0-9").optional(),
   borrowToken: z.string().regex(/^bbt_[A-Za-z0-9_-]{43,86}$/, "must be bbt_ and 43 to 86 base64url characters (32+ random bytes)").optional(),

@@ -82,6 +82,16 @@ describe("keeper deadlines fit the borrow", { timeout: 240_000 }, () => {
     assert.match(r.stderr, /^berth: duration_too_long: /m);
     assert.match(r.stderr, /at most 54s/);
     assert.match(r.stderr, /--hard-ttl/);
+    // Above the longest borrow of any pool (24h): a usage error naming the limit, before anything is sent.
+    const day = await borrow("day", ["--duration", "25h"]);
+    assert.equal(day.status, 2, day.stderr);
+    assert.match(day.stderr, /--duration 25h: a borrow lasts at most 24h/);
+    // The API names the limit too (not a bare schema bound).
+    await assert.rejects(c.api.call("POST", "/v1/pools/ci/borrow", { durationMs: 25 * 3_600_000 }), (e: Error & { status?: number }) => {
+      assert.equal(e.status, 400);
+      assert.match(e.message, /invalid_request: field durationMs: a borrow lasts at most 24h \(86400000 ms\)/);
+      return true;
+    });
     const after = (await rows()).map((m) => [m.id, m.generation]);
     assert.deepEqual(after.filter(([id]) => before.some(([b]) => b === id)), before, "no machine was lent");
   });

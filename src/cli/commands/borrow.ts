@@ -4,7 +4,7 @@ import { Option } from "commander";
 import { resolve } from "node:path";
 import { Borrow } from "../../client/borrow.js";
 import { readReceipt, type Receipt } from "../receipt.js";
-import { berthClientFrom, durationArg, iso, printJson, runCommand } from "../common.js";
+import { berthClientFrom, borrowDurationArg, durationArg, iso, printJson, runCommand } from "../common.js";
 import { systemSshCommand } from "../ssh-command.js";
 import { shellQuote } from "../../client/ssh.js";
 import { BerthError } from "../../core/errors.js";
@@ -49,7 +49,7 @@ export function register(program: Command): void {
           .argParser(durationArg("--wait"))
           .preset(DEFAULT_BORROW_WAIT),
       )
-      .option("--duration <duration>", "how long the borrow lasts. keeper: default 30m (or half the pool's hard TTL if shorter), at most what its machines live; portable: max 30m, capped by the machine's TTL and your token", durationArg("--duration")),
+      .option("--duration <duration>", "how long the borrow lasts. keeper: default 30m (or half the pool's hard TTL if shorter), at most what its machines live; portable: max 30m, capped by the machine's TTL and your token", borrowDurationArg()),
   ).action((pool: string, o: { receipt: string; access: "keeper" | "portable"; duration?: number; wait?: number; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
     runCommand(async () => {
       const waitMs = o.wait ?? 0;

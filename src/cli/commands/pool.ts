@@ -32,7 +32,8 @@ export async function waitReady(api: Api, name: string, want: number, timeoutMs:
     const ready = p.counts?.ready ?? 0;
     const err = p.provisionError && p.provisionError.at >= started - 1000 ? p.provisionError : null;
     // Why it is short, as the coordinator sees it (hosts full and which pool holds the slots, at its maximum, …).
-    const why = ready < want && p.shortfall && !err ? p.shortfall : null;
+    // The coordinator's advice to a borrower ("try again shortly") is not this wait's: it is waiting already.
+    const why = ready < want && p.shortfall && !err ? p.shortfall.replace(/; try again shortly/, "") : null;
     const line = `pool ${name}: ${ready} ready (waiting for ${want}), ${p.counts?.openClaims ?? 0} provisioning${err ? `; provisioning ${err.state === "failed" ? "failed" : "is retrying"}: ${err.error}` : ""}${why ? `: ${why}` : ""}`;
     if (line !== last) progress(line);
     last = line;

@@ -29,7 +29,7 @@ import { BerthClient } from "../../client/client.js";
 import type { RemoteCommand } from "../../client/ssh.js";
 import { loadConfig, type ClientConfig } from "../../client/config.js";
 import { waitProgress } from "../wait-progress.js";
-import { describeError, durationArg, EXIT, exitCodeOf, iso, reportError, UsageError } from "../common.js";
+import { borrowDurationArg, describeError, durationArg, EXIT, exitCodeOf, iso, reportError, UsageError } from "../common.js";
 
 export { shellQuote } from "../../client/ssh.js";
 
@@ -160,7 +160,7 @@ export function register(program: Command): void {
     .description("Borrow a machine, run a command on it over SSH, give it back; exits with the command's status")
     .option("--pool <name>", "pool to borrow from (or BERTH_POOL, or the client config's pool: `default` after `berth up`)")
     .addOption(new Option("--pool-access <mode>", "keeper (default) or portable (explicit opt-in)").choices(["keeper", "portable"]).default("keeper"))
-    .option("--duration <duration>", "borrow length (keeper: default 30m or half the pool's hard TTL, at most what its machines live; portable: max 30m); the command is interrupted at the deadline", durationArg("--duration"))
+    .option("--duration <duration>", "borrow length (keeper: default 30m or half the pool's hard TTL, at most what its machines live; portable: max 30m); the command is interrupted at the deadline", borrowDurationArg())
     .addOption(new Option("--wait <duration>", "wait this long for a ready machine when the pool is empty").argParser(durationArg("--wait")).default(DEFAULT_WAIT_MS, `${DEFAULT_WAIT_MS / 1000}s`))
     .option("--drain", "retire the machine afterwards instead of returning it to the pool", false)
     .option("-n, --no-stdin", "do not forward standard input (the command reads EOF), as ssh -n")
