@@ -7,15 +7,22 @@
  *   berth run -q --pool default -- true  (gvisor)    the same on runsc sandboxes
  * each against a real `berth up` of that runtime, then the client library's
  * borrow -> exec(true) -> return in-process (process runtime).
+ * Then where the library's SSH connect + exec goes, phase by phase (ssh2's
+ * protocol trace, timestamped): TCP connect, version lines, key exchange,
+ * authentication (the unsigned key probe, then the signed request), channel
+ * open, exec request answered, command to exit status, channel closed.
  * Prints medians and ratios to `node -e 0`, writes bench/results/cli-latency-*.json.
  *
- *   node dist/bench/cli-latency.js [--rounds 9] [--lib-runs 31] [--runtimes process,gvisor]
+ *   node dist/bench/cli-latency.js [--rounds 9] [--lib-runs 31] [--phase-runs 31] [--runtimes process,gvisor]
  */
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
+import { readFileSync } from "node:fs";
 import { BerthClient } from "../src/client/index.js";
+import { loadConfig } from "../src/client/config.js";
+import { connect } from "../src/client/ssh.js";
 import { arg, BIN, dist, printTable, round, writeResult } from "./lib.js";
 import { gvisorSkipReason } from "./cluster.js";
 
@@ -78,9 +85,51 @@ function timed(argv: string[]): { wall: number; cpu: number } {
 
 const median = (xs: number[]) => dist(xs).p50;
 
+/** The phases of one SSH connect + exec, in order: each ends at the first trace line matching its pattern. */
+const PHASES: [string, RegExp][] = [
+  ["tcp connect", /^Socket connected/],
+  ["version lines", /^Remote ident/],
+  ["key exchange", /^Handshake completed/],
+  ["auth: key probe (PK_OK)", /^Inbound: Received USERAUTH_PK_OK/],
+  ["auth: signed request", /^Inbound: Received USERAUTH_SUCCESS/],
+  ["channel open", /^Inbound: CHANNEL_OPEN_CONFIRMATION/],
+  ["exec request answered", /^Inbound: CHANNEL_SUCCESS/],
+  ["command to exit status", /^Inbound: CHANNEL_REQUEST \(r:\d+, exit-status/],
+  ["channel closed", /^Inbound: CHANNEL_CLOSE/],
+];
+
+/** One connect + exec(true) to a borrowed machine with ssh2's trace timestamped: ms per phase (NaN where a phase was not seen). */
+async function tracedExec(target: Parameters<typeof connect>[0]): Promise<number[]> {
+  const marks: { at: number; msg: string }[] = [];
+  const t0 = performance.now();
+  const conn = await connect(target, { debug: (msg) => marks.push({ at: performance.now(), msg }) });
+  try {
+    const sink = new (await import("node:stream")).PassThrough();
+    sink.resume();
+    const cmd = await conn.start("true", { stdout: sink, stderr: sink });
+    const r = await cmd.done;
+    if (r.status !== 0) throw new Error(`true exited ${r.status}`);
+  } finally {
+    conn.end();
+  }
+  const out: number[] = [];
+  let prev = t0;
+  for (const [, re] of PHASES) {
+    const m = marks.find((x) => x.at >= prev && re.test(x.msg));
+    if (!m) {
+      out.push(NaN);
+      continue;
+    }
+    out.push(m.at - prev);
+    prev = m.at;
+  }
+  return out;
+}
+
 async function main(): Promise<void> {
   const rounds = Number(arg("rounds", "9"));
   const libRuns = Number(arg("lib-runs", "31"));
+  const phaseRuns = Number(arg("phase-runs", "31"));
   let runtimes = arg("runtimes", "process,gvisor").split(",") as ("process" | "gvisor")[];
   const gvSkip = gvisorSkipReason();
   if (gvSkip && runtimes.includes("gvisor")) {
@@ -135,6 +184,28 @@ async function main(): Promise<void> {
       }
     }
 
+    // Where the SSH connect + exec goes: one borrow, a fresh connection per traced exec.
+    const phases: number[][] = PHASES.map(() => []);
+    const phaseTotal: number[] = [];
+    if (proc && phaseRuns > 0) {
+      const client = BerthClient.fromConfig({ config: proc.config });
+      const cfg = loadConfig({ config: proc.config });
+      const b = await client.borrow({ pool: "default", waitMs: 10_000 });
+      try {
+        const s = b.receipt.machine.ssh;
+        const target = { host: s.host ?? "127.0.0.1", port: s.port ?? 22, user: s.user ?? b.receipt.machine.id, hostKey: s.hostKey ?? "", privateKey: readFileSync(cfg.keeperKeyFile!, "utf8") };
+        for (let i = 0; i < phaseRuns + 3; i++) {
+          const p = await tracedExec(target);
+          if (i < 3) continue;
+          p.forEach((ms, k) => phases[k]!.push(ms));
+          phaseTotal.push(p.reduce((a, x) => a + (Number.isNaN(x) ? 0 : x), 0));
+        }
+      } finally {
+        await client.return(b);
+        await client.close();
+      }
+    }
+
     const floor = median(rows["node -e 0"]!.samples);
     const cpuFloor = median(rows["node -e 0"]!.cpu);
     const aims: Record<string, number> = { "berth --version": 1.5, "berth run -- true (process)": 2.5, "berth run -- true (gvisor)": 3.5 };
@@ -150,7 +221,20 @@ async function main(): Promise<void> {
     if (lib.total.length) {
       process.stdout.write(`library steps p50 (ms): borrow ${round(median(lib.borrow), 1)}, exec(true) incl. SSH connect ${round(median(lib.exec), 1)}, return ${round(median(lib.ret), 1)}\n`);
     }
+    if (phaseTotal.length) {
+      printTable(
+        `SSH connect + exec(true) by phase, process runtime (${phaseRuns} connections; ms)`,
+        [
+          ...PHASES.map(([name], k) => {
+            const xs = phases[k]!.filter((x) => !Number.isNaN(x));
+            return { phase: name, p50_ms: xs.length ? round(median(xs), 2) : "not seen", min_ms: xs.length ? round(Math.min(...xs), 2) : "", max_ms: xs.length ? round(Math.max(...xs), 2) : "" };
+          }),
+          { phase: "total", p50_ms: round(median(phaseTotal), 2), min_ms: round(Math.min(...phaseTotal), 2), max_ms: round(Math.max(...phaseTotal), 2) },
+        ],
+      );
+    }
     const file = writeResult("cli-latency", {
+      sshPhases: phaseTotal.length ? Object.fromEntries(PHASES.map(([name], k) => [name, { p50: round(median(phases[k]!.filter((x) => !Number.isNaN(x))), 3), samples: phases[k]!.map((x) => round(x, 3)) }])) : null,
       rounds,
       libRuns,
       rows: Object.fromEntries(

@@ -228,7 +228,7 @@ function sendSignal(ch: ClientChannel, name: string): void {
 }
 
 /** Connect and authenticate; the host key must be exactly the pinned one. */
-export function connect(t: SshTarget, opts: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<SshConnection> {
+export function connect(t: SshTarget, opts: { timeoutMs?: number; signal?: AbortSignal; debug?: (message: string) => void } = {}): Promise<SshConnection> {
   const pinned = hostKeyBlob(t.hostKey);
   const Client = clientClass();
   return new Promise((resolve, reject) => {
@@ -267,6 +267,8 @@ export function connect(t: SshTarget, opts: { timeoutMs?: number; signal?: Abort
       algorithms: { serverHostKey: [t.hostKey.trim().split(/\s+/)[0] as "ssh-ed25519"] },
       // Straight to the key: ssh2 otherwise opens with a `none` attempt, one round trip that can only fail here.
       authHandler: ["publickey"],
+      // ssh2's protocol trace (bench/cli-latency times the handshake's phases with it).
+      ...(opts.debug ? { debug: opts.debug } : {}),
     });
     (c as unknown as { setNoDelay(on: boolean): void }).setNoDelay(true);
   });
