@@ -61,6 +61,13 @@ export class Metrics {
   readonly operations = new client.Counter({ name: "berth_operations_total", help: "Provider operations by kind and outcome", labelNames: ["kind", "outcome"], registers: [this.registry] });
   readonly reconcileVisits = new client.Counter({ name: "berth_reconcile_due_rows_total", help: "Due-index rows visited by the reconciler", registers: [this.registry] });
   readonly borrowLatency = new client.Histogram({ name: "berth_borrow_latency_seconds", help: "Server-side borrow latency", labelNames: ["access"], buckets: LATENCY_BUCKETS, registers: [this.registry] });
+  readonly lendCheck = new client.Histogram({
+    name: "berth_lend_check_seconds",
+    help: "Passed lend-time network checks of keeper borrows, by part: total (the coordinator's request to the agent, answer read), agent (the agent's own time, as it reported it)",
+    labelNames: ["part"],
+    buckets: [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5],
+    registers: [this.registry],
+  });
   readonly readyAge = new client.Histogram({ name: "berth_ready_queue_age_seconds", help: "How long the borrowed machine waited in the ready queue", buckets: READY_AGE_BUCKETS, registers: [this.registry] });
   /** The same two histograms per (org, pool), for the dashboard's pool charts; never exported (an org's figures are shown to it alone). */
   readonly poolLatency = new PoolHistograms(LATENCY_BUCKETS);

@@ -95,7 +95,8 @@ export interface MachineLoss {
   cause: string;
 }
 
-export type NetworkCheck = { ok: true; digest: string; reprobed: boolean } | { ok: false; why: string; diff: string[] };
+/** `agentMs`: the agent's own time for a passed check (as it reported it), so the request's transport can be told from the work. */
+export type NetworkCheck = { ok: true; digest: string; reprobed: boolean; agentMs?: number } | { ok: false; why: string; diff: string[] };
 
 export interface Providers {
   get(name: string): Provider | undefined;
