@@ -34,6 +34,10 @@ export interface CoordinatorConfig {
   /** The first pause of an opened breaker; it doubles with each trip in a row, up to provisionBreakerMaxMs. */
   provisionBreakerBackoffMs: number;
   provisionBreakerMaxMs: number;
+  /** Milliseconds per unit of an operation's retry backoff (2^attempt units, jittered, capped at 60 s). */
+  opRetryUnitMs: number;
+  /** How often ready and lent machines of providers that can (`checkMachines`) are checked for a resource gone or impaired; 0: never. */
+  readyCheckMs: number;
 }
 
 export const DEFAULT_CONFIG: CoordinatorConfig = {
@@ -49,6 +53,8 @@ export const DEFAULT_CONFIG: CoordinatorConfig = {
   provisionBreakerThreshold: 3,
   provisionBreakerBackoffMs: 5 * 60_000,
   provisionBreakerMaxMs: 3_600_000,
+  opRetryUnitMs: 100,
+  readyCheckMs: 60_000,
 };
 
 export interface Ctx {
