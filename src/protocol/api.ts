@@ -345,6 +345,7 @@ export const API = {
   "GET /v1/allocations/{id}": { reply: allocationView },
   "POST /v1/allocations/{id}/release": { body: releaseAllocationSchema, reply: allocationView },
   "POST /v1/allocations/{id}/resolve": { body: resolveAllocationSchema, reply: allocationView },
+  "POST /v1/allocations/{id}/restart": { reply: allocationView },
   "GET /v1/volumes": { reply: o({ volumes: z.array(volumeView), unreachableHosts: z.array(s) }) },
   "GET /v1/volumes/{allocation}": { reply: volumeView },
   "POST /v1/volumes/{allocation}/verify": { reply: volumeCheck },
