@@ -99,6 +99,8 @@ export class Metrics {
       this.poolReadyAge.observe(o.org, o.pool, o.readyAgeSeconds);
     }
   }
+  readonly allocationSandboxDeaths = new client.Counter({ name: "berth_allocation_sandbox_deaths_total", help: "Ready allocations whose sandbox was found dead (moved to failed)", registers: [this.registry] });
+  readonly allocationRestarts = new client.Counter({ name: "berth_allocation_restarts_total", help: "Restarts of failed allocations by outcome", labelNames: ["outcome"], registers: [this.registry] });
   readonly allocationReady = new client.Histogram({ name: "berth_allocation_create_to_ready_seconds", help: "From an allocation's create to its sandbox running with its key installed (ready)", buckets: [0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300], registers: [this.registry] });
 
   /** Set before each scrape from the store (collect hook). */
