@@ -30,6 +30,7 @@ import { clearDue, poolRef, setDue, setDueNoLater } from "../store/due.js";
 import { expireClaim, lockClaim } from "../store/claims.js";
 import { lockMachine, setIncarnation, type MachineRow } from "../store/machines.js";
 import { forwardingOf } from "../store/forwarding.js";
+import { filesScopeOf } from "../store/files-scope.js";
 import { failOp, finishOp, leaseHeld, leaseOp, lockOp, OP_LEASE_MS, retryOpAt, type OpRow } from "../store/operations.js";
 import { releaseHostSlot } from "../store/hosts.js";
 import type { OperationEvidence, OperationOutcome } from "../providers/provider.js";
@@ -193,12 +194,15 @@ export class OperationExecutor {
       // The pool's image changed while this machine was being made for the old one: never lent, replaced.
       const image = m.state === "provisioning" ? ((await readPool(tx, m.org, m.pool))?.image ?? null) : (m.image ?? null);
       const forwarding = m.state === "provisioning" ? ((await readPool(tx, m.org, m.pool))?.forwarding ?? "on") : forwardingOf(m);
+      const files = m.state === "provisioning" ? ((await readPool(tx, m.org, m.pool))?.files ?? "machine") : filesScopeOf(m);
       const staleImage =
         (m.image ?? null) !== image
           ? `the pool's image changed to ${image ?? "the host's root"} while it was provisioned for ${m.image ?? "the host's root"}`
           : forwardingOf(m) !== forwarding
             ? `the pool's forwarding changed to ${forwarding} while it was provisioned with ${forwardingOf(m)}`
-            : null;
+            : filesScopeOf(m) !== files
+              ? `the pool's files scope changed to ${files} while it was provisioned with ${filesScopeOf(m)}`
+              : null;
       const r =
         net.kind !== "ready"
           ? { ok: false as const, why: net.why }
@@ -260,10 +264,12 @@ export class OperationExecutor {
           const pool = await readPool(tx, m.org, m.pool);
           const image = pool?.image ?? null;
           const forwarding = pool?.forwarding ?? "on";
+          const files = pool?.files ?? "machine";
           const rotate =
             net.kind === "rotate" ? net.why
             : (m.image ?? null) !== image ? `image changed to ${image ?? "the host's root"}`
             : forwardingOf(m) !== forwarding ? `forwarding changed to ${forwarding}`
+            : filesScopeOf(m) !== files ? `files scope changed to ${files}`
             : null;
           if (rotate !== null) await applyTransition(tx, ctx, back.machine, { kind: "drain", reason: rotate }, now, { nonce: `${nonce}:rotate` });
           // Back in the ready queue: let the reconciler check the pool is not above its capacity.

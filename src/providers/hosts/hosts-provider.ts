@@ -91,6 +91,7 @@ export class HostsProvider implements Provider {
       ...(op.args.network !== undefined ? { network: op.args.network } : {}),
       ...(typeof op.args.image === "string" ? { image: op.args.image } : {}),
       ...(op.args.forwarding === "off" ? { forwarding: "off" } : {}),
+      ...(op.args.files === "workspace" ? { files: "workspace" } : {}),
     };
     const created = await this.#call(host, { opId: op.opId, kind: "provision", machineId: op.machine.resource_id, generation: 0, args });
     if (created.kind !== "done") return created;
