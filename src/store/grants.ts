@@ -57,16 +57,6 @@ export async function lockGrant(tx: Tx, id: string): Promise<GrantRow | undefine
   return tx.get<GrantRow>(`SELECT * FROM grants WHERE id = ?${tx.forUpdate}`, [id]);
 }
 
-/** A grant (locked), with whether the API token `tokenId` is still live, read in the same statement. */
-export async function lockGrantAsToken(tx: Tx, id: string, tokenId: string): Promise<(GrantRow & { token_live: boolean }) | undefined> {
-  const row = await tx.get<GrantRow & { token_live: number | boolean }>(
-    `SELECT g.*, EXISTS (SELECT 1 FROM api_tokens t WHERE t.id = ? AND t.revoked_at IS NULL) AS token_live FROM grants g WHERE g.id = ?${tx.forUpdate}`,
-    [tokenId, id],
-  );
-  if (row) row.token_live = Boolean(row.token_live);
-  return row as (GrantRow & { token_live: boolean }) | undefined;
-}
-
 /** Reads a grant without locking it (presentation). */
 export async function readGrant(tx: Tx, id: string): Promise<GrantRow | undefined> {
   return tx.get<GrantRow>("SELECT * FROM grants WHERE id = ?", [id]);

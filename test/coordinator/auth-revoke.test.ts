@@ -6,8 +6,8 @@
  * accepted at once. The keeper borrow, heartbeat and return take a token
  * they have seen before from the coordinator's cache and check it again in
  * their own transaction: revoked elsewhere after it was cached, it is
- * refused there too, and nothing is taken or ended. So do the portable
- * borrow and ack.
+ * refused there too, and nothing is taken or ended. So does the portable
+ * borrow.
  */
 import { test, describe } from "node:test";
 import assert from "node:assert/strict";
@@ -87,7 +87,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       }
     });
 
-    test("a token the portable borrow and ack cached, revoked elsewhere: borrow and ack refused, nothing taken or installed", async () => {
+    test("a token the portable borrow cached, revoked elsewhere: borrow refused (and the ack), nothing taken or installed", async () => {
       const provider = new ScriptedExternalProvider();
       const t = await startTestCoordinator({ engine, reconcile: false, providers: [provider], config: { portable: true } });
       const other = await secondHandle(engine, t.dir, t.store);

@@ -90,7 +90,7 @@ const EXPECTED_PORTABLE = {
   sqlite: {
     borrow: {
       // BEGIN IMMEDIATE, pool with the API token's standing (the route takes the token from its
-      // cache; the transaction re-checks it), ready machine, machine compare-and-set, audit, grant,
+      // cache; the transaction re-checks it; the ack reads it committed), ready machine, machine compare-and-set, audit, grant,
       // ack due, grant due, fill due (the pool's provider provisions), COMMIT
       statements: 10,
       // the borrow's transaction
@@ -99,13 +99,14 @@ const EXPECTED_PORTABLE = {
       agentCalls: 0,
     },
     ack: {
-      // intent (11): BEGIN IMMEDIATE, grant (locked) with the API token's standing, machine,
+      // the API token read committed (the ack re-validates the borrower's authorization as it is now);
+      // intent (11): BEGIN IMMEDIATE, grant (locked), machine,
       //   machine compare-and-set, audit, install operation, its due row, grant installing,
       //   operation leased, its due row pushed to the lease end, COMMIT;
       // completion (13): BEGIN IMMEDIATE, operation, machine, operation done, its due row cleared,
       //   grant at the operation's generation, machine compare-and-set, audit, grant active,
       //   grant due, the answer's grant and machine, COMMIT
-      statements: 24,
+      statements: 25,
       // install intent (durable before the agent is called), then the completion (the answer read inside it)
       commits: 2,
       // the install, once
@@ -124,11 +125,12 @@ const EXPECTED_PORTABLE = {
       agentCalls: 0,
     },
     ack: {
-      // two transactions as on SQLite, reads each one statement and held writes sent together:
-      // 2 BEGIN, 10 reads or held-write groups, 1 UPDATE, 1 INSERT, 2 COMMIT
-      statements: 16,
-      // install intent, then the completion (the token is checked inside the first)
-      commits: 2,
+      // the API token read committed (autocommit), then two transactions as on SQLite, reads each
+      // one statement and held writes sent together: 2 BEGIN, 11 reads or held-write groups,
+      // 1 UPDATE, 1 INSERT, 2 COMMIT
+      statements: 17,
+      // the token read, the install intent, then the completion
+      commits: 3,
       agentCalls: 1,
     },
   },

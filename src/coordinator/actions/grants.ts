@@ -35,7 +35,6 @@ import {
   closeGrantsOfMachineRows,
   invalidateGrantRow,
   lockGrant,
-  lockGrantAsToken,
   lockGrantAt,
   lockLiveGrantsOfBorrower,
   markGrantInstalling,
@@ -46,10 +45,9 @@ import {
 import { lockMachine, readMachine, type MachineRow } from "../../store/machines.js";
 import { firstRemovalAt, leaseOp, type OpRow } from "../../store/operations.js";
 import { readPool } from "../../store/pools.js";
-import { tokenLive } from "../../store/api-tokens.js";
 import type { InstallKeyArgs, RemoveKeyArgs } from "../../protocol/operations.js";
 import type { Ctx } from "../context.js";
-import { refuseDeadToken, type Principal } from "../auth.js";
+import type { Principal } from "../auth.js";
 import { applyTransition } from "./transition.js";
 import { borrowPortable } from "./grant-borrow.js";
 import type { PortableApi } from "./portable-api.js";
@@ -97,16 +95,8 @@ function cleanupStatus(g: GrantRow, m: MachineRow | undefined): string {
   return `in progress (${g.state})`;
 }
 
-/** The grant (locked) after the checks every grant request makes; `asToken`: the principal's API token is checked live in the same read (the route may have taken it from its cache). */
-async function loadGrant(tx: Tx, p: Principal, grantId: string, token: string, grantToken?: string, asToken = false): Promise<GrantRow> {
-  let g: GrantRow | undefined;
-  if (asToken) {
-    const row = await lockGrantAsToken(tx, grantId, p.tokenId);
-    refuseDeadToken(row ? row.token_live : (await tokenLive(tx, p.tokenId)));
-    g = row;
-  } else {
-    g = await lockGrant(tx, grantId);
-  }
+async function loadGrant(tx: Tx, p: Principal, grantId: string, token: string, grantToken?: string): Promise<GrantRow> {
+  const g = await lockGrant(tx, grantId);
   if (!g || g.org !== p.org) throw new BerthError("not_found", `not_found: no borrow ${grantId} in this organisation`);
   if (!sameHash(g.token_hash, hashToken("borrow", token))) throw new BerthError("token_mismatch", `token_mismatch: the borrow token does not match borrow ${grantId}`);
   if (grantToken !== undefined && !sameHash(g.grant_token_hash, hashToken("grant", grantToken))) {
@@ -251,7 +241,7 @@ export function createPortable(ctx: Ctx, deps: PortableDeps): PortableApi {
       const key = parsePublicKey(body.publicKey);
       const now = ctx.now();
       const first = await ctx.store.transaction(async (tx) => {
-        const g = await loadGrant(tx, p, grantId, body.token, body.grantToken, true);
+        const g = await loadGrant(tx, p, grantId, body.token, body.grantToken);
         const m = await lockMachine(tx, g.machine_id);
         const d = ackDecision({
           grant: { state: g.state, ackDeadline: g.ack_deadline, expiresAt: g.expires_at, fingerprint: g.fingerprint, generation: g.generation, borrower: g.borrower, org: g.org },

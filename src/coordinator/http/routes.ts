@@ -55,11 +55,12 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
   });
 
   /**
-   * The keeper borrow, heartbeat and return, and the portable borrow and
-   * ack: the token from this process's cache when it was read before, since
-   * their actions check it again in their own transaction. Any other use of
-   * the principal (the portable heartbeat and return) reads it committed
-   * first (`checked`).
+   * The keeper borrow, heartbeat and return, and the portable borrow: the
+   * token from this process's cache when it was read before, since their
+   * actions check it again in their own transaction (a portable grant's
+   * authorization is read committed again by its ack). Any other use of the
+   * principal (the portable ack, heartbeat and return) reads it committed
+   * first.
    */
   const tokens = new TokenCache();
   const cachedAuth = (role: Role = "member") => ({
@@ -132,10 +133,10 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
     if (d.portable && id.startsWith("g_")) return d.portable.return(await checked(req), id, req.body);
     return keeper(req.auth, (p) => returnKeeper(ctx, p, id, req.body.token, req.body.disposition));
   });
-  app.post("/v1/borrows/:borrow/ack", { ...cachedAuth(), body: ackSchema }, async (req) => {
-    const portable = d.portable;
-    if (!portable) throw new BerthError("portable_unsupported", "portable_unsupported: this coordinator does not offer portable access");
-    return keeper(req.auth, (p) => portable.ack(p, req.params.borrow!, req.body));
+  // The ack reads the token committed: it re-validates the borrower's authorization as it stands now.
+  app.post("/v1/borrows/:borrow/ack", { ...auth(), body: ackSchema }, async (req) => {
+    if (!d.portable) throw new BerthError("portable_unsupported", "portable_unsupported: this coordinator does not offer portable access");
+    return d.portable.ack(req.auth, req.params.borrow!, req.body);
   });
   app.post("/v1/borrows/:borrow/report", { ...auth(), body: reportSchema }, async (req) => reportTelemetry(ctx, req.auth, req.params.borrow!, req.body));
   app.get("/v1/hosts", auth(), async (req) => ({ hosts: (await listHosts(ctx, req.auth)).map(presentHost) }));
