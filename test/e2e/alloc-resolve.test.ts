@@ -8,11 +8,13 @@
  * sandbox (proving nothing runs), keeps or wipes the volume, and only then
  * are slot and budget returned. Real `berth serve`, real `berth agent` on
  * gvisor (runsc), the sandbox SIGKILLed from outside (the way its memory
- * cgroup kills it on an overrun), the binary's own commands.
+ * cgroup kills it on an overrun), the binary's own commands. Before the
+ * agent restart the coordinator's watch shows the allocation `failed` with
+ * the cause, and `berth alloc restart` starts it again on its volume.
  */
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { AllocRig } from "../helpers/alloc-rig.js";
 import { berth } from "../helpers/cluster.js";
@@ -31,7 +33,7 @@ function sandboxPids(rig: AllocRig, machine: string): number[] {
 }
 
 describe("a dead sandbox's quarantine ends by an operator command (gvisor, real coordinator and agent)", { skip: gv.ok ? false : `gvisor runtime unavailable: ${(gv as { why: string }).why}`, timeout: 240_000 }, () => {
-  const rig = new AllocRig("sqlite", true, ["--alloc-actor-lease", "5s"], "gvisor");
+  const rig = new AllocRig("sqlite", true, ["--alloc-actor-lease", "5s", "--alloc-watch", "1s"], "gvisor");
   let c: ServeProcess;
   let env: Record<string, string>;
   before(async () => {
@@ -57,7 +59,27 @@ describe("a dead sandbox's quarantine ends by an operator command (gvisor, real 
     assert.match(early.stderr, /conflict: allocation q1 is ready/);
     assert.equal((await rig.allocation("q1")).state, "ready");
 
-    // The sandbox dies from outside, then the agent restarts and finds it not running.
+    // The sandbox dies from outside (as its memory cgroup kills it on an overrun): the watch shows it failed, with the cause.
+    const first = sandboxPids(rig, "a-q1");
+    assert.ok(first.length > 0, "the sandbox's runsc processes are found");
+    for (const pid of first) process.kill(pid, "SIGKILL");
+    await rig.waitState("q1", "failed", 30_000);
+    assert.match((await cli(["alloc", "show", "q1"])).stdout, /state {6}failed \(sandbox died: the sandbox is not running/);
+    assert.deepEqual(await rig.ownerUse(), charged, "a failed allocation stays charged");
+    assert.match(await (await fetch(`${c.url}/metrics`)).text(), /berth_allocation_sandbox_deaths_total 1/);
+    // Restarted on its host with its volume and key; the budget is unchanged.
+    const restarted = await cli(["alloc", "restart", "q1"]);
+    assert.equal(restarted.status, 0, restarted.stderr);
+    assert.match(restarted.stdout, /q1: restart under way/);
+    await rig.waitState("q1", "ready", 60_000);
+    const back = await cli(["ssh", "q1", "--", "cat", "/workspace/keep.txt"]);
+    assert.equal(back.stdout, "precious\n", back.stderr);
+    assert.deepEqual(await rig.ownerUse(), charged);
+    const twice = await cli(["alloc", "restart", "q1"]);
+    assert.equal(twice.status, 1);
+    assert.match(twice.stderr, /conflict: allocation q1 is ready; only a failed allocation is restarted/);
+
+    // It dies again, then the agent restarts and finds it not running.
     const pids = sandboxPids(rig, "a-q1");
     assert.ok(pids.length > 0, "the sandbox's runsc processes are found");
     for (const pid of pids) process.kill(pid, "SIGKILL");
@@ -87,9 +109,20 @@ describe("a dead sandbox's quarantine ends by an operator command (gvisor, real 
     assert.match(show.stdout, /released \(quarantine resolved by an operator/);
     assert.ok(existsSync(join(rig.agentDir, "volumes", "q1")));
   });
+
+  test("a failed allocation is released like a ready one: sandbox gone, budget back", async () => {
+    const idle = await rig.ownerUse();
+    assert.equal((await cli(["alloc", "create", "--size", "small", "--id", "f1", "--wait"])).status, 0);
+    for (const pid of sandboxPids(rig, "a-f1")) process.kill(pid, "SIGKILL");
+    await rig.waitState("f1", "failed", 30_000);
+    assert.equal((await cli(["alloc", "release", "f1"])).status, 0);
+    await rig.waitState("f1", "released", 60_000);
+    assert.deepEqual(await rig.ownerUse(), idle);
+    assert.deepEqual(sandboxPids(rig, "a-f1"), []);
+  });
 });
 
-describe("a quarantine on a host that is gone for good ends by the operator's attestation (process runtime, real coordinator and agent)", { timeout: 180_000 }, () => {
+describe("volume commands, and a quarantine on a host that is gone for good ends by the operator's attestation (process runtime, real coordinator and agent)", { timeout: 180_000 }, () => {
   const rig = new AllocRig("sqlite", true, ["--alloc-actor-lease", "1s"], "process");
   let c: ServeProcess;
   let env: Record<string, string>;
@@ -100,6 +133,54 @@ describe("a quarantine on a host that is gone for good ends by the operator's at
   });
   after(() => rig.close());
   const cli = (args: string[]) => berth(args, { env });
+
+  // Runs before the agent is killed for good below. Every volume state has its ending command.
+  test("volume verify --all, volume rm of a kept volume, volume quarantine ls and rm", async () => {
+    // An unrecorded directory waits at k2's volume path: it is moved aside at k2's launch, never adopted.
+    mkdirSync(join(rig.agentDir, "volumes", "k2", "data"), { recursive: true });
+    writeFileSync(join(rig.agentDir, "volumes", "k2", "data", "stale.txt"), "stale\n");
+    for (const id of ["k1", "k2"]) assert.equal((await cli(["alloc", "create", "--size", "small", "--id", id, "--wait"])).status, 0);
+    writeFileSync(join(rig.agentDir, "volumes", "k1", "data", "keep.txt"), "precious\n");
+
+    const all = await cli(["volume", "verify", "--all"]);
+    assert.equal(all.status, 0, all.stderr);
+    assert.match(all.stdout, /volume of k1: ok\nvolume of k2: ok\n2 volume\(s\) checked, 0 damaged/);
+    writeFileSync(join(rig.agentDir, "volumes", "k2", "marker"), "junk\n");
+    const bad = await cli(["volume", "verify", "--all"]);
+    assert.equal(bad.status, 1);
+    assert.match(bad.stdout, /volume of k2: DAMAGED\n {2}- marker/);
+    assert.equal((await cli(["volume", "verify"])).status, 1, "one allocation or --all");
+
+    // A kept volume: refused while its allocation lives, removed once released.
+    const early = await cli(["volume", "rm", "k1"]);
+    assert.equal(early.status, 1);
+    assert.match(early.stderr, /conflict: allocation k1 is ready; only a released allocation's kept volume is removed/);
+    assert.equal((await cli(["alloc", "release", "k1", "--keep-volume"])).status, 0);
+    await rig.waitState("k1", "released");
+    assert.ok(existsSync(join(rig.agentDir, "volumes", "k1", "data", "keep.txt")), "kept after release");
+    const rm = await cli(["volume", "rm", "k1"]);
+    assert.equal(rm.status, 0, rm.stderr);
+    assert.equal(rm.stdout, "volume of k1: removed\n");
+    assert.equal(existsSync(join(rig.agentDir, "volumes", "k1")), false);
+    assert.doesNotMatch((await cli(["volume", "ls"])).stdout, /k1/);
+    const trail = await rig.store.transaction((tx) => tx.all<{ event: string }>("SELECT event FROM audit WHERE machine_id = 'a-k1'"));
+    assert.deepEqual(trail.map((t) => t.event), ["volume_removed"]);
+
+    // The moved-aside directory: listed, then removed by name.
+    const moved = readdirSync(join(rig.agentDir, "volumes-quarantine"));
+    assert.equal(moved.length, 1);
+    assert.match(moved[0]!, /^k2-\d+$/);
+    const ls = await cli(["volume", "quarantine", "ls"]);
+    assert.equal(ls.status, 0, ls.stderr);
+    assert.match(ls.stdout, new RegExp(`h1 +${rig.hostId} +${moved[0]}`));
+    assert.equal((await cli(["volume", "quarantine", "rm", rig.hostId, "nosuch"])).status, 1);
+    const qrm = await cli(["volume", "quarantine", "rm", rig.hostId, moved[0]!]);
+    assert.equal(qrm.status, 0, qrm.stderr);
+    assert.deepEqual(readdirSync(join(rig.agentDir, "volumes-quarantine")), []);
+    assert.doesNotMatch((await cli(["volume", "quarantine", "ls"])).stdout, /k2-/);
+    assert.equal((await cli(["alloc", "release", "k2"])).status, 0);
+    await rig.waitState("k2", "released");
+  });
 
   test("agent SIGKILLed for good → withdrawing, release quarantined → standing withdrawn --host-gone → resolve --host-gone → released, budget back", async () => {
     const idle = await rig.ownerUse();
