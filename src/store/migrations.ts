@@ -19,6 +19,7 @@ import { ALLOCATION_RESOLVE_MIGRATION } from "./allocation-launches.js";
 import { FORWARDING_MIGRATION } from "./forwarding.js";
 import { AWS_LAUNCHES_MIGRATION } from "./aws-launches.js";
 import { PROVISION_BREAKER_MIGRATION } from "./provision-breaker.js";
+import { HISTORY_MIGRATION } from "./history.js";
 
 export const MIGRATIONS: readonly Migration[] = [
   {
@@ -198,4 +199,5 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
   FORWARDING_MIGRATION,
   AWS_LAUNCHES_MIGRATION,
   PROVISION_BREAKER_MIGRATION,
+  HISTORY_MIGRATION,
 ];
