@@ -13,6 +13,8 @@ import { BerthError } from "../core/errors.js";
 /** What the hosts provider gives: one authenticated call to a host's agent (throws when it does not answer). */
 export type AgentCall = (hostId: string, method: "GET" | "POST", path: string, body?: unknown) => Promise<{ status: number; body: unknown }>;
 
+export type SandboxObservation = { kind: "running" } | { kind: "dead"; why: string } | { kind: "unreadable"; why: string };
+
 export type AllocAnswer<K extends AllocOperationKind> =
   | { kind: "done"; result: OperationResults[K] }
   | { kind: "refused"; code: string; error: string }
@@ -65,6 +67,21 @@ export class AllocationAgent {
       return body.state === "held" ? { kind: "present", allocationId: body.allocationId ?? allocationId, generation: body.generation } : { kind: "absent" };
     }
     return { kind: "unreadable", why: `agent answered ${r.status}` };
+  }
+
+  /** Whether the allocation's sandbox runs on its host, asked of the agent's runtime now (never "stopped" unless the agent said so). */
+  async sandbox(hostId: string, allocationId: string): Promise<SandboxObservation> {
+    let r: { status: number; body: unknown };
+    try {
+      r = await this.call(hostId, "GET", `/v1/agent/holds/${encodeURIComponent(allocationId)}/sandbox`);
+    } catch (e) {
+      return { kind: "unreadable", why: `the agent did not answer: ${e instanceof Error ? e.message : String(e)}` };
+    }
+    const body = r.body as { sandbox?: string; why?: string | null };
+    if (r.status !== 200 || typeof body.sandbox !== "string") return { kind: "unreadable", why: `agent answered ${r.status}` };
+    if (body.sandbox === "running") return { kind: "running" };
+    if (body.sandbox === "stopped" || body.sandbox === "mismatch") return { kind: "dead", why: body.why ?? body.sandbox };
+    return { kind: "unreadable", why: `the agent has no running machine of it (${body.why ?? body.sandbox})` };
   }
 
   /** Volume routes, passed through (their refusals keep the agent's code and message). */

@@ -27,6 +27,7 @@ import { VERSION } from "../core/version.js";
 import { addUiRoutes, type UiOptions } from "./ui/routes.js";
 import { AllocationAgent } from "./allocation-agent.js";
 import { AllocationWorker, pauseForTestAt } from "./allocation-worker.js";
+import { startReadyCheck } from "./ready-check.js";
 
 export { VERSION };
 
@@ -132,6 +133,8 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
     metrics.history.flush(ctx.store, ctx.actor, ctx.now(), all).catch((e: unknown) => log.warn({ err: e }, "history: buckets not written; kept in memory for the next try"));
   const historyTimer = setInterval(() => void writeHistory(false), HISTORY_BUCKET_MS);
   historyTimer.unref();
+  const checked = (o.providers ?? []).filter((p) => p.checkMachines).map((p) => p.name);
+  const readyCheck = o.reconcile !== false && checked.length > 0 && config.readyCheckMs > 0 ? startReadyCheck(ctx, checked, config.readyCheckMs) : null;
   return {
     url,
     port,
@@ -145,6 +148,7 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
     server: app.server,
     routes: () => app.routes(),
     async stop() {
+      await readyCheck?.stop();
       await loop!.stop();
       clearInterval(historyTimer);
       await writeHistory(true);

@@ -1,5 +1,5 @@
 /**
- * The dashboard's history (migration 16, `history`): one row per
+ * The dashboard's history (migration 17, `history`): one row per
  * (organisation, pool, 10-second bucket, coordinator instance) with the
  * borrows that instance served and saw returned in the bucket, its borrow
  * latency histogram (the bounds of `berth_borrow_latency_seconds`), and the
@@ -15,7 +15,7 @@ import type { Migration } from "./migrate.js";
 import type { Tx } from "./store.js";
 
 export const HISTORY_MIGRATION: Migration = {
-  version: 16,
+  version: 17,
   name: "history",
   sql: `
 CREATE TABLE history (

@@ -1,5 +1,5 @@
 /**
- * The dashboard's history store (coordinator migration 16) on SQLite and
+ * The dashboard's history store (coordinator migration 17) on SQLite and
  * PostgreSQL, no browser: borrows served and returned are written per
  * 10-second bucket with the pool's machines by state; a second coordinator
  * instance's rows add up; rows past the 24 h retention are deleted; the pool

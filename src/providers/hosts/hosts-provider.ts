@@ -61,8 +61,10 @@ export class HostsProvider implements Provider {
     if (!host) return { ok: false, why: `host ${machine.host_id} is not enrolled`, diff: [] };
     try {
       const r = await callAgent(this.deps.secret, host, "POST", `/v1/agent/machines/${machine.resource_id}/network-check`, {}, this.deps.checkTimeoutMs ?? 5_000);
-      const b = r.body as { ok?: unknown; digest?: unknown; reprobed?: unknown; why?: unknown; diff?: unknown };
-      if (r.status === 200 && b.ok === true && typeof b.digest === "string") return { ok: true, digest: b.digest, reprobed: b.reprobed === true };
+      const b = r.body as { ok?: unknown; digest?: unknown; reprobed?: unknown; why?: unknown; diff?: unknown; tookMs?: unknown };
+      if (r.status === 200 && b.ok === true && typeof b.digest === "string") {
+        return { ok: true, digest: b.digest, reprobed: b.reprobed === true, ...(typeof b.tookMs === "number" && b.tookMs >= 0 ? { agentMs: b.tookMs } : {}) };
+      }
       if (r.status === 200 && b.ok === false) return { ok: false, why: String(b.why), diff: Array.isArray(b.diff) ? b.diff.map(String) : [] };
       return { ok: false, why: `agent ${host.name} answered the network check with ${r.status}: ${r.body.error?.message ?? "an unreadable body"}`, diff: [] };
     } catch (e) {
@@ -89,6 +91,7 @@ export class HostsProvider implements Provider {
       ...(op.args.network !== undefined ? { network: op.args.network } : {}),
       ...(typeof op.args.image === "string" ? { image: op.args.image } : {}),
       ...(op.args.forwarding === "off" ? { forwarding: "off" } : {}),
+      ...(op.args.files === "workspace" ? { files: "workspace" } : {}),
     };
     const created = await this.#call(host, { opId: op.opId, kind: "provision", machineId: op.machine.resource_id, generation: 0, args });
     if (created.kind !== "done") return created;
