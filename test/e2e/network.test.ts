@@ -278,13 +278,14 @@ describe("network policy end to end", { skip: avail.ok ? false : `network polici
       const hosts = await c.api.call<{ hosts: Array<{ name: string; url: string }> }>("GET", "/v1/hosts");
       assert.ok(hosts.hosts.some((h) => h.name === "e2e-hostaddr" && new URL(h.url).hostname === addr), `the second agent is enrolled by ${addr}: ${JSON.stringify(hosts)}`);
       const before = await c.api.call<PoolShow>("GET", "/v1/pools/hostaddr");
-      // Through the command a person types: the stable code, the rule named; neither a new pool nor a changed one.
-      for (const pool of ["hostaddr", "hostaddrnew"]) {
-        const r = berthSync(["pool", "ensure", pool, "--min-ready", "1", "--max-ready", "2", "--compatibility-key", "e2e", "--network", "egress", "--allow", `${addr}:22`, "--config", c.clientConfig]);
-        assert.notEqual(r.status, 0, r.stdout);
-        assert.match(r.stderr, /invalid_request/);
-        assert.match(r.stderr, new RegExp(`names the address of an enrolled host \\(${addr.replaceAll(".", "\\.")}\\)`));
-      }
+      const named = new RegExp(`names the address of an enrolled host \\(${addr.replaceAll(".", "\\.")}\\)`);
+      // Through the command a person types: the stable code, the rule named; the pool keeps its policy.
+      const r = berthSync(["pool", "ensure", "hostaddr", "--min-ready", "1", "--max-ready", "2", "--compatibility-key", "e2e", "--network", "egress", "--allow", `${addr}:22`, "--config", c.clientConfig]);
+      assert.notEqual(r.status, 0, r.stdout);
+      assert.match(r.stderr, /invalid_request/);
+      assert.match(r.stderr, named);
+      // A first ensure of a new pool: refused the same way, and no pool is made.
+      await assert.rejects(hostPolicy("hostaddrnew", `${addr}:22`), (e: Error) => /invalid_request/.test(e.message) && named.test(e.message));
       await assert.rejects(c.api.call("GET", "/v1/pools/hostaddrnew"), /not_found/);
       const after = await c.api.call<PoolShow>("GET", "/v1/pools/hostaddr");
       assert.equal(after.network.fingerprint, before.network.fingerprint, "the existing pool keeps its policy");
