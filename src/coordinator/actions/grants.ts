@@ -287,7 +287,8 @@ export function createPortable(ctx: Ctx, deps: PortableDeps): PortableApi {
         const view = await deps.runLeased(first.started, async (tx) => {
           const g = await lockGrant(tx, grantId);
           const at = ctx.now();
-          if (g && g.state === "active" && isExpired(g.expires_at, at)) expired = await invalidateGrant(tx, ctx, g, "expired", at, `${g.id}:ack-expired`);
+          if (!g || g.org !== p.org || g.state !== "active" || !isExpired(g.expires_at, at)) return g && g.org === p.org ? presentGrant(g, await readMachine(tx, g.machine_id)) : grantView(tx, p, grantId);
+          expired = await invalidateGrant(tx, ctx, g, "expired", at, `${g.id}:ack-expired`);
           return grantView(tx, p, grantId);
         });
         if (expired) ctx.kick();
