@@ -26,6 +26,11 @@ export async function setDueNoLater(tx: Tx, kind: DueKind, ref: string, at: numb
   );
 }
 
+/** Pushes back a due row of a kind this coordinator does not know (a newer coordinator's), so it does not block the index. */
+export async function deferUnknownDue(tx: Tx, row: { kind: string; ref: string }, at: number): Promise<void> {
+  await tx.write("UPDATE due SET due_at = ? WHERE kind = ? AND ref = ?", [at, row.kind, row.ref], { row: `${row.kind}:${row.ref}` });
+}
+
 export async function clearDue(tx: Tx, kind: DueKind, ref: string): Promise<void> {
   await tx.write("DELETE FROM due WHERE kind = ? AND ref = ?", [kind, ref], { row: `${kind}:${ref}` });
 }

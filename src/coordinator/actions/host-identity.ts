@@ -36,6 +36,7 @@ import {
 } from "../../core/host-identity.js";
 import { hashToken, newToken } from "../../core/tokens.js";
 import { callAgent, callTokenFor } from "../../providers/hosts/agent-call.js";
+import { AGENT_API, agentRefusal, agentReplyMismatch } from "../../protocol/agent-api.js";
 import { audit } from "../../store/audit.js";
 import { endBorrow, lockActiveBorrowsOfMachine } from "../../store/borrows.js";
 import { clearDue, poolRef, setDue, setDueNoLater } from "../../store/due.js";
@@ -305,13 +306,19 @@ export async function activateHost(ctx: Ctx, p: Principal, name: string, force: 
   }
   if (reply.status !== 200) {
     await backToLegacy(ctx, h.id);
-    const code = reply.body.error?.code ?? `http_${reply.status}`;
+    const refusal = agentRefusal(reply.body);
+    const code = refusal.code ?? `http_${reply.status}`;
     ctx.metrics.hostIdentityRefusals.inc({ code });
-    if (code === "host_busy") throw new BerthError("host_busy", `host_busy: the agent of host ${name} refused: ${reply.body.error?.message ?? ""}`);
-    throw new BerthError("operation_failed", `operation_failed: the agent of host ${name} refused to prepare (${code}: ${reply.body.error?.message ?? ""}); nothing changed`);
+    if (code === "host_busy") throw new BerthError("host_busy", `host_busy: the agent of host ${name} refused: ${refusal.message ?? ""}`);
+    throw new BerthError("operation_failed", `operation_failed: the agent of host ${name} refused to prepare (${code}: ${refusal.message ?? ""}); nothing changed`);
   }
-  const publicKey = typeof reply.body.publicKey === "string" ? reply.body.publicKey : "";
-  const signature = typeof reply.body.signature === "string" ? reply.body.signature : "";
+  const prepared = AGENT_API["POST /v1/agent/identity/prepare"].safeParse(reply.body);
+  if (!prepared.success) {
+    await backToLegacy(ctx, h.id);
+    ctx.metrics.hostIdentityRefusals.inc({ code: "invalid_agent_reply" });
+    throw agentReplyMismatch("POST /v1/agent/identity/prepare", prepared.error.issues);
+  }
+  const { publicKey, signature, callProof } = prepared.data;
   await ctx.store.transaction(async (tx) => {
     const cur = await readHostForUpdate(tx, h.id);
     if (floorRecorded(cur.identity_state)) return;
@@ -319,7 +326,7 @@ export async function activateHost(ctx: Ctx, p: Principal, name: string, force: 
       throw new BerthError("conflict", `conflict: host ${name} became ${cur.identity_state} while it prepared; nothing was recorded (see \`berth host ls\`)`);
     }
     // The key is the host's only if the answer proves the host's current credential (its host-call token) too.
-    if (!verifyCallProof(callTokenFor(secret, cur), reply.body.callProof, "prepare", cur.id, challenge, publicKey)) {
+    if (!verifyCallProof(callTokenFor(secret, cur), callProof, "prepare", cur.id, challenge, publicKey)) {
       ctx.metrics.hostIdentityRefusals.inc({ code: "proof_invalid" });
       throw new BerthError(
         "unauthorized",

@@ -25,14 +25,8 @@ export interface VolumeRouteDeps {
   requester: (p: Principal) => Requester;
 }
 
-interface AgentVolume {
-  allocationId: string;
-  state: string;
-}
-
 export function registerVolumeRoutes(app: HttpServer, d: VolumeRouteDeps): void {
   const { ctx, auth, agent, requester } = d;
-  const seg = encodeURIComponent;
   app.get("/v1/volumes", auth("member"), async (req) => {
     const mine = await listAllocationsFor(ctx, requester(req.auth), true);
     const byHost = new Map<string, Map<string, (typeof mine)[number]>>();
@@ -44,7 +38,7 @@ export function registerVolumeRoutes(app: HttpServer, d: VolumeRouteDeps): void 
     const unreachable: string[] = [];
     for (const [hostId, allocs] of byHost) {
       try {
-        const r = (await agent.volume(hostId, "GET", "/v1/agent/volumes")) as { volumes: AgentVolume[] };
+        const r = await agent.passthrough(hostId, "GET /v1/agent/volumes");
         for (const v of r.volumes) {
           const a = allocs.get(v.allocationId);
           if (a && v.state !== "clean") volumes.push({ ...v, hostId, hostName: a.plan.hostName, allocationState: a.state, owner: a.owner });
@@ -58,14 +52,14 @@ export function registerVolumeRoutes(app: HttpServer, d: VolumeRouteDeps): void 
   const one = async (p: Principal, raw: string) => showAllocation(ctx, requester(p), raw);
   app.get("/v1/volumes/:allocation", auth("member"), async (req) => {
     const a = await one(req.auth, req.params.allocation!);
-    return { ...(await agent.volume(a.hostId, "GET", `/v1/agent/volumes/${seg(a.id)}`) as object), hostId: a.hostId, hostName: a.plan.hostName, allocationState: a.state };
+    return { ...(await agent.passthrough(a.hostId, "GET /v1/agent/volumes/{allocation}", { allocation: a.id })), hostId: a.hostId, hostName: a.plan.hostName, allocationState: a.state };
   });
   app.post("/v1/volumes/:allocation/verify", auth("member"), async (req) => {
     const a = await one(req.auth, req.params.allocation!);
-    return agent.volume(a.hostId, "POST", `/v1/agent/volumes/${seg(a.id)}/verify`);
+    return agent.passthrough(a.hostId, "POST /v1/agent/volumes/{allocation}/verify", { allocation: a.id });
   });
   app.post("/v1/volumes/:allocation/reset", auth("member"), async (req) => {
     const a = await one(req.auth, req.params.allocation!);
-    return { allocationId: a.id, ...(await agent.volume(a.hostId, "POST", `/v1/agent/volumes/${seg(a.id)}/reset`) as object) };
+    return { allocationId: a.id, ...(await agent.passthrough(a.hostId, "POST /v1/agent/volumes/{allocation}/reset", { allocation: a.id })) };
   });
 }
