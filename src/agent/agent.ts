@@ -43,10 +43,11 @@ import { ImageCache } from "./images/cache.js";
 import { registerImageRoutes } from "./images/http.js";
 import type { RegistryOptions } from "./images/registry.js";
 import type { Runtime } from "./runtime/types.js";
+import { allocationMachineId } from "../core/allocation-access.js";
 import { AgentStore } from "./store/store.js";
 import { raiseStanding, readStanding } from "./standing.js";
 import { defaultHostCapacity } from "../core/host-capacity.js";
-import { registerAllocRoutes } from "./alloc-http.js";
+import { registerAllocRoutes, type SandboxView } from "./alloc-http.js";
 import { enforcementOf } from "./runtime/limits.js";
 import { Volumes } from "./volumes.js";
 import { MachineNetworks, type NetworkOptions } from "./network/manager.js";
@@ -299,6 +300,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
               await ops.launchesSettled();
               return readStanding(store.meta);
             },
+            sandbox: (allocationId) => sandboxView(store, runtime, allocationId),
           });
           registerImageRoutes(app, auth, images);
         },
@@ -499,4 +501,18 @@ function readVersion(): string {
   } catch {
     return "unknown";
   }
+}
+
+/** The allocation's sandbox as the runtime sees it now (GET /v1/agent/holds/{id}/sandbox). */
+export async function sandboxView(store: AgentStore, runtime: Runtime, allocationId: string): Promise<SandboxView> {
+  const machineId = allocationMachineId(allocationId);
+  const m = store.machines.get(machineId);
+  const view = (sandbox: SandboxView["sandbox"], why: string | null): SandboxView => ({ allocationId, machineId, sandbox, why });
+  if (m === null || (m.state !== "running" && m.state !== "mismatch")) return view("none", m === null ? "no machine of it on this host" : `machine ${m.state}`);
+  if (m.state === "mismatch") return view("mismatch", m.mismatch ?? "unknown");
+  const now = await runtime.incarnation(machineId);
+  if (now === m.incarnation) return view("running", null);
+  return view("stopped", now === null
+    ? `the sandbox is not running (recorded incarnation ${m.incarnation ?? "none"}): killed from outside, e.g. by its memory limit, or ended`
+    : `the runtime runs incarnation ${now}, not the recorded ${m.incarnation ?? "none"}`);
 }

@@ -5,6 +5,8 @@
  *   GET  /v1/agent/holds                         -> {holds: [HoldRecord], held: n}
  *   GET  /v1/agent/holds/{allocation}            -> HoldRecord | 404 (never held here)
  *   POST /v1/agent/holds/{allocation}/observe    {floor} -> HoldRecord (a `fenced` record: none held, floor raised)
+ *   GET  /v1/agent/holds/{allocation}/sandbox    -> SandboxView: whether the allocation's sandbox runs, asked of
+ *                                                the runtime now (the coordinator's watch: a dead one is `failed`)
  *   POST /v1/agent/standing                      {epoch, standing} -> {epoch, standing} once stored and every
  *                                                launch that began before it has ended (standing.ts)
  *   GET  /v1/agent/volumes                       -> {volumes: [VolumeView], quarantined: [dir name]} (unrecorded
@@ -41,6 +43,22 @@ export interface AllocHttpDeps {
   now: () => number;
   /** Stores a newer standing durably, waits for the launches under way, and says what is stored. */
   setStanding: (next: StandingRecord) => Promise<StandingRecord>;
+  /** Whether the allocation's sandbox runs now (the runtime is asked, not the record). */
+  sandbox: (allocationId: string) => Promise<SandboxView>;
+}
+
+/**
+ * What the agent sees of an allocation's sandbox: `running` (the recorded
+ * incarnation runs), `stopped` (the record says running but the runtime has
+ * no running sandbox: killed from outside, e.g. by its memory cgroup),
+ * `mismatch` (recovery found it not matching its record), `none` (no
+ * running machine of it: never launched here, or destroyed).
+ */
+export interface SandboxView {
+  allocationId: string;
+  machineId: string;
+  sandbox: "running" | "stopped" | "mismatch" | "none";
+  why: string | null;
 }
 
 const StandingBody = z.object({ epoch: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER), standing: z.enum(AGENT_STANDINGS) }).strict();
@@ -64,6 +82,7 @@ export function registerAllocRoutes(app: HttpServer, auth: { auth: (req: Incomin
     const id = parseId(req.params.allocation!, "allocation id");
     return d.holds.observe(id, allocationMachineId(id), req.body.floor, d.now());
   });
+  app.get("/v1/agent/holds/:allocation/sandbox", auth, async (req) => d.sandbox(parseId(req.params.allocation!, "allocation id")));
   app.post("/v1/agent/standing", { auth: auth.auth, body: StandingBody }, async (req) => d.setStanding(req.body));
   app.get("/v1/agent/volumes", auth, async () => ({ volumes: d.records.list().map(view), quarantined: d.volumes.quarantined() }));
   app.get("/v1/agent/volumes/:allocation", auth, async (req) => view(volumeOf(req.params.allocation!)));

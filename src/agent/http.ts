@@ -144,7 +144,10 @@ export async function startHttp(deps: AgentHttpDeps, listen_: { host: string; po
       if (m === null) throw new BerthError("not_found", `not_found: machine ${id} is not on this host`);
       return m.state === "running" ? { ok: true, machineId: id, digest: "none", evidenceAt: null, reprobed: false } : { ok: false, machineId: id, why: `machine ${id} is ${m.state}`, diff: [] };
     }
-    return deps.lendCheck(id);
+    // The agent's own time (lock wait, kernel identities, table read, compare), for the coordinator's berth_lend_check_seconds.
+    const t0 = performance.now();
+    const r = await deps.lendCheck(id);
+    return { ...r, tookMs: Math.round((performance.now() - t0) * 1000) / 1000 };
   });
   app.get("/v1/agent/ops/:opId", auth, async (req) => {
     const op = deps.store.operations.get(req.params.opId!);

@@ -26,6 +26,7 @@ const MODULES = {
   host: () => import("./commands/host.js"),
   image: () => import("./commands/image.js"),
   mcp: () => import("./commands/mcp.js"),
+  aws: () => import("./commands/aws.js"),
 } satisfies Record<string, () => Promise<CommandModule>>;
 
 /** Which module defines each top-level command name. */
@@ -48,6 +49,7 @@ const COMMANDS: Record<string, keyof typeof MODULES> = {
   host: "host",
   image: "image",
   mcp: "mcp",
+  aws: "aws",
 };
 
 export async function main(argv: string[]): Promise<void> {

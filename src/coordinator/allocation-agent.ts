@@ -7,12 +7,14 @@
  * `berth volume …` reaches through the coordinator.
  */
 import { parseOperationResult, type AllocOperationKind, type AllocOpArgs, type OperationResults } from "../protocol/operations.js";
-import { agentPath, agentRefusal, parseAgentReply, type AgentReply, type AgentRoute } from "../protocol/agent-api.js";
+import { AGENT_API, agentPath, agentRefusal, agentReplyMismatch, parseAgentReply, type AgentReply, type AgentRoute } from "../protocol/agent-api.js";
 import type { HoldObservation } from "../core/allocation-takeover.js";
 import { BerthError, isErrorCode } from "../core/errors.js";
 
 /** What the hosts provider gives: one authenticated call to a host's agent (throws when it does not answer). */
 export type AgentCall = (hostId: string, method: "GET" | "POST", path: string, body?: unknown) => Promise<{ status: number; body: unknown }>;
+
+export type SandboxObservation = { kind: "running" } | { kind: "dead"; why: string } | { kind: "unreadable"; why: string };
 
 export type AllocAnswer<K extends AllocOperationKind> =
   | { kind: "done"; result: OperationResults[K] }
@@ -68,6 +70,24 @@ export class AllocationAgent {
     }
     // A released or fenced hold holds nothing: for the takeover it is absent (and the agent refuses any hold below it).
     return hold.state === "held" ? { kind: "present", allocationId: hold.allocationId, generation: hold.generation } : { kind: "absent" };
+  }
+
+  /** Whether the allocation's sandbox runs on its host, asked of the agent's runtime now (never "stopped" unless the agent said so). */
+  async sandbox(hostId: string, allocationId: string): Promise<SandboxObservation> {
+    const route = "GET /v1/agent/holds/{allocation}/sandbox";
+    let r: { status: number; body: unknown };
+    try {
+      r = await this.call(hostId, "GET", agentPath(route, { allocation: allocationId }));
+    } catch (e) {
+      return { kind: "unreadable", why: `the agent did not answer: ${e instanceof Error ? e.message : String(e)}` };
+    }
+    if (r.status !== 200) return { kind: "unreadable", why: `agent answered ${r.status}` };
+    const p = AGENT_API[route].safeParse(r.body);
+    if (!p.success) return { kind: "unreadable", why: agentReplyMismatch(route, p.error.issues).message };
+    const body = p.data;
+    if (body.sandbox === "running") return { kind: "running" };
+    if (body.sandbox === "stopped" || body.sandbox === "mismatch") return { kind: "dead", why: body.why ?? body.sandbox };
+    return { kind: "unreadable", why: `the agent has no running machine of it (${body.why ?? body.sandbox})` };
   }
 
   /**

@@ -27,6 +27,8 @@ export interface CoordinatorConfig {
   maxAllocationMs: number;
   /** An allocation launch actor's lease: renewed before each agent call; past it a replacement may take over. */
   allocationActorLeaseMs: number;
+  /** How often a ready allocation's sandbox is asked after on its agent (a dead one becomes `failed`). */
+  allocationWatchMs: number;
   /** Lifetime of a host credential issued against a signed challenge (the agent renews it before). */
   hostCredentialTtlMs: number;
   /** Provisions given up in a row after which a pool stops launching (its circuit breaker opens). */
@@ -34,6 +36,10 @@ export interface CoordinatorConfig {
   /** The first pause of an opened breaker; it doubles with each trip in a row, up to provisionBreakerMaxMs. */
   provisionBreakerBackoffMs: number;
   provisionBreakerMaxMs: number;
+  /** Milliseconds per unit of an operation's retry backoff (2^attempt units, jittered, capped at 60 s). */
+  opRetryUnitMs: number;
+  /** How often ready and lent machines of providers that can (`checkMachines`) are checked for a resource gone or impaired; 0: never. */
+  readyCheckMs: number;
 }
 
 export const DEFAULT_CONFIG: CoordinatorConfig = {
@@ -45,10 +51,13 @@ export const DEFAULT_CONFIG: CoordinatorConfig = {
   allocationSizes: DEFAULT_SIZES,
   maxAllocationMs: 24 * 3_600_000,
   allocationActorLeaseMs: 15_000,
+  allocationWatchMs: 15_000,
   hostCredentialTtlMs: 15 * 60_000,
   provisionBreakerThreshold: 3,
   provisionBreakerBackoffMs: 5 * 60_000,
   provisionBreakerMaxMs: 3_600_000,
+  opRetryUnitMs: 100,
+  readyCheckMs: 60_000,
 };
 
 export interface Ctx {

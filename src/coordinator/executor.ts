@@ -30,6 +30,7 @@ import { clearDue, poolRef, setDue, setDueNoLater } from "../store/due.js";
 import { expireClaim, lockClaim } from "../store/claims.js";
 import { lockMachine, setIncarnation, type MachineRow } from "../store/machines.js";
 import { forwardingOf } from "../store/forwarding.js";
+import { filesScopeOf } from "../store/files-scope.js";
 import { failOp, finishOp, leaseHeld, leaseOp, lockOp, OP_LEASE_MS, retryOpAt, type OpRow } from "../store/operations.js";
 import { releaseHostSlot } from "../store/hosts.js";
 import type { OperationEvidence, OperationOutcome } from "../providers/provider.js";
@@ -68,7 +69,7 @@ export interface ExecutorDeps {
     /** install_key proved done: activate the grant for exactly the op's generation, or handle a late install. */
     installConfirmed(tx: Tx, op: OpRow, m: MachineRow, now: number, nonce: string): Promise<boolean>;
     /** install_key could not be proven: invalidate the grant (its machine is cleaned up or quarantined). */
-    installFailed(tx: Tx, op: OpRow, m: MachineRow, now: number, nonce: string): Promise<void>;
+    installFailed(tx: Tx, op: OpRow, m: MachineRow, now: number, nonce: string, error: string): Promise<void>;
     /** A cleanup step of a machine was proven at `generation`. */
     cleanupStep(tx: Tx, machineId: string, generation: number, step: CleanupStep, now: number): Promise<void>;
     /** A cleanup step could not be proven (counted; the executor quarantines the machine). */
@@ -154,13 +155,14 @@ export class OperationExecutor {
     // Another coordinator (after our lease ran out) may have completed it: its record stands.
     if (!current || current.state !== "running" || current.attempts !== op.attempts) return false;
     const m = await lockMachine(tx, op.machine_id);
+    const { ctx } = this.#deps;
     if (outcome.kind !== "done") {
       // Destruction is retried for as long as it takes, even after a refusal: its
       // record is the only trace of a machine that may still exist, and a
       // machine left `destroying` with no operation would never be looked at again.
       const retryable = outcome.kind === "ambiguous" || outcome.retryable || op.kind === "destroy";
       if (retryable && (op.attempts < OP_MAX_ATTEMPTS || op.kind === "destroy")) {
-        const delay = Math.round(Math.min(backoffMs(op.attempts) * 100, 60_000)); // whole ms: PostgreSQL columns are BIGINT
+        const delay = Math.round(Math.min(backoffMs(op.attempts) * ctx.config.opRetryUnitMs, 60_000)); // whole ms: PostgreSQL columns are BIGINT
         await retryOpAt(tx, op.id, outcome.error, now, now + delay);
         return false;
       }
@@ -197,12 +199,15 @@ export class OperationExecutor {
       // The pool's image changed while this machine was being made for the old one: never lent, replaced.
       const image = m.state === "provisioning" ? ((await readPool(tx, m.org, m.pool))?.image ?? null) : (m.image ?? null);
       const forwarding = m.state === "provisioning" ? ((await readPool(tx, m.org, m.pool))?.forwarding ?? "on") : forwardingOf(m);
+      const files = m.state === "provisioning" ? ((await readPool(tx, m.org, m.pool))?.files ?? "machine") : filesScopeOf(m);
       const staleImage =
         (m.image ?? null) !== image
           ? `the pool's image changed to ${image ?? "the host's root"} while it was provisioned for ${m.image ?? "the host's root"}`
           : forwardingOf(m) !== forwarding
             ? `the pool's forwarding changed to ${forwarding} while it was provisioned with ${forwardingOf(m)}`
-            : null;
+            : filesScopeOf(m) !== files
+              ? `the pool's files scope changed to ${files} while it was provisioned with ${filesScopeOf(m)}`
+              : null;
       const r =
         net.kind !== "ready"
           ? { ok: false as const, why: net.why }
@@ -264,10 +269,12 @@ export class OperationExecutor {
           const pool = await readPool(tx, m.org, m.pool);
           const image = pool?.image ?? null;
           const forwarding = pool?.forwarding ?? "on";
+          const files = pool?.files ?? "machine";
           const rotate =
             net.kind === "rotate" ? net.why
             : (m.image ?? null) !== image ? `image changed to ${image ?? "the host's root"}`
             : forwardingOf(m) !== forwarding ? `forwarding changed to ${forwarding}`
+            : filesScopeOf(m) !== files ? `files scope changed to ${files}`
             : null;
           if (rotate !== null) await applyTransition(tx, ctx, back.machine, { kind: "drain", reason: rotate }, now, { nonce: `${nonce}:rotate` });
           // Back in the ready queue: let the reconciler check the pool is not above its capacity.
@@ -307,6 +314,14 @@ export class OperationExecutor {
       // Failing capacity stops itself: after N provisions given up in a row a pool of a
       // self-placed provider (cloud instances: each attempt is paid for) stops launching for a while.
       if (!ctx.providers.get(m.provider)?.selfPlaced) return;
+      // Its claim will never fund a ready machine: expired now, so the pool replaces it at once
+      // (the breaker, not the claim's TTL, is what stops a pool whose launches keep failing).
+      const claim = m.claim_id ? await lockClaim(tx, m.claim_id) : undefined;
+      if (claim && claim.state === "open") {
+        await expireClaim(tx, claim.id);
+        await clearDue(tx, "claim", claim.id);
+      }
+      await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
       const c = ctx.config;
       const opened = await provisionGaveUp(tx, m.org, m.pool, error, now, { threshold: c.provisionBreakerThreshold, backoffMs: c.provisionBreakerBackoffMs, maxBackoffMs: c.provisionBreakerMaxMs });
       if (opened) {
@@ -316,7 +331,7 @@ export class OperationExecutor {
       return;
     }
     if (m.generation !== op.generation && op.kind !== "destroy") return;
-    if (op.kind === "install_key") return grants.installFailed(tx, op, m, now, nonce);
+    if (op.kind === "install_key") return grants.installFailed(tx, op, m, now, nonce, error);
     if (m.state === "quarantined" || m.state === "draining" || m.state === "destroying" || m.state === "destroyed") return;
     ctx.metrics.quarantined.inc({ pool: m.pool, reason: `${op.kind}_failed` });
     grants.cleanupFailed(tx, m, op.kind);

@@ -54,12 +54,20 @@ export class Metrics {
   readonly heartbeats = new client.Counter({ name: "berth_heartbeats_total", help: "Borrow heartbeats by outcome", labelNames: ["outcome"], registers: [this.registry] });
   readonly quarantined = new client.Counter({ name: "berth_machines_quarantined_total", help: "Machines quarantined, by reason class", labelNames: ["pool", "reason"], registers: [this.registry] });
   readonly provisionBreakerTrips = new client.Counter({ name: "berth_provision_breaker_trips_total", help: "Times a pool's provisioning circuit breaker opened (N provisions given up in a row)", labelNames: ["pool"], registers: [this.registry] });
+  readonly machinesLost = new client.Counter({ name: "berth_machines_lost_total", help: "Ready or lent machines retired because the ready check found their resource gone (terminated or stopped outside berth) or impaired", labelNames: ["pool", "verdict"], registers: [this.registry] });
   readonly pruned = new client.Counter({ name: "berth_records_pruned_total", help: "Terminal records pruned after retention", labelNames: ["kind"], registers: [this.registry] });
   readonly grants = new client.Counter({ name: "berth_grants_total", help: "Portable grant events: issued, acked, active, expired, revoked, fence_failed, revoke_failed", labelNames: ["pool", "event"], registers: [this.registry] });
   readonly ttlRotations = new client.Counter({ name: "berth_ttl_rotations_total", help: "Ready machines rotated out before their hard TTL", labelNames: ["pool"], registers: [this.registry] });
   readonly operations = new client.Counter({ name: "berth_operations_total", help: "Provider operations by kind and outcome", labelNames: ["kind", "outcome"], registers: [this.registry] });
   readonly reconcileVisits = new client.Counter({ name: "berth_reconcile_due_rows_total", help: "Due-index rows visited by the reconciler", registers: [this.registry] });
   readonly borrowLatency = new client.Histogram({ name: "berth_borrow_latency_seconds", help: "Server-side borrow latency", labelNames: ["access"], buckets: LATENCY_BUCKETS, registers: [this.registry] });
+  readonly lendCheck = new client.Histogram({
+    name: "berth_lend_check_seconds",
+    help: "Passed lend-time network checks of keeper borrows, by part: total (the coordinator's request to the agent, answer read), agent (the agent's own time, as it reported it)",
+    labelNames: ["part"],
+    buckets: [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5],
+    registers: [this.registry],
+  });
   readonly readyAge = new client.Histogram({ name: "berth_ready_queue_age_seconds", help: "How long the borrowed machine waited in the ready queue", buckets: READY_AGE_BUCKETS, registers: [this.registry] });
   /** The same two histograms per (org, pool), for the dashboard's pool charts; never exported (an org's figures are shown to it alone). */
   readonly poolLatency = new PoolHistograms(LATENCY_BUCKETS);
@@ -91,6 +99,8 @@ export class Metrics {
       this.poolReadyAge.observe(o.org, o.pool, o.readyAgeSeconds);
     }
   }
+  readonly allocationSandboxDeaths = new client.Counter({ name: "berth_allocation_sandbox_deaths_total", help: "Ready allocations whose sandbox was found dead (moved to failed)", registers: [this.registry] });
+  readonly allocationRestarts = new client.Counter({ name: "berth_allocation_restarts_total", help: "Restarts of failed allocations by outcome", labelNames: ["outcome"], registers: [this.registry] });
   readonly allocationReady = new client.Histogram({ name: "berth_allocation_create_to_ready_seconds", help: "From an allocation's create to its sandbox running with its key installed (ready)", buckets: [0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300], registers: [this.registry] });
 
   /** Set before each scrape from the store (collect hook). */

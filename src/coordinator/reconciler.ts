@@ -28,6 +28,7 @@ import { rotationMarginMs, fillDecision } from "../core/pool.js";
 import { countCapacity } from "./actions/capacity.js";
 import { handleGrantDueRow, invalidateGrantsOfBorrower } from "./actions/grants.js";
 import { onAllocationExpiryDue } from "./actions/allocation-release.js";
+import { onAllocationRestartDue, onAllocationWatchDue } from "./actions/allocation-watch.js";
 import type { AllocationWorker } from "./allocation-worker.js";
 import { STANDING_RETRY_MS } from "./actions/host-standing.js";
 
@@ -118,6 +119,12 @@ async function handle(tx: Tx, ctx: Ctx, executor: ReconcilerDeps["executor"], ro
       if (allocations) tx.afterCommit(() => allocations.drive(kind, row.ref));
       return null;
     }
+    case "alloc_watch":
+      if ((await onAllocationWatchDue(tx, ctx, row.ref, now)) && allocations) tx.afterCommit(() => allocations.drive("alloc_watch", row.ref));
+      return null;
+    case "alloc_restart":
+      if ((await onAllocationRestartDue(tx, ctx, row.ref, now)) && allocations) tx.afterCommit(() => allocations.drive("alloc_restart", row.ref));
+      return null;
     case "host_standing":
       // Pushed back before the push runs: if it fails (or this coordinator dies), the row comes due again.
       await setDue(tx, "host_standing", row.ref, now + STANDING_RETRY_MS);

@@ -26,6 +26,7 @@ import { VERSION } from "../core/version.js";
 import { addUiRoutes, type UiOptions } from "./ui/routes.js";
 import { AllocationAgent } from "./allocation-agent.js";
 import { AllocationWorker, pauseForTestAt } from "./allocation-worker.js";
+import { startReadyCheck } from "./ready-check.js";
 
 export { VERSION };
 
@@ -126,6 +127,8 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
   const ui = addUiRoutes(app, ctx, o.ui);
   const { url, port } = await app.listen(o.host ?? "127.0.0.1", o.port ?? 0);
   if (o.reconcile !== false) loop.start();
+  const checked = (o.providers ?? []).filter((p) => p.checkMachines).map((p) => p.name);
+  const readyCheck = o.reconcile !== false && checked.length > 0 && config.readyCheckMs > 0 ? startReadyCheck(ctx, checked, config.readyCheckMs) : null;
   return {
     url,
     port,
@@ -139,6 +142,7 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
     server: app.server,
     routes: () => app.routes(),
     async stop() {
+      await readyCheck?.stop();
       await loop!.stop();
       ui.stop();
       await allocations.idle();

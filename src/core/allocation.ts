@@ -7,6 +7,8 @@
  *   launching -> releasing                        (launch failed: whatever it left is cleaned up like a release)
  *   releasing -> quarantined -> released          (doubtful cleanup keeps slot and budget charged until resolved)
  *   releasing | quarantined -> released           (host_gone: an operator attests the withdrawn host is gone for good)
+ *   ready -> failed -> ready                      (the sandbox died, seen by the watch; `berth alloc restart` starts it again, same hold and volume)
+ *   failed -> releasing                           (released or expired while failed: cleaned up like a ready one)
  *
  * The slot and the budget are returned (`refund`) only on the edge into
  * `released`, and only once: `released` is terminal. Nothing is ever
@@ -16,8 +18,8 @@ import { assertNever } from "./errors.js";
 import type { HostStanding } from "./allocation-placement.js";
 import { formatDuration } from "./durations.js";
 
-export type AllocationState = "placed" | "launching" | "ready" | "releasing" | "quarantined" | "released";
-export const ALLOCATION_STATES: readonly AllocationState[] = ["placed", "launching", "ready", "releasing", "quarantined", "released"];
+export type AllocationState = "placed" | "launching" | "ready" | "failed" | "releasing" | "quarantined" | "released";
+export const ALLOCATION_STATES: readonly AllocationState[] = ["placed", "launching", "ready", "failed", "releasing", "quarantined", "released"];
 
 export type ReleaseCause = "owner" | "operator" | "expiry" | "host_withdrawn" | "launch_failed";
 
@@ -29,6 +31,10 @@ export type AllocationEvent =
   | { kind: "cleanup_done" }
   | { kind: "cleanup_doubtful"; reason: string }
   | { kind: "quarantine_resolved" }
+  /** The agent reports the allocation's sandbox not running (killed from outside, e.g. by its memory limit). */
+  | { kind: "sandbox_died"; reason: string }
+  /** The sandbox of a failed allocation runs again (same hold, same volume). */
+  | { kind: "restarted" }
   /** An operator attests the (withdrawn) host is gone for good: nothing can be proven on it, nothing of it can come back. */
   | { kind: "host_gone"; by: string };
 
@@ -60,6 +66,7 @@ export function allocationTransition(from: AllocationState, e: AllocationEvent):
           return to("released", [{ kind: "refund" }], `released before launch (${e.cause})`);
         case "launching":
         case "ready":
+        case "failed":
           return to("releasing", [{ kind: "cleanup", keepVolume: e.keepVolume }], `release (${e.cause})`);
         case "releasing":
         case "quarantined":
@@ -75,6 +82,10 @@ export function allocationTransition(from: AllocationState, e: AllocationEvent):
       return from === "releasing" ? to("quarantined", [], e.reason) : from === "quarantined" ? same(from) : refuse(from, e);
     case "quarantine_resolved":
       return from === "quarantined" ? to("released", [{ kind: "refund" }], "quarantine resolved") : refuse(from, e);
+    case "sandbox_died":
+      return from === "ready" ? to("failed", [], `sandbox died: ${e.reason}`) : from === "failed" ? same(from) : refuse(from, e);
+    case "restarted":
+      return from === "failed" ? to("ready") : from === "ready" ? same(from) : refuse(from, e);
     case "host_gone":
       return from === "releasing" || from === "quarantined" ? to("released", [{ kind: "refund" }], `host gone (attested by operator ${e.by}): nothing proven on it`) : refuse(from, e);
     default:

@@ -34,7 +34,7 @@ export function grantUsable(g: { state: GrantState; expiresAt: number }, now: nu
 }
 
 /** Why a grant is being invalidated; decides where its machine goes. */
-export type InvalidationReason = "returned" | "ended_by_operator" | "drained" | "expired" | "ack_timeout" | "heartbeat_missed" | "token_revoked" | "revalidation_failed" | "identity_drift";
+export type InvalidationReason = "returned" | "ended_by_operator" | "drained" | "expired" | "ack_timeout" | "heartbeat_missed" | "token_revoked" | "revalidation_failed" | "identity_drift" | "machine_lost";
 
 /**
  * Where the machine goes after invalidation: through proven cleanup (remove
@@ -55,6 +55,7 @@ export function afterInvalidation(reason: InvalidationReason): "cleanup" | "quar
     case "heartbeat_missed":
     case "revalidation_failed":
     case "identity_drift":
+    case "machine_lost":
       return "quarantine";
     default:
       return assertNever(reason, "invalidation reason");

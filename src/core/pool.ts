@@ -35,12 +35,17 @@ export interface PoolRecord {
   image: string | null;
   /** `ssh -L`/`-W` to the machine's own ports (docs/sessions.md): "off" refuses every forward. Part of compatibility: a change rotates machines. */
   forwarding: Forwarding;
+  /** Where SFTP reaches on its machines (docs/files.md): "workspace" confines it. Part of compatibility: a change rotates machines. */
+  files: FilesScope;
   createdAt: number;
   updatedAt: number;
 }
 
 /** Whether a pool's machines accept forwards to their own ports. */
 export type Forwarding = "on" | "off";
+
+/** Where a pool's SFTP sessions may reach: the machine's whole view, or only its workspace. */
+export type FilesScope = "machine" | "workspace";
 
 export const CAPACITY_LIMIT = 1000;
 

@@ -31,6 +31,7 @@ export const AGENT_API = {
   "POST /v1/agent/ops": o({ result: z.unknown() }),
   "GET /v1/agent/holds/{allocation}": holdRecord,
   "POST /v1/agent/holds/{allocation}/observe": holdRecord,
+  "GET /v1/agent/holds/{allocation}/sandbox": o({ sandbox: s, why: s.nullable().optional() }),
   "POST /v1/agent/standing": o({ epoch: n, standing: s }),
   "GET /v1/agent/volumes": o({ volumes: z.array(agentVolume), quarantined: z.array(s) }),
   "GET /v1/agent/volumes/{allocation}": agentVolume,
@@ -39,7 +40,7 @@ export const AGENT_API = {
   "GET /v1/agent/images": o({ images: z.array(imageView), maxBytes: n.nullable(), usedBytes: n }),
   "POST /v1/agent/images/{image}/remove": o({ id: s, size: n }),
   "POST /v1/agent/machines/{machine}/network-check": z.discriminatedUnion("ok", [
-    o({ ok: z.literal(true), digest: s, reprobed: z.boolean() }),
+    o({ ok: z.literal(true), digest: s, reprobed: z.boolean(), tookMs: n.min(0).optional() }),
     o({ ok: z.literal(false), why: s, diff: z.array(s) }),
   ]),
   "POST /v1/agent/identity/prepare": o({ publicKey: s, signature: s, callProof: s, step: s }),

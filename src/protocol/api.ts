@@ -45,6 +45,8 @@ export const ensureSchema = z.strictObject({
     .default({ mode: "none", allow: [], dns: [] }),
   /** Forwards to the machines' own ports (docs/sessions.md): "off" refuses every one. */
   forwarding: z.enum(["on", "off"]).default("on"),
+  /** Where SFTP reaches on the machines (docs/files.md): "workspace" confines it. */
+  files: z.enum(["machine", "workspace"]).default("machine"),
 });
 
 export const registerSchema = z.strictObject({
@@ -176,6 +178,7 @@ export const poolReply = o({
   network: network.optional(),
   image: nullable(s).optional(),
   forwarding: z.enum(["on", "off"]).optional(),
+  files: z.enum(["machine", "workspace"]).optional(),
   counts: o({ ready: n, lent: n, cleanup: n, openClaims: n }).optional(),
   states: z.record(s, n).optional(),
   ready: n.optional(),
@@ -353,6 +356,7 @@ export const API = {
   "GET /v1/allocations/{id}": { reply: allocationView },
   "POST /v1/allocations/{id}/release": { body: releaseAllocationSchema, reply: allocationView },
   "POST /v1/allocations/{id}/resolve": { body: resolveAllocationSchema, reply: allocationView },
+  "POST /v1/allocations/{id}/restart": { reply: allocationView },
   "GET /v1/volumes": { reply: o({ volumes: z.array(volumeView), unreachableHosts: z.array(s) }) },
   "GET /v1/volumes/{allocation}": { reply: volumeView },
   "POST /v1/volumes/{allocation}/verify": { reply: volumeCheck },

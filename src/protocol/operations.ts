@@ -76,10 +76,11 @@ export const allocReleaseArgsSchema = z.strictObject({ allocationId: z.string(),
  * provision takes the machine's network policy (absent or `none`: no network
  * of its own, as before; the canonical hash of `{kind: "provision"}` is kept)
  * and the image it boots (absent: the host's root; core/image-ref.ts), and
- * `forwarding: "off"` when the pool refuses forwards to the machine's ports.
+ * `forwarding: "off"` when the pool refuses forwards to the machine's ports,
+ * `files: "workspace"` when it confines SFTP to the workspace.
  */
 const provisionArgsSchema = z.union([
-  z.object({ network: z.unknown().optional(), image: z.string().max(1024).nullable().optional(), forwarding: z.enum(["on", "off"]).optional() }).passthrough(),
+  z.object({ network: z.unknown().optional(), image: z.string().max(1024).nullable().optional(), forwarding: z.enum(["on", "off"]).optional(), files: z.enum(["machine", "workspace"]).optional() }).passthrough(),
   z.undefined(),
   z.null(),
 ]);
@@ -95,7 +96,7 @@ export interface KeySelector {
 
 /** Arguments as the agent acts on them: validated, ids checked, the key parsed. */
 export type NormalizedArgs =
-  | { kind: "provision"; network?: NetworkPolicy; image?: string; forwarding?: "off" }
+  | { kind: "provision"; network?: NetworkPolicy; image?: string; forwarding?: "off"; files?: "workspace" }
   | { kind: "install_key"; publicKey: string; fingerprint: string; mode: "grant" | "keeper"; grantId: Id; expiresAt: number | null }
   | { kind: "remove_key"; which: KeySelector }
   | { kind: "fence" }
@@ -156,7 +157,7 @@ export function normalizeArgs(kind: OperationKind, raw: unknown): NormalizedArgs
       const network = parsePolicy(p.data?.network ?? null);
       const image = p.data?.image ? canonicalImage(p.data.image) : undefined;
       // "on" is left out, so the arguments (and their hash) of a provision with forwards allowed are unchanged.
-      return { kind, ...(network.mode === "none" ? {} : { network }), ...(image !== undefined ? { image } : {}), ...(p.data?.forwarding === "off" ? { forwarding: "off" as const } : {}) };
+      return { kind, ...(network.mode === "none" ? {} : { network }), ...(image !== undefined ? { image } : {}), ...(p.data?.forwarding === "off" ? { forwarding: "off" as const } : {}), ...(p.data?.files === "workspace" ? { files: "workspace" as const } : {}) };
     }
     case "fence":
     case "scrub":
@@ -200,12 +201,14 @@ export function canonicalJson(v: unknown): string {
  * by the provider); the others are what the agent takes.
  */
 export const opRowArgsSchemas = {
-  provision: z.object({
+  // Loose: a field a newer coordinator wrote is kept (and reaches no provider until it is named here).
+  provision: z.looseObject({
     claimId: z.string().optional(),
     keeperKey: z.string().nullable().optional(),
     network: z.unknown().optional(),
     image: z.string().optional(),
     forwarding: z.enum(["on", "off"]).optional(),
+    files: z.enum(["machine", "workspace"]).optional(),
   }),
   install_key: installKeyArgsSchema,
   remove_key: removeKeyArgsSchema,

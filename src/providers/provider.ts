@@ -79,9 +79,24 @@ export interface Provider {
    * Absent: the provider enforces no network policy.
    */
   checkNetwork?(machine: MachineRow): Promise<NetworkCheck>;
+  /**
+   * Looks at the resources of these machines (ready or lent) as the provider
+   * sees them now, and names those gone or impaired (ready-check.ts runs it on
+   * an interval). Absent: the provider's machines are not checked this way.
+   */
+  checkMachines?(machines: MachineRow[]): Promise<MachineLoss[]>;
 }
 
-export type NetworkCheck = { ok: true; digest: string; reprobed: boolean } | { ok: false; why: string; diff: string[] };
+/** A machine whose resource is gone (terminated or stopped outside berth) or whose status checks fail. */
+export interface MachineLoss {
+  machineId: string;
+  verdict: "gone" | "impaired";
+  /** What was observed, for the machine's reason, the audit trail and the borrower (names the resource). */
+  cause: string;
+}
+
+/** `agentMs`: the agent's own time for a passed check (as it reported it), so the request's transport can be told from the work. */
+export type NetworkCheck = { ok: true; digest: string; reprobed: boolean; agentMs?: number } | { ok: false; why: string; diff: string[] };
 
 export interface Providers {
   get(name: string): Provider | undefined;

@@ -39,6 +39,8 @@ export interface MachineRow {
   image?: string | null;
   /** "off": provisioned with forwards refused (migration 13); NULL: on. */
   forwarding?: string | null;
+  /** "workspace": provisioned with SFTP confined (migration 16); NULL: machine. */
+  files_scope?: string | null;
 }
 
 /** Reads and locks a machine row (the read every transition starts from). */

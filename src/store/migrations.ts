@@ -17,6 +17,7 @@ import { HOST_STANDING_MIGRATION } from "./host-standing.js";
 import { AUDIT_DETAIL_MIGRATION } from "./audit.js";
 import { ALLOCATION_RESOLVE_MIGRATION } from "./allocation-launches.js";
 import { FORWARDING_MIGRATION } from "./forwarding.js";
+import { FILES_SCOPE_MIGRATION } from "./files-scope.js";
 import { AWS_LAUNCHES_MIGRATION } from "./aws-launches.js";
 import { PROVISION_BREAKER_MIGRATION } from "./provision-breaker.js";
 
@@ -198,4 +199,5 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
   FORWARDING_MIGRATION,
   AWS_LAUNCHES_MIGRATION,
   PROVISION_BREAKER_MIGRATION,
+  FILES_SCOPE_MIGRATION,
 ];

@@ -1,4 +1,5 @@
 /** The `pools` table: desired capacity and settings of each pool, keyed by (org, name). */
+import { filesScopeColumn } from "./files-scope.js";
 import type { Tx } from "./store.js";
 import type { PoolRecord } from "../core/pool.js";
 import { parsePolicy } from "../core/network-policy.js";
@@ -20,6 +21,8 @@ export interface PoolRow {
   image?: string | null;
   /** "off" (migration 13): forwards refused; NULL: on. */
   forwarding?: string | null;
+  /** "workspace" (migration 16): SFTP confined; NULL: machine. */
+  files_scope?: string | null;
   created_at: number;
   updated_at: number;
 }
@@ -40,6 +43,7 @@ export function poolFromRow(r: PoolRow): PoolRecord {
     network: parsePolicy(r.network ? JSON.parse(r.network) : null),
     image: r.image ?? null,
     forwarding: r.forwarding === "off" ? "off" : "on",
+    files: r.files_scope === "workspace" ? "workspace" : "machine",
     createdAt: r.created_at,
     updatedAt: r.updated_at,
   };
@@ -86,16 +90,16 @@ export type PoolSettings = Omit<PoolRecord, "org" | "name" | "createdAt" | "upda
 /** Inserts the pool if absent; resolves to whether it was created. */
 export async function insertPoolIfAbsent(tx: Tx, org: string, name: string, s: PoolSettings, now: number): Promise<boolean> {
   const n = await tx.run(
-    "INSERT INTO pools (org, name, access, provider, compatibility_key, identity, min_ready, max_ready, hard_ttl_ms, heartbeat_ms, keeper_key, network, image, forwarding, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (org, name) DO NOTHING",
-    [org, name, s.access, s.provider, s.compatibilityKey, s.identity ? JSON.stringify(s.identity) : null, s.minReady, s.maxReady, s.hardTtlMs, s.heartbeatMs, s.keeperKey, networkColumn(s.network), s.image, forwardingColumn(s.forwarding), now, now],
+    "INSERT INTO pools (org, name, access, provider, compatibility_key, identity, min_ready, max_ready, hard_ttl_ms, heartbeat_ms, keeper_key, network, image, forwarding, files_scope, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (org, name) DO NOTHING",
+    [org, name, s.access, s.provider, s.compatibilityKey, s.identity ? JSON.stringify(s.identity) : null, s.minReady, s.maxReady, s.hardTtlMs, s.heartbeatMs, s.keeperKey, networkColumn(s.network), s.image, forwardingColumn(s.forwarding), filesScopeColumn(s.files), now, now],
   );
   return n > 0;
 }
 
 export async function updatePool(tx: Tx, org: string, name: string, s: PoolSettings, now: number): Promise<void> {
   await tx.run(
-    "UPDATE pools SET access = ?, provider = ?, compatibility_key = ?, identity = ?, min_ready = ?, max_ready = ?, hard_ttl_ms = ?, heartbeat_ms = ?, keeper_key = ?, network = ?, image = ?, forwarding = ?, updated_at = ? WHERE org = ? AND name = ?",
-    [s.access, s.provider, s.compatibilityKey, s.identity ? JSON.stringify(s.identity) : null, s.minReady, s.maxReady, s.hardTtlMs, s.heartbeatMs, s.keeperKey, networkColumn(s.network), s.image, forwardingColumn(s.forwarding), now, org, name],
+    "UPDATE pools SET access = ?, provider = ?, compatibility_key = ?, identity = ?, min_ready = ?, max_ready = ?, hard_ttl_ms = ?, heartbeat_ms = ?, keeper_key = ?, network = ?, image = ?, forwarding = ?, files_scope = ?, updated_at = ? WHERE org = ? AND name = ?",
+    [s.access, s.provider, s.compatibilityKey, s.identity ? JSON.stringify(s.identity) : null, s.minReady, s.maxReady, s.hardTtlMs, s.heartbeatMs, s.keeperKey, networkColumn(s.network), s.image, forwardingColumn(s.forwarding), filesScopeColumn(s.files), now, org, name],
   );
 }
 

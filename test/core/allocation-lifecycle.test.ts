@@ -30,6 +30,14 @@ const table: Row[] = [
   ["releasing", { kind: "host_gone", by: "op" }, "released", ["refund"]],
   ["ready", { kind: "host_gone", by: "op" }, "refused", []],
   ["launching", { kind: "host_gone", by: "op" }, "refused", []],
+  ["ready", { kind: "sandbox_died", reason: "not running" }, "failed", []],
+  ["failed", { kind: "sandbox_died", reason: "again" }, "failed", []],
+  ["launching", { kind: "sandbox_died", reason: "x" }, "refused", []],
+  ["releasing", { kind: "sandbox_died", reason: "x" }, "refused", []],
+  ["failed", { kind: "restarted" }, "ready", []],
+  ["releasing", { kind: "restarted" }, "refused", []],
+  ["failed", rel(), "releasing", ["cleanup"]],
+  ["failed", rel("expiry"), "releasing", ["cleanup"]],
 ];
 for (const [from, e, want, effects] of table) {
   test(`${from} --${e.kind}--> ${want}`, () => {
@@ -46,7 +54,7 @@ for (const [from, e, want, effects] of table) {
 }
 
 test("refund happens only on the edge into released, and released is terminal", () => {
-  const events: AllocationEvent[] = [{ kind: "launch_started" }, { kind: "launched" }, { kind: "launch_failed", reason: "x" }, rel(), { kind: "cleanup_done" }, { kind: "cleanup_doubtful", reason: "x" }, { kind: "quarantine_resolved" }, { kind: "host_gone", by: "op" }];
+  const events: AllocationEvent[] = [{ kind: "launch_started" }, { kind: "launched" }, { kind: "launch_failed", reason: "x" }, rel(), { kind: "cleanup_done" }, { kind: "cleanup_doubtful", reason: "x" }, { kind: "quarantine_resolved" }, { kind: "host_gone", by: "op" }, { kind: "sandbox_died", reason: "x" }, { kind: "restarted" }];
   for (const from of ALLOCATION_STATES) {
     for (const e of events) {
       const t = allocationTransition(from, e);

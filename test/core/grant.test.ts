@@ -72,6 +72,7 @@ describe("afterInvalidation: where the machine of an invalidated grant goes", ()
     { reason: "heartbeat_missed", to: "quarantine", tag: "[I6]" },
     { reason: "revalidation_failed", to: "quarantine", tag: "[I5]" },
     { reason: "identity_drift", to: "quarantine", tag: "[I5]" },
+    { reason: "machine_lost", to: "quarantine", tag: "[I5]" },
   ];
   for (const c of cases) {
     it(`${c.tag ? c.tag + " " : ""}${c.reason} -> ${c.to}`, () => {

@@ -8,7 +8,9 @@
  * sandbox (proving nothing runs), keeps or wipes the volume, and only then
  * are slot and budget returned. Real `berth serve`, real `berth agent` on
  * gvisor (runsc), the sandbox SIGKILLed from outside (the way its memory
- * cgroup kills it on an overrun), the binary's own commands.
+ * cgroup kills it on an overrun), the binary's own commands. Before the
+ * agent restart the coordinator's watch shows the allocation `failed` with
+ * the cause, and `berth alloc restart` starts it again on its volume.
  */
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
@@ -31,7 +33,7 @@ function sandboxPids(rig: AllocRig, machine: string): number[] {
 }
 
 describe("a dead sandbox's quarantine ends by an operator command (gvisor, real coordinator and agent)", { skip: gv.ok ? false : `gvisor runtime unavailable: ${(gv as { why: string }).why}`, timeout: 240_000 }, () => {
-  const rig = new AllocRig("sqlite", true, ["--alloc-actor-lease", "5s"], "gvisor");
+  const rig = new AllocRig("sqlite", true, ["--alloc-actor-lease", "5s", "--alloc-watch", "1s"], "gvisor");
   let c: ServeProcess;
   let env: Record<string, string>;
   before(async () => {
@@ -57,7 +59,27 @@ describe("a dead sandbox's quarantine ends by an operator command (gvisor, real 
     assert.match(early.stderr, /conflict: allocation q1 is ready/);
     assert.equal((await rig.allocation("q1")).state, "ready");
 
-    // The sandbox dies from outside, then the agent restarts and finds it not running.
+    // The sandbox dies from outside (as its memory cgroup kills it on an overrun): the watch shows it failed, with the cause.
+    const first = sandboxPids(rig, "a-q1");
+    assert.ok(first.length > 0, "the sandbox's runsc processes are found");
+    for (const pid of first) process.kill(pid, "SIGKILL");
+    await rig.waitState("q1", "failed", 30_000);
+    assert.match((await cli(["alloc", "show", "q1"])).stdout, /state {6}failed \(sandbox died: the sandbox is not running/);
+    assert.deepEqual(await rig.ownerUse(), charged, "a failed allocation stays charged");
+    assert.match(await (await fetch(`${c.url}/metrics`)).text(), /berth_allocation_sandbox_deaths_total 1/);
+    // Restarted on its host with its volume and key; the budget is unchanged.
+    const restarted = await cli(["alloc", "restart", "q1"]);
+    assert.equal(restarted.status, 0, restarted.stderr);
+    assert.match(restarted.stdout, /q1: restart under way/);
+    await rig.waitState("q1", "ready", 60_000);
+    const back = await cli(["ssh", "q1", "--", "cat", "/workspace/keep.txt"]);
+    assert.equal(back.stdout, "precious\n", back.stderr);
+    assert.deepEqual(await rig.ownerUse(), charged);
+    const twice = await cli(["alloc", "restart", "q1"]);
+    assert.equal(twice.status, 1);
+    assert.match(twice.stderr, /conflict: allocation q1 is ready; only a failed allocation is restarted/);
+
+    // It dies again, then the agent restarts and finds it not running.
     const pids = sandboxPids(rig, "a-q1");
     assert.ok(pids.length > 0, "the sandbox's runsc processes are found");
     for (const pid of pids) process.kill(pid, "SIGKILL");
@@ -86,6 +108,17 @@ describe("a dead sandbox's quarantine ends by an operator command (gvisor, real 
     const show = await cli(["alloc", "show", "q1"]);
     assert.match(show.stdout, /released \(quarantine resolved by an operator/);
     assert.ok(existsSync(join(rig.agentDir, "volumes", "q1")));
+  });
+
+  test("a failed allocation is released like a ready one: sandbox gone, budget back", async () => {
+    const idle = await rig.ownerUse();
+    assert.equal((await cli(["alloc", "create", "--size", "small", "--id", "f1", "--wait"])).status, 0);
+    for (const pid of sandboxPids(rig, "a-f1")) process.kill(pid, "SIGKILL");
+    await rig.waitState("f1", "failed", 30_000);
+    assert.equal((await cli(["alloc", "release", "f1"])).status, 0);
+    await rig.waitState("f1", "released", 60_000);
+    assert.deepEqual(await rig.ownerUse(), idle);
+    assert.deepEqual(sandboxPids(rig, "a-f1"), []);
   });
 });
 

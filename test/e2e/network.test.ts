@@ -160,6 +160,9 @@ describe("network policy end to end", { skip: avail.ok ? false : `network polici
     assert.match(show.stdout, /readiness evidence/);
     const metrics = await fetch(`${c.coordinator!.url}/metrics`, { headers: { authorization: `Bearer ${(await import("node:fs")).readFileSync(c.adminTokenFile, "utf8").trim()}` } }).then((r) => r.text());
     assert.match(metrics, /berth_network_probes_total\{pool="net",outcome="pass"\} \d+/);
+    // Both borrows above were checked at lend time: the request and the agent's own part are counted.
+    assert.match(metrics, /berth_lend_check_seconds_count\{part="total"\} [2-9]/);
+    assert.match(metrics, /berth_lend_check_seconds_count\{part="agent"\} [2-9]/);
   });
 
   test("a machine whose probe fails after a return is quarantined, never ready", async () => {

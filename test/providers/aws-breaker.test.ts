@@ -29,8 +29,9 @@ async function until<T>(what: string, fn: () => Promise<T | null | undefined | f
 
 test("a pool whose instances never register stops launching after N failed provisions and says why", { timeout: 240_000 }, async () => {
   const w = await awsWorld({ stepBudgetMs: 400, pollMs: 50 });
-  // A fill claim outlives one given-up provision (about 10 s at this step budget), so each failed machine is replaced only once it is given up.
-  const t = await startTestCoordinator({ providers: [w.provider], config: { portable: true, claimTtlMs: 20_000, provisionBreakerThreshold: 2, provisionBreakerBackoffMs: 3_600_000 } });
+  // The fill claim keeps its default TTL (5 min): a given-up provision expires its claim, so each failed machine is
+  // replaced once it is given up, never while it is still being retried. Retries back off in 10 ms units (100 by default).
+  const t = await startTestCoordinator({ providers: [w.provider], config: { portable: true, opRetryUnitMs: 10, provisionBreakerThreshold: 2, provisionBreakerBackoffMs: 3_600_000 } });
   try {
     w.emu.faults.ssmNeverRegisters = true;
     const admin = await t.api("admin");

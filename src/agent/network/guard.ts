@@ -69,7 +69,7 @@ export class NetworkGuard {
     if (!m) return { ok: false, machineId, why: `machine ${machineId} is not on this host`, diff: [] };
     if (m.state !== "running") return { ok: false, machineId, why: `machine ${machineId} is ${m.state}${m.mismatch ? ` (${m.mismatch})` : ""}`, diff: [] };
     if (!network.get(machineId)) return { ok: true, machineId, digest: "none", evidenceAt: null, reprobed: false };
-    const v = await network.verify(machineId);
+    const v = await network.verify(machineId, { lend: true });
     if (!v.ok) {
       this.retire(machineId, v);
       return { ok: false, machineId, why: v.why, diff: v.diff };

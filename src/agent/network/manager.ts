@@ -119,6 +119,8 @@ export class MachineNetworks {
   readonly #slots: number;
   readonly #lock = new KeyedLock();
   readonly #nft = new NftSession();
+  /** The lend-time check's own reader: a lend never waits behind a probe's, a reload's or the periodic sweep's reads of other machines. */
+  readonly #lendNft = new NftSession();
   #canary: Promise<{ server: Server; port: number }> | null = null;
 
   constructor(deps: NetworkDeps, opts: NetworkOptions = {}) {
@@ -379,10 +381,10 @@ export class MachineNetworks {
   // ---- the rules as they are ----------------------------------------------
 
   /** The machine's table read back from the kernel: normalised lines (handles kept, packet counts zeroed) and the refuse chain's packet count. */
-  async #liveTable(table: string): Promise<{ lines: string[]; refused: number | null } | null> {
+  async #liveTable(table: string, session: NftSession = this.#nft): Promise<{ lines: string[]; refused: number | null } | null> {
     let parsed: unknown;
     try {
-      parsed = await this.#nft.ask(`list table inet ${table}`);
+      parsed = await session.ask(`list table inet ${table}`);
     } catch {
       return null;
     }
@@ -424,20 +426,20 @@ export class MachineNetworks {
     return { digest: digestOf(t.lines), namespaceDigest: digestOf(ns), lines: t.lines, namespaceLines: ns };
   }
 
-  async #verify(rec: NetRecord, namespace: boolean): Promise<RulesVerdict> {
-    const v = await this.#compare(rec, namespace);
+  async #verify(rec: NetRecord, namespace: boolean, session?: NftSession): Promise<RulesVerdict> {
+    const v = await this.#compare(rec, namespace, session);
     this.counters.checks[v.ok ? "match" : "mismatch"]++;
     return v;
   }
 
-  async #compare(rec: NetRecord, namespace: boolean): Promise<RulesVerdict> {
+  async #compare(rec: NetRecord, namespace: boolean, session?: NftSession): Promise<RulesVerdict> {
     if (rec.state !== "up") return { ok: false, why: `the network of machine ${rec.machineId} is ${rec.state}, not up`, diff: [] };
     if (!rec.rules) return { ok: false, why: `no rules were recorded for machine ${rec.machineId}'s network`, diff: [] };
     const ino = netnsInode(rec.netns);
     if (ino !== rec.netnsInode) return { ok: false, why: `namespace ${rec.netns} is ${ino === null ? "gone" : `inode ${ino}`}, recorded inode ${rec.netnsInode}`, diff: [] };
     const idx = ifindex(rec.hostIf);
     if (idx !== rec.hostIfindex) return { ok: false, why: `veth ${rec.hostIf} is ${idx === null ? "gone" : `ifindex ${idx}`}, recorded ${rec.hostIfindex}`, diff: [] };
-    const live = await this.#liveTable(rec.table);
+    const live = await this.#liveTable(rec.table, session);
     if (!live) return { ok: false, why: `nftables table ${rec.table} is gone`, diff: (rec.rules.lines ?? []).slice(0, 5).map((l) => `- ${l}`) };
     const digest = digestOf(live.lines);
     if (digest !== rec.rules.digest) return { ok: false, why: `the rules of table ${rec.table} changed (${rec.rules.digest.slice(0, 19)} recorded, ${digest.slice(0, 19)} now)`, diff: linesDiff(rec.rules.lines ?? [], live.lines) };
@@ -451,13 +453,14 @@ export class MachineNetworks {
   /**
    * Compares the machine's live rules with the recorded ones (table always;
    * the namespace's addresses and routes too when `namespace`). Never changes
-   * anything; serialised with set-up, reload and removal of the machine's network.
+   * anything; serialised with set-up, reload and removal of the machine's
+   * network. `lend`: the lend-time check, read through its own nft session.
    */
-  verify(machineId: string, opts: { namespace?: boolean } = {}): Promise<RulesVerdict> {
+  verify(machineId: string, opts: { namespace?: boolean; lend?: boolean } = {}): Promise<RulesVerdict> {
     return this.#lock.run(machineId, async () => {
       const rec = this.store.get(machineId);
       if (!rec) return { ok: false as const, why: `machine ${machineId} has no network record`, diff: [] };
-      return this.#verify(rec, opts.namespace ?? false);
+      return this.#verify(rec, opts.namespace ?? false, opts.lend ? this.#lendNft : this.#nft);
     });
   }
 
@@ -477,6 +480,7 @@ export class MachineNetworks {
   /** Stops the canary and the nft session (agent shutdown). */
   async close(): Promise<void> {
     this.#nft.close();
+    this.#lendNft.close();
     const c = this.#canary;
     this.#canary = null;
     if (c) await c.then((x) => new Promise<void>((r) => x.server.close(() => r()))).catch(() => undefined);

@@ -35,6 +35,7 @@ export async function provision(op: OpCall, args: ArgsOf<"provision">): Promise<
   const hold = store.holds.heldByMachine(op.machineId);
   let createOpts: CreateOptions = hold ? { resources: { vcpu: hold.vcpu, memoryMib: hold.memoryMib } } : {};
   if (args.forwarding === "off") createOpts = { ...createOpts, forwarding: "off" };
+  if (args.files === "workspace") createOpts = { ...createOpts, files: "workspace" };
   if (args.image !== undefined) {
     if (runtime.kind === "process") throw processRefusesImages(args.image);
     if (!deps.images) throw new BerthError("provider_unavailable", `provider_unavailable: this agent has no image cache; it cannot boot ${args.image}`);

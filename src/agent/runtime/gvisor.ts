@@ -92,6 +92,8 @@ interface GvisorMachineRecord {
   image?: BootImage;
   /** "off": its pool refuses forwards (CreateOptions.forwarding); absent: allowed. */
   forwarding?: "off";
+  /** "workspace": its pool confines SFTP to the workspace (CreateOptions.files); absent: the machine's view. */
+  files?: "workspace";
 }
 
 export interface GvisorRuntimeOptions {
@@ -279,9 +281,9 @@ export class GvisorRuntime implements Runtime {
       let rec = this.record(machineId);
       const sameNet = (r: GvisorMachineRecord): boolean => (r.container?.netnsInode ?? null) === (opts.network?.inode ?? null);
       const sameImage = (r: GvisorMachineRecord): boolean => (r.image?.rootfs ?? null) === (opts.image?.rootfs ?? null);
-      if (rec && rec.forwarding !== opts.forwarding) {
-        const { forwarding: _old, ...rest } = rec;
-        rec = { ...rest, ...(opts.forwarding ? { forwarding: opts.forwarding } : {}) };
+      if (rec && (rec.forwarding !== opts.forwarding || rec.files !== opts.files)) {
+        const { forwarding: _old, files: _oldFiles, ...rest } = rec;
+        rec = { ...rest, ...(opts.forwarding ? { forwarding: opts.forwarding } : {}), ...(opts.files ? { files: opts.files } : {}) };
         this.save(rec);
       }
       if (rec && this.isRunning(rec.container) && sameNet(rec) && sameImage(rec)) return this.view(rec);
@@ -293,6 +295,7 @@ export class GvisorRuntime implements Runtime {
           ...(opts.network ? { network: opts.network } : {}),
           ...(opts.image ? { image: opts.image } : {}),
           ...(opts.forwarding ? { forwarding: opts.forwarding } : {}),
+          ...(opts.files ? { files: opts.files } : {}),
         };
         this.save(rec);
       } else if (rec.container) {
@@ -307,6 +310,10 @@ export class GvisorRuntime implements Runtime {
       }
       return this.view(await this.start(rec));
     });
+  }
+
+  async filesScope(machineId: string): Promise<"machine" | "workspace"> {
+    return this.mustRecord(machineId).files === "workspace" ? "workspace" : "machine";
   }
 
   async forwardRefusal(machineId: string): Promise<string | null> {

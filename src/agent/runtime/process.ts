@@ -69,6 +69,8 @@ interface ProcessMachineRecord {
   runAs?: { uid: number; gid: number };
   /** "off": its pool refuses forwards (CreateOptions.forwarding); absent: allowed. */
   forwarding?: "off";
+  /** "workspace": its pool confines SFTP to the workspace (CreateOptions.files); absent: the machine's view. */
+  files?: "workspace";
 }
 
 interface Tracked {
@@ -158,9 +160,9 @@ export class ProcessRuntime implements Runtime {
         if ((existing.netns ?? null) !== (opts.network?.netns ?? null)) {
           throw new BerthError("conflict", `conflict: machine ${machineId} exists with network namespace ${existing.netns ?? "none"}; destroy it to change its network`);
         }
-        if (existing.forwarding !== opts.forwarding) {
-          const { forwarding: _old, ...rest } = existing;
-          writeRecord(join(dir, "machine.json"), { ...rest, ...(opts.forwarding ? { forwarding: opts.forwarding } : {}) });
+        if (existing.forwarding !== opts.forwarding || existing.files !== opts.files) {
+          const { forwarding: _old, files: _oldFiles, ...rest } = existing;
+          writeRecord(join(dir, "machine.json"), { ...rest, ...(opts.forwarding ? { forwarding: opts.forwarding } : {}), ...(opts.files ? { files: opts.files } : {}) });
         }
         return this.view(existing);
       }
@@ -188,10 +190,15 @@ export class ProcessRuntime implements Runtime {
         ...(opts.network ? { netns: opts.network.netns } : {}),
         ...(runAs ? { runAs } : {}),
         ...(opts.forwarding ? { forwarding: opts.forwarding } : {}),
+        ...(opts.files ? { files: opts.files } : {}),
       };
       writeRecord(join(dir, "machine.json"), rec);
       return this.view(rec);
     });
+  }
+
+  async filesScope(machineId: string): Promise<"machine" | "workspace"> {
+    return this.mustRecord(machineId).files === "workspace" ? "workspace" : "machine";
   }
 
   async forwardRefusal(machineId: string): Promise<string | null> {

@@ -127,6 +127,8 @@ export interface CreateOptions {
   resources?: { vcpu: number; memoryMib: number };
   /** "off": the pool refuses forwards to this machine's ports (forwardRefusal says so). Kept in the record; absent: allowed. */
   forwarding?: "off";
+  /** "workspace": the pool confines SFTP to the machine's workspace (filesScope says so). Kept in the record; absent: the machine's whole view. */
+  files?: "workspace";
   /** The image the machine boots (gvisor only; absent: the host's root). Kept for every restart. */
   image?: BootImage;
   network?: {
@@ -195,4 +197,6 @@ export interface Runtime {
    * with a network namespace: inside it), else why not (process without one: its loopback is the host's).
    */
   forwardRefusal(machineId: string): Promise<string | null>;
+  /** Where the machine's SFTP sessions may reach: "workspace" when its pool confines them (CreateOptions.files), else "machine". */
+  filesScope(machineId: string): Promise<"machine" | "workspace">;
 }

@@ -20,13 +20,54 @@ export const SFTP_SERVER_PATHS = [
   "/usr/lib/sftp-server",
 ] as const;
 
-/** The argv of an SFTP session: a shell loop that execs the machine's own sftp-server, or says there is none (exit 127). */
-export function sftpArgv(): string[] {
+/** Where a pool's SFTP sessions may reach: the machine's whole view (default) or its workspace only. */
+export type FilesScope = "machine" | "workspace";
+
+/**
+ * The jail a `workspace`-scoped SFTP server runs in (sh, run inside the machine
+ * as the machine's user; $1 the workspace, $2 the sftp-server). A private mount
+ * namespace (a user namespace too when the user is not root) in which a small
+ * read-only tmpfs is mounted over the workspace's own path; into it go the
+ * sftp-server and the libraries `ldd` names (copied), a one-line passwd/group
+ * for the user, /dev/null, and the workspace itself bound back at its path
+ * (read-write, `mount -c`: the shell's working directory, not the path that
+ * the tmpfs now covers). `chroot` into the tmpfs, then exec the server in the
+ * workspace. Every path — absolute, `..`, a symbolic link followed by the
+ * kernel at open time — resolves inside that root, so there is no check to
+ * race: outside the workspace there is nothing but those few read-only files,
+ * and a write there fails (read-only file system). Nothing of this is visible
+ * outside the session's own mount namespace; it ends with the server.
+ */
+const JAIL = [
+  'ws=$1 srv=$2',
+  'mount -t tmpfs -o mode=0755,size=16m,nosuid,nodev berth-files "$ws" || exit 126',
+  'for f in "$srv" $(ldd "$srv" 2>/dev/null | sed -n "s/.*=> \\(\\/[^ ]*\\) .*/\\1/p; s/^[[:space:]]*\\(\\/[^ ]*\\) (.*/\\1/p"); do mkdir -p "$ws${f%/*}" && cp -L "$f" "$ws$f" || exit 126; done',
+  'mkdir -p "$ws/etc" "$ws/dev" "$ws$ws" || exit 126',
+  'echo "$(id -un 2>/dev/null || echo user):x:$(id -u):$(id -g)::$ws:/nonexistent" > "$ws/etc/passwd" && echo "$(id -gn 2>/dev/null || echo group):x:$(id -g):" > "$ws/etc/group" || exit 126',
+  ': > "$ws/dev/null" && mount --bind /dev/null "$ws/dev/null" && mount -c --bind . "$ws$ws" && mount -o remount,ro,bind "$ws" || exit 126',
+  'exec chroot "$ws" "$srv" -d "$ws"',
+].join("\n");
+
+/**
+ * The argv of an SFTP session: a shell loop that execs the machine's own sftp-server, or says there is
+ * none (exit 127). With `scope` "workspace" the server runs in the JAIL above; a machine where that
+ * cannot be set up (no unshare/mount/chroot, no namespaces) ends the session with
+ * `files_confinement_unavailable` (exit 126) rather than serve the whole machine.
+ */
+export function sftpArgv(scope: FilesScope = "machine"): string[] {
   const list = SFTP_SERVER_PATHS.join(" ");
+  const start =
+    scope === "workspace"
+      ? `ws=$(pwd -P); u=; ` +
+        `if command -v chroot >/dev/null && command -v ldd >/dev/null && command -v mount >/dev/null; then ` +
+        `if unshare -m true 2>/dev/null; then u=-m; elif unshare -rm true 2>/dev/null; then u=-rm; fi; fi; ` +
+        `[ -n "$u" ] && { unshare $u --propagation private /bin/sh -c "$1" berth-files "$ws" "$p"; s=$?; } || s=126; ` +
+        `[ $s = 126 ] && echo "berth: files_confinement_unavailable: this pool confines files to the workspace, and this machine cannot start its sftp-server confined (it needs unshare with a mount or user namespace, mount, chroot and ldd)" >&2; exit $s`
+      : 'exec "$p"';
   const script =
-    `for p in ${list}; do [ -x "$p" ] && exec "$p"; done; ` +
+    `for p in ${list}; do [ -x "$p" ] && { ${start}; }; done; ` +
     `echo "berth: sftp_unavailable: this machine has no sftp-server (looked in ${list}); install openssh-sftp-server (or the distribution's equivalent) in its image" >&2; exit 127`;
-  return ["/bin/sh", "-c", script];
+  return scope === "workspace" ? ["/bin/sh", "-c", script, "berth-sftp", JAIL] : ["/bin/sh", "-c", script];
 }
 
 /** A forward request's verdict: connect to `host:port` inside the machine, or refuse with a stable code and why. */

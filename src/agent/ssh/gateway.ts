@@ -237,6 +237,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const env: Record<string, string> = {};
     let pty: PtyRequest | null = null;
     let session: Session | null = null;
+    // A subsystem request waiting for the machine's files scope: no second command on this channel.
+    let pending = false;
 
     ss.on("env", (accept, reject, info) => {
       const d = envDecision(String(info.key), String(info.val), Object.keys(env).length);
@@ -280,21 +282,30 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     };
 
     ss.on("exec", (accept, reject, info) => {
-      if (session || !begin(["/bin/sh", "-c", String(info.command)], accept)) reject?.();
+      if (session || pending || !begin(["/bin/sh", "-c", String(info.command)], accept)) reject?.();
     });
     ss.on("shell", (accept, reject) => {
-      if (session || !begin(null, accept)) reject?.();
+      if (session || pending || !begin(null, accept)) reject?.();
     });
     // SFTP (sftp, scp's default protocol, editors' remote modes): the machine's own sftp-server,
     // run like any command — recorded, cut at return, proven gone by the fence.
+    // A pool with `--files workspace` gets the server confined to the workspace (channels.ts).
     ss.on("subsystem", (accept, reject, info) => {
-      // Never on a PTY: the SFTP protocol is binary.
-      const s = session || info.name !== "sftp" ? null : startSession(c, key, sftpArgv(), { ...env }, null, accept as unknown as () => ServerChannel);
-      if (s) session = s;
-      else {
+      const refuse = () => {
         log.info({ machine: c.machineId, subsystem: String(info.name) }, "subsystem refused");
         reject?.();
-      }
+      };
+      if (session || pending || info.name !== "sftp") return refuse();
+      pending = true;
+      void runtime.filesScope(c.machineId!).then(
+        (scope) => {
+          // Never on a PTY: the SFTP protocol is binary.
+          const s = startSession(c, key, sftpArgv(scope), { ...env }, null, accept as unknown as () => ServerChannel);
+          session = s;
+          if (!s) refuse();
+        },
+        () => refuse(),
+      );
     });
   }
 

@@ -109,6 +109,15 @@ export function resolve(id: string, o: Flags & { keepVolume?: boolean; destroy?:
   });
 }
 
+/** A failed allocation's sandbox started again; the answer comes at once, the state follows (berth alloc show). */
+export function restart(id: string, o: Flags): Promise<void> {
+  return withApi(o, async (api) => {
+    const a = await api.send("POST /v1/allocations/{id}/restart", { id });
+    if (o.json) printJson(a);
+    else process.stdout.write(`allocation ${a.id}: restart under way on ${a.plan.hostName} (same volume); it is ready again once its sandbox runs (berth alloc show ${a.id})\n`);
+  });
+}
+
 export function plan(o: Flags & { size: string; strategy: string }): Promise<void> {
   return withApi(o, async (api) => {
     const p = await api.send("POST /v1/allocations/plan", {}, { size: o.size, strategy: o.strategy });

@@ -1,5 +1,5 @@
 /**
- * `berth alloc create|ls|show|release|resolve|plan|hosts|standing` and `berth owner
+ * `berth alloc create|ls|show|release|resolve|restart|plan|hosts|standing` and `berth owner
  * admit|budget|ls`: the definitions only. Each action loads its body from
  * alloc-run.ts when it runs, so other commands never pay for loading it.
  */
@@ -48,6 +48,12 @@ export function register(program: Command): void {
       .addOption(new Option("--destroy", "destroy the workspace volume too").conflicts(["keepVolume", "hostGone"]))
       .addOption(new Option("--host-gone", "its host was attested gone (berth alloc standing HOST withdrawn --host-gone): end it now, unproven").conflicts(["keepVolume", "destroy"])),
   ).action(async (id: string, o) => (await load()).resolve(id, o));
+  clientOpts(
+    alloc
+      .command("restart")
+      .description("Start a failed allocation's sandbox again (its sandbox died, e.g. past its memory limit): same host, same volume, same key; budget unchanged")
+      .argument("<id>", "allocation id"),
+  ).action(async (id: string, o) => (await load()).restart(id, o));
   clientOpts(alloc.command("plan").description("Dry run: where a size would go, and per host why it does not fit").requiredOption("--size <size>", "size to place").addOption(strategy())).action(async (o) => (await load()).plan(o));
   clientOpts(alloc.command("sizes").description("The size catalog and the longest lifetime allowed")).action(async (o) => (await load()).sizes(o));
   clientOpts(alloc.command("hosts").description("Hosts' standing and capacity in use by allocations")).action(async (o) => (await load()).hosts(o));

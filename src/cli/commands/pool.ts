@@ -66,10 +66,11 @@ export function register(program: Command): void {
       .option("--allow <entry>", "egress allow entry: CIDR, CIDR:PORT or NAME:PORT (repeatable; names are resolved and pinned by the agent)", (v: string, acc: string[]) => [...acc, v], [] as string[])
       .option("--dns <ip>", "a DNS resolver the machines may query (repeatable; none: pinned names only)", (v: string, acc: string[]) => [...acc, v], [] as string[])
       .addOption(new Option("--forwarding <mode>", "on (default): ssh -L/-W reach the machines' own ports; off: every forward is refused (docs/sessions.md)").choices(["on", "off"]).default("on"))
+      .addOption(new Option("--files <scope>", "machine (default): SFTP sees what the machine's user sees; workspace: SFTP is confined to the workspace (docs/files.md)").choices(["machine", "workspace"]).default("machine"))
       .option("--wait", "wait until min-ready machines are ready", false)
       .addOption(new Option("--timeout <duration>", "how long --wait waits").argParser(durationArg("--timeout")).default(300_000, "5m")),
   ).action(
-    (name: string, o: { minReady: number; maxReady: number; compatibilityKey: string; access: string; provider: string; hardTtl?: number; heartbeat?: number; keeperKey?: string; imageId?: string; image?: string; network: "none" | "egress"; forwarding: "on" | "off"; allow: string[]; dns: string[]; wait: boolean; timeout: number; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
+    (name: string, o: { minReady: number; maxReady: number; compatibilityKey: string; access: string; provider: string; hardTtl?: number; heartbeat?: number; keeperKey?: string; imageId?: string; image?: string; network: "none" | "egress"; forwarding: "on" | "off"; files: "machine" | "workspace"; allow: string[]; dns: string[]; wait: boolean; timeout: number; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
       runCommand(async () => {
         // Checked here too, so a typo is refused before any request.
         const network = makePolicy(o.network, o.allow, o.dns);
@@ -92,12 +93,13 @@ export function register(program: Command): void {
             keeperKey,
             network,
             forwarding: o.forwarding,
+            files: o.files,
           });
           let view = res;
           if (o.wait) view = { ...res, ...(await waitReady(api, name, o.minReady, o.timeout, (s) => process.stderr.write(s + "\n"))) };
           if (o.json) printJson(view);
           else {
-            process.stdout.write(`pool ${res.name}: ${res.access}, ${res.provider}, min ${res.minReady} / max ${res.maxReady}, ready ${view.counts?.ready ?? 0}, network ${networkLine(res.network)}${res.forwarding === "off" ? ", forwarding off" : ""}${res.image ? `, image ${res.image}` : ""}\n`);
+            process.stdout.write(`pool ${res.name}: ${res.access}, ${res.provider}, min ${res.minReady} / max ${res.maxReady}, ready ${view.counts?.ready ?? 0}, network ${networkLine(res.network)}${res.forwarding === "off" ? ", forwarding off" : ""}${res.files === "workspace" ? ", files workspace" : ""}${res.image ? `, image ${res.image}` : ""}\n`);
             for (const c of res.claims ?? []) process.stdout.write(`fill claim ${c.id} (expires ${new Date(c.expiresAt).toISOString()}): register with POST /v1/pools/${res.name}/machines\n`);
             if (res.note) process.stdout.write(`note: ${res.note}\n`);
           }
@@ -136,6 +138,7 @@ export function register(program: Command): void {
             process.stdout.write(`  network         ${networkLine(p.network)}\n`);
             process.stdout.write(`  image           ${p.image ?? "the host's root"}\n`);
             process.stdout.write(`  forwarding      ${p.forwarding ?? "on"}\n`);
+            process.stdout.write(`  files           ${p.files ?? "machine"}\n`);
             if (p.provisionError) {
               const e = p.provisionError;
               process.stdout.write(`  provisioning    ${e.state === "failed" ? "FAILED" : "retrying"} (${new Date(e.at).toISOString()}, machine ${e.machineId}): ${e.error}\n`);

@@ -50,6 +50,7 @@ export function register(program: Command): void {
     .option("--secret-file <file>", "coordinator secret (created 0600 if missing; share it between coordinators on one database)")
     .option("--portable", "enable portable access (per-borrow keys, two-phase acknowledgement); off by default", false)
     .option("--alloc-actor-lease <duration>", "lease of an allocation's launch actor: past it, another coordinator may take the launch over (default 15s)", durationArg("--alloc-actor-lease"))
+    .option("--alloc-watch <duration>", "how often each ready allocation's sandbox is asked after on its host (a dead one becomes failed; default 15s)", durationArg("--alloc-watch"))
     .option("--metrics-token-file <file>", "require this token (one line, read at start) as 'Authorization: Bearer' on GET /metrics; default: /metrics is open")
     .option("--aws-config <file>", "enable the aws provider with this pool configuration (docs/aws.md); credentials come from the AWS SDK's default chain");
   httpLimitOptions(serve, "HTTP API")
@@ -63,7 +64,7 @@ with the same --secret-file.
 Example:
   berth serve --state-dir /var/lib/berth --listen 0.0.0.0:7420`,
     )
-    .action((o: { stateDir: string; db?: string; listen: string; secretFile?: string; portable: boolean; awsConfig?: string; allocActorLease?: number; metricsTokenFile?: string } & HttpLimitFlags) =>
+    .action((o: { stateDir: string; db?: string; listen: string; secretFile?: string; portable: boolean; awsConfig?: string; allocActorLease?: number; allocWatch?: number; metricsTokenFile?: string } & HttpLimitFlags) =>
       runCommand(async () => {
         const httpLimits = httpLimitsFrom(o);
         const dir = resolve(o.stateDir);
@@ -77,7 +78,7 @@ Example:
         // Loaded only here: every other command starts without the coordinator.
         const { startCoordinator } = await import("../../coordinator/server.js");
         const aws = o.awsConfig ? await startAws(resolve(o.awsConfig), store) : null;
-        const c = await startCoordinator({ store, secret, host, port, config: { portable: o.portable, ...(o.allocActorLease !== undefined ? { allocationActorLeaseMs: o.allocActorLease } : {}) }, providers: aws ? [aws.provider] : [], metricsTokenHash, httpLimits });
+        const c = await startCoordinator({ store, secret, host, port, config: { portable: o.portable, ...(o.allocActorLease !== undefined ? { allocationActorLeaseMs: o.allocActorLease } : {}), ...(o.allocWatch !== undefined ? { allocationWatchMs: o.allocWatch } : {}) }, providers: aws ? [aws.provider] : [], metricsTokenHash, httpLimits });
         const stopSweep = aws ? aws.sweep(store, c.ctx.log) : () => undefined;
         lock.setUrl(c.url);
         c.ctx.log.info({ url: c.url, store: store.dialect, portable: o.portable }, "berth coordinator listening");

@@ -206,6 +206,7 @@ async function act(d: AllocWorkerDeps, a: AllocationRecord, launch: LaunchRecord
     await setLaunched(tx, a.id, res.result, now);
     if (!(await casAllocationState(tx, a.id, "launching", "ready", now, null))) throw new Error(`allocation ${a.id} changed under the owner's lock`);
     await clearDue(tx, "alloc_launch", a.id);
+    await setDue(tx, "alloc_watch", a.id, now + ctx.config.allocationWatchMs);
     tx.afterCommit(() => ctx.metrics.allocationReady.observe((now - a.createdAt) / 1000));
   }, { name: "alloc_launched" });
 }

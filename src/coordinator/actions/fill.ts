@@ -21,6 +21,7 @@ import { setMachineFingerprint } from "../../store/machine-network.js";
 import { setMachineImage } from "../../store/images.js";
 import { openBreaker } from "../../store/provision-breaker.js";
 import { setMachineForwarding } from "../../store/forwarding.js";
+import { setMachineFilesScope } from "../../store/files-scope.js";
 import type { Ctx } from "../context.js";
 
 export interface FillResult {
@@ -75,9 +76,11 @@ export async function fillPool(tx: Tx, ctx: Ctx, pool: PoolRecord, now: number, 
       if (pool.image !== null) await setMachineImage(tx, machineId, pool.image);
       if (pool.forwarding === "off") await setMachineForwarding(tx, machineId, pool.forwarding);
       const forwarding = pool.forwarding === "off" ? { forwarding: "off" } : {};
+      if (pool.files === "workspace") await setMachineFilesScope(tx, machineId, pool.files);
+      const files = pool.files === "workspace" ? { files: "workspace" } : {};
       const network = pool.network.mode === "none" ? {} : { network: pool.network };
       const image = pool.image === null ? {} : { image: pool.image };
-      await insertOp(tx, { id: opId, kind: "provision", machineId, hostId: hostIds[i] ?? null, generation: 0, args: { claimId: claim.id, keeperKey: pool.keeperKey, ...network, ...image, ...forwarding }, now });
+      await insertOp(tx, { id: opId, kind: "provision", machineId, hostId: hostIds[i] ?? null, generation: 0, args: { claimId: claim.id, keeperKey: pool.keeperKey, ...network, ...image, ...forwarding, ...files }, now });
       await audit(tx, { at: now, machineId, subject: claim.id, event: "provision", from: null, to: "provisioning", generation: 0, actor: ctx.actor });
     }
   }

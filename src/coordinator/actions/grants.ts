@@ -199,9 +199,10 @@ export function onCleanupFailed(tx: Tx, ctx: Ctx, m: MachineRow, kind: string): 
 }
 
 /** A failed or unprovable install: the grant is invalidated and the machine quarantined. */
-export async function onInstallFailed(tx: Tx, ctx: Ctx, op: OpRow, m: MachineRow, now: number, nonce: string): Promise<void> {
+export async function onInstallFailed(tx: Tx, ctx: Ctx, op: OpRow, m: MachineRow, now: number, nonce: string, error = ""): Promise<void> {
   const g = await lockGrantAt(tx, m.id, op.generation);
-  if (g) await invalidateGrant(tx, ctx, g, "revalidation_failed", now, nonce);
+  // The provider found the machine's resource gone (terminated or stopped outside berth): the borrow says so.
+  if (g) await invalidateGrant(tx, ctx, g, error.startsWith("machine_lost:") ? "machine_lost" : "revalidation_failed", now, nonce);
 }
 
 export async function handleGrantDueRow(tx: Tx, ctx: Ctx, kind: "ack" | "grant", grantId: string, now: number, nonce: string): Promise<boolean> {
@@ -342,7 +343,7 @@ export function createPortable(ctx: Ctx, deps: PortableDeps): PortableApi {
 export function grantHooks(ctx: Ctx) {
   return {
     installConfirmed: (tx: Tx, op: OpRow, m: MachineRow, now: number, nonce: string) => onInstallConfirmed(tx, ctx, op, m, now, nonce),
-    installFailed: (tx: Tx, op: OpRow, m: MachineRow, now: number, nonce: string) => onInstallFailed(tx, ctx, op, m, now, nonce),
+    installFailed: (tx: Tx, op: OpRow, m: MachineRow, now: number, nonce: string, error: string) => onInstallFailed(tx, ctx, op, m, now, nonce, error),
     cleanupStep: (tx: Tx, machineId: string, generation: number, step: "revoked" | "fenced" | "closed", now: number) => onCleanupStep(tx, ctx, machineId, generation, step, now),
     cleanupFailed: (tx: Tx, m: MachineRow, kind: string) => onCleanupFailed(tx, ctx, m, kind),
     machineDestroyed: (tx: Tx, machineId: string, now: number) => closeGrantsOfMachine(tx, ctx, machineId, now),

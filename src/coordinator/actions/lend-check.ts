@@ -27,8 +27,13 @@ export function needsLendCheck(m: Pick<MachineRow, "network_fingerprint">): bool
 export async function lendCheck(ctx: Ctx, m: MachineRow): Promise<string | null> {
   const provider = ctx.providers.get(m.provider);
   if (!provider?.checkNetwork) return `provider ${m.provider} cannot check the network rules of machine ${m.id}`;
+  const t0 = performance.now();
   const r = await provider.checkNetwork(m);
-  if (r.ok) return null;
+  if (r.ok) {
+    ctx.metrics.lendCheck.observe({ part: "total" }, (performance.now() - t0) / 1000);
+    if (r.agentMs !== undefined) ctx.metrics.lendCheck.observe({ part: "agent" }, r.agentMs / 1000);
+    return null;
+  }
   return `network rules not as recorded: ${r.why}${r.diff.length > 0 ? `; diff: ${r.diff.join(" | ")}` : ""}`;
 }
 

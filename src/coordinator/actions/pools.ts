@@ -4,7 +4,7 @@
  * an unexpired claim that already funds provisioning.
  */
 import { BerthError } from "../../core/errors.js";
-import { CAPACITY_LIMIT, type Access, type PoolIdentity, type PoolRecord, type ProviderName, type CapacityCounts, type Forwarding } from "../../core/pool.js";
+import { CAPACITY_LIMIT, type Access, type PoolIdentity, type PoolRecord, type ProviderName, type CapacityCounts, type Forwarding, type FilesScope } from "../../core/pool.js";
 import { missingPortableCapabilities } from "../../providers/provider.js";
 import { poolRef, setDue } from "../../store/due.js";
 import { countLiveMachines, countMachinesByState, poolTotals } from "../../store/machines.js";
@@ -21,6 +21,7 @@ import { countCapacity, type IssuedClaim } from "./capacity.js";
 import { formatImageRef, imageProvider, parseImageRef } from "../../core/image-ref.js";
 import { lastProvisionError, staleImageReadyMachineIds, type ProvisionError } from "../../store/images.js";
 import { staleForwardingReadyMachineIds } from "../../store/forwarding.js";
+import { staleFilesScopeReadyMachineIds } from "../../store/files-scope.js";
 import { countHostsByRuntime, listHosts } from "../../store/hosts.js";
 import { closeBreaker, readBreaker, type Breaker } from "../../store/provision-breaker.js";
 import type { Tx } from "../../store/store.js";
@@ -42,6 +43,8 @@ export interface EnsureInput {
   image?: string | null;
   /** Forwards to the machines' own ports; default "on". */
   forwarding?: Forwarding;
+  /** Where SFTP reaches on the machines; default "machine". */
+  files?: FilesScope;
 }
 
 export interface EnsureResult {
@@ -68,7 +71,7 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
   if (!ctx.providers.get(input.provider)) throw new BerthError("invalid_request", `invalid_request: provider ${input.provider} is not configured on this coordinator`);
   if (input.access === "portable") checkPortable(ctx, input.provider);
   const image = checkImage(input);
-  const settings = { ...input, network: input.network ?? NO_NETWORK, image, forwarding: input.forwarding ?? "on" };
+  const settings = { ...input, network: input.network ?? NO_NETWORK, image, forwarding: input.forwarding ?? "on", files: input.files ?? "machine" };
   if (settings.network.mode === "egress" && input.provider !== "hosts") {
     throw new BerthError("invalid_request", `invalid_request: network egress is enforced by berth agents; provider ${input.provider} cannot enforce it (use --provider hosts, or --network none)`);
   }
@@ -116,6 +119,11 @@ export async function ensurePool(ctx: Ctx, p: Principal, input: EnsureInput): Pr
       for (const id of await staleForwardingReadyMachineIds(tx, p.org, input.name, settings.forwarding)) {
         const m = await lockMachine(tx, id);
         if (m && m.state === "ready") await applyTransition(tx, ctx, m, { kind: "drain", reason: `forwarding changed to ${settings.forwarding}` }, now, { nonce: `${nonce}:fwd:${id}` });
+      }
+      // And the files scope, likewise.
+      for (const id of await staleFilesScopeReadyMachineIds(tx, p.org, input.name, settings.files)) {
+        const m = await lockMachine(tx, id);
+        if (m && m.state === "ready") await applyTransition(tx, ctx, m, { kind: "drain", reason: `files scope changed to ${settings.files}` }, now, { nonce: `${nonce}:files:${id}` });
       }
     }
     const pool = (await lockPool(tx, p.org, input.name))!;

@@ -24,6 +24,7 @@ import { budgetSchema, createAllocationSchema, planSchema, releaseAllocationSche
 import { newId } from "../../core/ids.js";
 import { createAllocation, type AllocCtx } from "../actions/allocation-create.js";
 import { releaseAllocation, resolveAllocation, type Requester } from "../actions/allocation-release.js";
+import { restartAllocation } from "../actions/allocation-watch.js";
 import { allocationDetail, listAllocationsFor, planAllocation, showAllocation } from "../actions/allocation-read.js";
 import { parsePublicKey } from "../../core/ssh-public-key.js";
 import { registerVolumeRoutes } from "./volume-routes.js";
@@ -102,6 +103,8 @@ export function registerAllocationRoutes(app: HttpServer, d: AllocationRouteDeps
   app.post("/v1/allocations/:allocation/resolve", { ...auth("operator"), body: resolveAllocationSchema }, async (req) =>
     presentAllocation(await resolveAllocation(ctx, requester(req.auth), req.params.allocation!, req.body.volume)),
   );
+  // A failed allocation's sandbox started again on its host with its volume (allocation-watch.ts).
+  app.post("/v1/allocations/:allocation/restart", auth("member"), async (req) => presentAllocation(await restartAllocation(ctx, requester(req.auth), req.params.allocation!)));
   if (d.agent) registerVolumeRoutes(app, { ctx, auth, agent: d.agent, requester });
   app.get("/v1/owners", auth("operator"), async (req) => ({ owners: (await ownersOf(ctx, req.auth.org)).map(presentOwner) }));
   for (const [path, mustExist] of [["/v1/owners/:owner/admit", false], ["/v1/owners/:owner/budget", true]] as const) {

@@ -22,6 +22,7 @@ export function presentPool(p: PoolRecord) {
     network: { ...p.network, fingerprint: policyFingerprint(p.network) },
     image: p.image,
     forwarding: p.forwarding,
+    files: p.files,
   };
 }
 

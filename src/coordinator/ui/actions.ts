@@ -16,6 +16,7 @@ import { allows, requireRole, type Principal, type Role } from "../auth.js";
 import { drainMachine, drainPool } from "../actions/drain.js";
 import { endBorrowAsOperator } from "../actions/end-borrow.js";
 import { releaseAllocation } from "../actions/allocation-release.js";
+import { restartAllocation } from "../actions/allocation-watch.js";
 import { listApiTokensOfOrg, revokeTokenWithGrants } from "../../store/api-tokens.js";
 import { checkCsrf, type Session } from "./session.js";
 import type { LiveChanges } from "./sse.js";
@@ -27,6 +28,7 @@ export const DONE = {
   "pool-drained": (id: string) => `Pool ${id} is draining: its capacity is zero and its ready machines are being destroyed.`,
   "borrow-ended": (id: string) => `Borrow ${id} was ended: its borrower has lost access; its machine is cleaned up.`,
   "allocation-released": (id: string) => `Allocation ${id} was released.`,
+  "allocation-restarting": (id: string) => `Allocation ${id} is being restarted.`,
   "token-revoked": (id: string) => `Token ${id} was revoked, with its live grants.`,
 } as const;
 export type DoneKind = keyof typeof DONE;
@@ -68,6 +70,10 @@ export function addUiActions(app: HttpServer, ctx: Ctx, d: ActionDeps): void {
   });
   act("/ui/allocations/:allocation/release", "member", "allocation-released", async (p, params) => {
     await releaseAllocation(ctx, { org: p.org, principal: p.tokenId, operator: allows(p, "operator") }, params.allocation!, false);
+    return "/ui/allocations";
+  });
+  act("/ui/allocations/:allocation/restart", "member", "allocation-restarting", async (p, params) => {
+    await restartAllocation(ctx, { org: p.org, principal: p.tokenId, operator: allows(p, "operator") }, params.allocation!);
     return "/ui/allocations";
   });
   act("/ui/tokens/:token/revoke", "admin", "token-revoked", async (p, params, _body, s) => {

@@ -33,11 +33,12 @@
  */
 import { EC2Client, type EC2ClientConfig, type Instance } from "@aws-sdk/client-ec2";
 import { SSMClient, DescribeInstanceInformationCommand } from "@aws-sdk/client-ssm";
-import type { OperationOutcome, OperationRequest, Provider, ProviderCapabilities } from "../provider.js";
+import type { MachineLoss, OperationOutcome, OperationRequest, Provider, ProviderCapabilities } from "../provider.js";
+import type { MachineRow } from "../../store/machines.js";
 import type { OpRowArgs } from "../../protocol/operations.js";
 import { parsePublicKey } from "../../core/ssh-public-key.js";
 import { poolConfig, withImage, type AwsConfig, type AwsPoolConfig } from "./config.js";
-import { boundInstances, byClientToken, byId, byInstanceId, boundTo, launch, reboot, stateOf, terminate, type Binding } from "./ec2.js";
+import { boundInstances, byClientToken, byId, byInstanceId, boundTo, instanceStatuses, launch, reboot, stateOf, terminate, type Binding } from "./ec2.js";
 import type { LaunchRecord, LaunchRecords } from "./records.js";
 import { errorName, errorText, runGuest, type Clock, type GuestOutcome } from "./ssm.js";
 import type { GuestStep } from "./guest.js";
@@ -159,6 +160,48 @@ export class AwsProvider implements Provider {
     }
   }
 
+  /**
+   * The ready-instance check (the coordinator runs it on an interval over
+   * ready and lent machines): per region, one paged DescribeInstanceStatus
+   * for the instance ids the machines' launch records name. An instance
+   * listed stopping/stopped or shutting-down, or not listed and then found
+   * terminated (or no longer listed at all) by DescribeInstances, is gone;
+   * a running one whose system or instance status check is `impaired` is
+   * impaired. An instance not listed yet but running (a fresh one, eventual
+   * consistency) and a machine with no instance on record are left alone.
+   */
+  async checkMachines(machines: MachineRow[]): Promise<MachineLoss[]> {
+    const byRegion = new Map<string, Array<{ machineId: string; instanceId: string }>>();
+    for (const m of machines) {
+      const rec = (await this.deps.records.openFor(m.id)).filter((r) => r.instanceId).at(-1);
+      if (!rec) continue;
+      byRegion.set(rec.region, [...(byRegion.get(rec.region) ?? []), { machineId: m.id, instanceId: rec.instanceId! }]);
+    }
+    const out: MachineLoss[] = [];
+    for (const [region, list] of byRegion) {
+      const { ec2 } = this.clientsFor(region);
+      const statuses = await instanceStatuses(ec2);
+      for (const { machineId, instanceId } of list) {
+        const s = statuses.get(instanceId);
+        let state: string | undefined = s?.InstanceState?.Name;
+        let why = "";
+        if (!s) {
+          const inst = await byInstanceId(ec2, instanceId);
+          state = inst ? stateOf(inst) : "gone";
+          why = inst?.StateReason?.Message ? ` (${inst.StateReason.Message})` : inst ? "" : " (no longer listed by EC2)";
+        }
+        if (state === "terminated" || state === "shutting-down" || state === "gone") {
+          out.push({ machineId, verdict: "gone", cause: `instance ${instanceId} in ${region} is ${state === "gone" ? "terminated" : state}${why}; berth did not end it` });
+        } else if (state === "stopping" || state === "stopped") {
+          out.push({ machineId, verdict: "gone", cause: `instance ${instanceId} in ${region} is ${state}${why}; berth did not stop it` });
+        } else if (state === "running" && s && (s.SystemStatus?.Status === "impaired" || s.InstanceStatus?.Status === "impaired")) {
+          out.push({ machineId, verdict: "impaired", cause: `instance ${instanceId} in ${region} fails its status checks (system ${s.SystemStatus?.Status}, instance ${s.InstanceStatus?.Status})` });
+        }
+      }
+    }
+    return out;
+  }
+
   async #provision(x0: Ctx): Promise<OperationOutcome> {
     // The launch is on record before it can cost money; a retry keeps the first attempt's region and deployment.
     const rec = await this.deps.records.intend({ clientToken: x0.op.opId, machineId: x0.b.machineId, org: x0.b.org, pool: x0.b.pool, region: x0.pc.region, deployment: x0.b.deployment, requestedAt: this.#clock.now() });
@@ -202,7 +245,7 @@ export class AwsProvider implements Provider {
    * observed terminated, or whose token launched nothing, is closed), and
    * those tagged for it under today's deployment in today's region.
    */
-  async #located(x: Ctx): Promise<Located[]> {
+  async #located(x: Ctx, gone: string[] = []): Promise<Located[]> {
     const out: Located[] = [];
     const seen = new Set<string>();
     const now = this.#clock.now();
@@ -215,6 +258,7 @@ export class AwsProvider implements Provider {
         continue;
       }
       if (stateOf(inst) === "terminated") {
+        gone.push(`${inst.InstanceId} is terminated${inst.StateReason?.Message ? ` (${inst.StateReason.Message})` : ""}`);
         await this.deps.records.ended(rec.clientToken, now, "observed terminated");
         continue;
       }
@@ -227,9 +271,17 @@ export class AwsProvider implements Provider {
 
   /** The one instance bound to the machine, running; or why there is none. */
   async #bound(x: Ctx): Promise<{ inst: Instance; c: AwsClients } | { outcome: OperationOutcome }> {
-    const located = await this.#located(x);
+    const gone: string[] = [];
+    const located = await this.#located(x, gone);
     const found = located.map((l) => l.inst);
-    if (found.length === 0) return { outcome: { kind: "failed", error: `no live instance is bound to machine ${x.b.machineId}`, retryable: false } };
+    if (found.length === 0) {
+      const seen = gone.length > 0 ? `: instance ${gone.join(", ")}, not ended by berth` : "";
+      return { outcome: { kind: "failed", error: `machine_lost: no live instance is bound to machine ${x.b.machineId}${seen}`, retryable: false } };
+    }
+    const inst0 = found[0]!;
+    if (found.length === 1 && (stateOf(inst0) === "stopped" || stateOf(inst0) === "stopping")) {
+      return { outcome: { kind: "failed", error: `machine_lost: instance ${inst0.InstanceId} of machine ${x.b.machineId} is ${stateOf(inst0)}, not stopped by berth`, retryable: false } };
+    }
     if (found.length > 1) return { outcome: { kind: "failed", error: `${found.length} instances are bound to machine ${x.b.machineId}; refusing to act on any`, retryable: false } };
     const inst = found[0]!;
     if (stateOf(inst) !== "running") return { outcome: { kind: "ambiguous", error: `instance ${inst.InstanceId} is ${stateOf(inst)}` } };

@@ -9,6 +9,7 @@
  * token up before any second launch is attempted.
  */
 import {
+  DescribeInstanceStatusCommand,
   DescribeInstancesCommand,
   RebootInstancesCommand,
   RunInstancesCommand,
@@ -16,6 +17,7 @@ import {
   type EC2Client,
   type Filter,
   type Instance,
+  type InstanceStatus,
 } from "@aws-sdk/client-ec2";
 import type { AwsPoolConfig } from "./config.js";
 
@@ -117,4 +119,21 @@ export async function reboot(ec2: EC2Client, instanceId: string): Promise<void> 
 
 export async function terminate(ec2: EC2Client, instanceIds: string[]): Promise<void> {
   if (instanceIds.length > 0) await ec2.send(new TerminateInstancesCommand({ InstanceIds: instanceIds }));
+}
+
+/**
+ * The status of every instance of the region that is not terminated
+ * (DescribeInstanceStatus with IncludeAllInstances, page by page): its state
+ * and its system and instance status checks. Terminated instances and ones
+ * too new to be listed yet are absent.
+ */
+export async function instanceStatuses(ec2: EC2Client): Promise<Map<string, InstanceStatus>> {
+  const out = new Map<string, InstanceStatus>();
+  let token: string | undefined;
+  do {
+    const r = await ec2.send(new DescribeInstanceStatusCommand({ IncludeAllInstances: true, MaxResults: 1000, NextToken: token }));
+    for (const s of r.InstanceStatuses ?? []) if (s.InstanceId) out.set(s.InstanceId, s);
+    token = r.NextToken;
+  } while (token);
+  return out;
 }

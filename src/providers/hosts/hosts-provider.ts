@@ -64,7 +64,8 @@ export class HostsProvider implements Provider {
       const r = await callAgent(this.deps.secret, host, "POST", `/v1/agent/machines/${machine.resource_id}/network-check`, {}, this.deps.checkTimeoutMs ?? 5_000);
       if (r.status === 200) {
         const b = parseAgentReply("POST /v1/agent/machines/{machine}/network-check", r.body);
-        return b.ok ? { ok: true, digest: b.digest, reprobed: b.reprobed } : { ok: false, why: b.why, diff: b.diff };
+        if (!b.ok) return { ok: false, why: b.why, diff: b.diff };
+        return { ok: true, digest: b.digest, reprobed: b.reprobed, ...(b.tookMs !== undefined ? { agentMs: b.tookMs } : {}) };
       }
       return { ok: false, why: `agent ${host.name} answered the network check with ${r.status}: ${agentRefusal(r.body).message ?? "an unreadable body"}`, diff: [] };
     } catch (e) {
@@ -91,6 +92,7 @@ export class HostsProvider implements Provider {
       ...(op.args.network !== undefined ? { network: op.args.network } : {}),
       ...(typeof op.args.image === "string" ? { image: op.args.image } : {}),
       ...(op.args.forwarding === "off" ? { forwarding: "off" } : {}),
+      ...(op.args.files === "workspace" ? { files: "workspace" } : {}),
     };
     const created = await this.#call(host, { opId: op.opId, kind: "provision", machineId: op.machine.resource_id, generation: 0, args });
     if (created.kind !== "done") return created;

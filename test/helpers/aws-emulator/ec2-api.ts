@@ -43,6 +43,15 @@ function instanceXml(i: EmulatedInstance): string {
   return `<item><instanceId>${i.id}</instanceId><imageId>${esc(i.tags["emu:image"] ?? "")}</imageId>${stateXml("instanceState", i.state)}<instanceType>t3.micro</instanceType><launchTime>${new Date(i.launchedAt).toISOString()}</launchTime>${addr}<clientToken>${esc(i.clientToken)}</clientToken><tagSet>${tags}</tagSet></item>`;
 }
 
+/** One page of a list call: `MaxResults` (capped by the emulator's page size) from the offset `NextToken` names. */
+function page<T>(all: T[], p: URLSearchParams, cap: number): { items: T[]; next: string } {
+  const size = Math.min(Number(p.get("MaxResults") ?? cap) || cap, cap);
+  const from = p.has("NextToken") ? Number(Buffer.from(p.get("NextToken")!, "base64url").toString("utf8")) : 0;
+  const items = all.slice(from, from + size);
+  const more = from + size < all.length;
+  return { items, next: more ? `<nextToken>${Buffer.from(String(from + size)).toString("base64url")}</nextToken>` : "" };
+}
+
 function reply(action: string, inner: string): { status: number; body: string } {
   return { status: 200, body: `<?xml version="1.0" encoding="UTF-8"?>\n<${action}Response xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>${randomUUID()}</requestId>${inner}</${action}Response>` };
 }
@@ -77,8 +86,26 @@ export async function ec2Action(emu: AwsEmulator, action: string, p: URLSearchPa
       if (missing.length > 0) return notFound(missing);
       const fs = filters(p);
       const found = [...here.values()].filter((i) => (ids.length === 0 || ids.includes(i.id)) && fs.every((f) => matches(i, f)));
-      const items = found.map((i) => `<item><reservationId>r-${i.id.slice(2)}</reservationId><ownerId>000000000000</ownerId><instancesSet>${instanceXml(i)}</instancesSet></item>`).join("");
-      return reply(action, `<reservationSet>${items}</reservationSet>`);
+      // Paged only when the caller asks for pages (MaxResults), as on AWS.
+      const pg = p.has("MaxResults") ? page(found, p, emu.faults.pageSize) : { items: found, next: "" };
+      const items = pg.items.map((i) => `<item><reservationId>r-${i.id.slice(2)}</reservationId><ownerId>000000000000</ownerId><instancesSet>${instanceXml(i)}</instancesSet></item>`).join("");
+      return reply(action, `<reservationSet>${items}</reservationSet>${pg.next}`);
+    }
+    case "DescribeInstanceStatus": {
+      const ids = list(p, "InstanceId");
+      const missing = ids.filter((id) => !here.has(id));
+      if (missing.length > 0) return notFound(missing);
+      // Without IncludeAllInstances only running instances are listed; terminated ones are not listed here (DescribeInstances still shows them for a while).
+      const all = p.get("IncludeAllInstances") === "true";
+      const found = [...here.values()].filter((i) => (ids.length === 0 || ids.includes(i.id)) && i.state !== "terminated" && (all || i.state === "running"));
+      const pg = page(found, p, emu.faults.pageSize);
+      const check = (bad: boolean, name: string) => `<${name}><status>${bad ? "impaired" : "ok"}</status><details><item><name>reachability</name><status>${bad ? "failed" : "passed"}</status></item></details></${name}>`;
+      const items = pg.items.map((i) => {
+        const running = i.state === "running";
+        const checks = running ? check(i.impaired === "system", "systemStatus") + check(i.impaired === "instance", "instanceStatus") : "<systemStatus><status>not-applicable</status></systemStatus><instanceStatus><status>not-applicable</status></instanceStatus>";
+        return `<item><instanceId>${i.id}</instanceId><availabilityZone>${region}a</availabilityZone>${stateXml("instanceState", i.state)}${checks}</item>`;
+      });
+      return reply(action, `<instanceStatusSet>${items.join("")}</instanceStatusSet>${pg.next}`);
     }
     case "RebootInstances": {
       const ids = list(p, "InstanceId");

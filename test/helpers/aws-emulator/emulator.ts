@@ -5,7 +5,8 @@
  *   - EC2 Query (form-encoded `Action=…`, XML answers): RunInstances (with
  *     ClientToken idempotency and TagSpecifications), DescribeInstances
  *     (instance ids; filters client-token, instance-state-name, tag:K),
- *     RebootInstances, TerminateInstances;
+ *     RebootInstances, TerminateInstances, DescribeInstanceStatus (paged;
+ *     status checks `impaired` when a test sets `instance.impaired`);
  *   - SSM JSON 1.1 (`X-Amz-Target: AmazonSSM.<Op>`): SendCommand
  *     (AWS-RunShellScript), GetCommandInvocation, ListCommands,
  *     DescribeInstanceInformation.
@@ -13,7 +14,8 @@
  * test through `faults`: lost replies (the action happens, the connection is
  * cut before the answer), throttling, delayed, held and duplicated SSM
  * deliveries, reboots accepted but not performed, slow boots and reboots,
- * terminations that lag.
+ * terminations that lag, instances stopped or terminated behind the
+ * caller's back (`stopBehind`, `terminate`), small pages (`pageSize`).
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { createServer as createNetServer, type AddressInfo } from "node:net";
@@ -44,6 +46,8 @@ export interface Faults {
   ssmNeverRegisters: boolean;
   rebootMs: number;
   terminateLagMs: number;
+  /** Largest page a paged list call (DescribeInstances with MaxResults, DescribeInstanceStatus) answers; the rest comes with a NextToken. */
+  pageSize: number;
 }
 
 export class AwsEmulator {
@@ -52,7 +56,7 @@ export class AwsEmulator {
   readonly calls: string[] = [];
   /** `region:Action` of every call, in order. */
   readonly regionCalls: string[] = [];
-  readonly faults: Faults = { lose: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], runRefusals: [], rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, rebootMs: 0, terminateLagMs: 0 };
+  readonly faults: Faults = { lose: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], runRefusals: [], rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, rebootMs: 0, terminateLagMs: 0, pageSize: 1000 };
   url = "";
   sshPort = 0;
   #server: Server | null = null;
@@ -149,6 +153,17 @@ export class AwsEmulator {
     await inst.halt();
     this.later(this.faults.terminateLagMs, () => {
       inst.state = "terminated";
+    });
+  }
+
+  /** Stopped behind berth's back (the console, another tool, a scheduled event): halted, its disk kept, not running. */
+  async stopBehind(inst: EmulatedInstance): Promise<void> {
+    if (inst.state !== "running" && inst.state !== "pending") return;
+    inst.state = "stopping";
+    await inst.halt();
+    inst.ssmOnline = false;
+    this.later(this.faults.terminateLagMs, () => {
+      if (inst.state === "stopping") inst.state = "stopped";
     });
   }
 

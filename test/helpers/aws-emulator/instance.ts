@@ -19,7 +19,7 @@ import ssh2, { type AuthContext, type PublicKeyAuthContext } from "ssh2";
 import { generateSshKeyPair } from "../../../src/core/ssh-keys.js";
 import { allPids, readEnviron } from "../../../src/agent/runtime/procfs.js";
 
-export type InstanceState = "pending" | "running" | "shutting-down" | "terminated";
+export type InstanceState = "pending" | "running" | "shutting-down" | "terminated" | "stopping" | "stopped";
 
 const SHIMS: Record<string, string> = {
   useradd: `#!/bin/bash\nu="\${@: -1}"\nmkdir -p "$BERTH_GUEST_ROOT/home/$u"\ngrep -q "^$u:" "$BERTH_GUEST_ROOT/etc/passwd" 2>/dev/null || echo "$u:x:1000:1000::/home/$u:/bin/bash" >> "$BERTH_GUEST_ROOT/etc/passwd"\n`,
@@ -47,6 +47,8 @@ export class EmulatedInstance {
   readonly root: string;
   readonly hostKey = generateSshKeyPair("emulated-host");
   ssmOnline = false;
+  /** Failed status checks (DescribeInstanceStatus): the system (AWS hardware/network) or the instance (its OS) reachability check. */
+  impaired: "system" | "instance" | null = null;
   #server: ssh2.Server | null = null;
   readonly #conns = new Set<ssh2.Connection>();
   readonly #children = new Set<ChildProcess>();

@@ -2,7 +2,7 @@
  * Allocations and owners' budgets: a member sees its own allocations, an
  * operator the organisation's and every owner's budget (as the API's
  * `GET /v1/allocations` and `GET /v1/owners`). Release is offered to whoever
- * the API lets release.
+ * the API lets release; a failed allocation shows why and offers Restart.
  */
 import type { Principal } from "../../auth.js";
 import { allows } from "../../auth.js";
@@ -28,8 +28,8 @@ export async function loadAllocations(ctx: AllocCtx, p: Principal): Promise<Allo
 
 function row(v: View, a: AllocationRecord): Html {
   const mayRelease = (a.owner === v.principal.tokenId || allows(v.principal, "operator")) && a.state !== "released" && a.state !== "releasing";
-  return html`<tr data-allocation="${a.id}"><td>${a.id}</td><td class="state">${a.state}</td><td><code>${a.owner}</code></td><td>${a.size} (${a.vcpu} vCPU, ${gib(a.memoryMib)} GiB)</td><td>${a.plan.hostName}</td>
-<td>${ago(v.now, a.createdAt)}</td><td>${deadline(v.now, a.expiresAt)}</td><td>${mayRelease ? action({ action: `/ui/allocations/${a.id}/release`, label: "Release", confirm: `Release allocation ${a.id}? Its workspace is torn down.` }) : ""}</td></tr>`;
+  return html`<tr data-allocation="${a.id}"><td>${a.id}</td><td class="state">${a.state}${a.state === "failed" || a.state === "quarantined" ? html`<br><span class="muted reason">${a.reason ?? ""}</span>` : ""}</td><td><code>${a.owner}</code></td><td>${a.size} (${a.vcpu} vCPU, ${gib(a.memoryMib)} GiB)</td><td>${a.plan.hostName}</td>
+<td>${ago(v.now, a.createdAt)}</td><td>${deadline(v.now, a.expiresAt)}</td><td>${mayRelease && a.state === "failed" ? action({ action: `/ui/allocations/${a.id}/restart`, label: "Restart", confirm: `Restart allocation ${a.id}? Its sandbox starts again on the same volume.` }) : ""}${mayRelease ? action({ action: `/ui/allocations/${a.id}/release`, label: "Release", confirm: `Release allocation ${a.id}? Its workspace is torn down.` }) : ""}</td></tr>`;
 }
 
 export function renderAllocations(v: View, d: AllocationsData): Html {

@@ -1,0 +1,121 @@
+/**
+ * A pool with `--files workspace`: the real OpenSSH `sftp` and `scp` reach the
+ * machine's workspace and nothing else, on both runtimes (gvisor where runsc
+ * and root are present). Absolute paths, `..` and symbolic links that point
+ * outside find nothing there, writes outside fail, and a link swapped between
+ * a directory inside and one outside while the client reads through it never
+ * yields a file from outside (the server runs chrooted into the workspace, so
+ * the kernel resolves every path inside it: there is no check to race).
+ */
+import { test, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn, spawnSync } from "node:child_process";
+import { existsSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { AgentHarness, type GatewayRig } from "../helpers/agent.js";
+import { run } from "../helpers/ssh-testkit.js";
+import { gvisorAvailability } from "../../src/agent/runtime/index.js";
+import { sftpArgv } from "../../src/agent/ssh/channels.js";
+
+const harness = new AgentHarness("berth-confine-");
+after(() => harness.close());
+
+function sshOpts(rig: GatewayRig, dir: string): string[] {
+  const key = join(dir, "id");
+  writeFileSync(key, rig.pair.privateKey, { mode: 0o600 });
+  writeFileSync(join(dir, "known_hosts"), `[127.0.0.1]:${rig.gw.port} ${rig.gw.hostKey}\n`);
+  return ["-i", key, "-o", `UserKnownHostsFile=${join(dir, "known_hosts")}`, "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR"];
+}
+
+function tool(cmd: string, args: string[], input = ""): Promise<{ status: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    const child = spawn(cmd, args, { stdio: ["pipe", "pipe", "pipe"] });
+    let stdout = "";
+    let stderr = "";
+    child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
+    child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+    const timer = setTimeout(() => child.kill("SIGKILL"), 30_000);
+    child.once("close", (status) => {
+      clearTimeout(timer);
+      resolve({ status, stdout, stderr });
+    });
+    child.stdin.on("error", () => {});
+    child.stdin.end(input);
+  });
+}
+
+test("a machine that cannot start the server confined refuses the session (never serves the whole machine), and says why", () => {
+  const [sh, ...args] = sftpArgv("workspace");
+  const r = spawnSync(sh!, args, { encoding: "utf8", env: { PATH: "/nonexistent" }, cwd: "/" });
+  assert.equal(r.status, 126);
+  assert.match(r.stderr, /^berth: files_confinement_unavailable: this pool confines files to the workspace/);
+});
+
+const hostName = readFileSync("/etc/hostname", "utf8");
+
+for (const kind of ["process", "gvisor"] as const) {
+  const gv = gvisorAvailability();
+  const skip = kind === "gvisor" && !gv.ok ? `gvisor runtime unavailable: ${(gv as { why: string }).why}` : null;
+
+  test(`${kind}: --files workspace confines sftp and scp to the workspace: absolute paths, .., symlinks out and a racing symlink swap reach nothing outside`, async (t) => {
+    if (skip) return t.skip(skip);
+    const rig = await harness.gateway(kind, `m_conf_${kind}`, { create: { files: "workspace" } });
+    const dir = harness.dir();
+    const o = sshOpts(rig, dir);
+    const target = `${rig.machine}@127.0.0.1`;
+    const ws = join(rig.dir, "rt", "machines", rig.machine, "workspace");
+    const inside = kind === "gvisor" ? "/workspace" : ws;
+    writeFileSync(join(ws, "a"), "inside\n");
+    mkdirSync(join(ws, "d"));
+    writeFileSync(join(ws, "d", "hostname"), "inside\n");
+    symlinkSync("/etc/hostname", join(ws, "esc"));
+    symlinkSync("../../../../../../../../etc", join(ws, "up"));
+    symlinkSync("d", join(ws, "race"));
+    writeFileSync(join(dir, "local"), "from the client\n");
+    const flipper = spawn("/bin/sh", ["-c", "while :; do ln -sfn /etc race; ln -sfn d race; done"], { cwd: ws, stdio: "ignore" });
+    try {
+      assert.equal(await rig.runtime.filesScope(rig.machine), "workspace");
+      const gets = ["/etc/hostname", "esc", "up/hostname", "../../../../../../../../etc/hostname"];
+      const batch = [
+        ...gets.map((p, i) => `-get ${p} ${join(dir, `out${i}`)}`),
+        `-put ${join(dir, "local")} /outside`,
+        `-put ${join(dir, "local")} ../outside`,
+        `put ${join(dir, "local")} z`,
+        `get a ${join(dir, "a")}`,
+        ...Array.from({ length: 60 }, (_, i) => `-get race/hostname ${join(dir, `race${i}`)}`),
+        "pwd",
+      ].join("\n");
+      const r = await tool("sftp", [...o, "-P", String(rig.gw.port), "-b", "-", target], batch + "\n");
+      assert.equal(r.status, 0, `${r.stdout.slice(-800)}\n${r.stderr.slice(-800)}`);
+      for (let i = 0; i < gets.length; i++) assert.equal(existsSync(join(dir, `out${i}`)), false, `${gets[i]} must not be reachable: ${r.stderr}`);
+      assert.match(r.stderr, /File "\/etc\/hostname" not found/);
+      assert.match(r.stderr, /dest open "\/outside": Failure/);
+      assert.match(r.stderr, /dest open "[^"]*\.\.\/outside": Failure/);
+      assert.equal(readFileSync(join(ws, "z"), "utf8"), "from the client\n", "a write inside the workspace lands");
+      assert.equal(readFileSync(join(dir, "a"), "utf8"), "inside\n", "a read inside the workspace works");
+      assert.match(r.stdout, new RegExp(`Remote working directory: ${inside}\\n`));
+      let raced = 0;
+      for (let i = 0; i < 60; i++) {
+        const p = join(dir, `race${i}`);
+        if (!existsSync(p)) continue;
+        raced++;
+        assert.equal(readFileSync(p, "utf8"), "inside\n", "a read through the swapped link never yields the outside file");
+      }
+      assert.ok(!existsSync(join(ws, "..", "outside")));
+      // Nothing was written outside, seen from a command in the machine (the machine's whole view).
+      const c = await rig.client();
+      const seen = (await run(c, "ls /outside ../outside 2>&1; cat /etc/hostname")).stdout.toString();
+            assert.equal(seen.split("\n").filter((l) => /No such file/.test(l)).length, 2);
+      assert.ok(seen.endsWith(hostName), "commands still see the machine's own view");
+      // scp (SFTP protocol) the same way.
+      const s = await tool("scp", [...o, "-P", String(rig.gw.port), `${target}:/etc/hostname`, join(dir, "scp-out")]);
+      assert.notEqual(s.status, 0);
+      assert.match(s.stderr, /No such file/);
+      assert.equal(existsSync(join(dir, "scp-out")), false);
+      t.diagnostic(`race reads answered from inside: ${raced}/60`);
+    } finally {
+      flipper.kill("SIGKILL");
+      await rig.close();
+    }
+  });
+}
