@@ -14,6 +14,9 @@
  *   GET  /v1/agent/volumes/{allocation}          -> VolumeView (with a structural check)
  *   POST /v1/agent/volumes/{allocation}/verify   -> VolumeCheck
  *   POST /v1/agent/volumes/{allocation}/reset    -> {removed}  (refused on a volume that fails verify)
+ *   POST /v1/agent/volumes/{allocation}/remove   -> {allocationId, state: "clean"} (a kept volume; refused while
+ *                                                its allocation holds a slot here)
+ *   POST /v1/agent/volume-quarantine/{name}/remove -> {removed} (one directory moved aside, proven gone)
  *
  * A hold observation is what a replacement launch actor reads before it
  * decides (core/allocation-takeover.ts); it comes from the agent's store,
@@ -87,5 +90,12 @@ export function registerAllocRoutes(app: HttpServer, auth: { auth: (req: Incomin
   app.get("/v1/agent/volumes", auth, async () => ({ volumes: d.records.list().map(view), quarantined: d.volumes.quarantined() }));
   app.get("/v1/agent/volumes/:allocation", auth, async (req) => view(volumeOf(req.params.allocation!)));
   app.post("/v1/agent/volumes/:allocation/verify", auth, async (req) => d.volumes.verify(volumeOf(req.params.allocation!).allocationId));
+  app.post("/v1/agent/volumes/:allocation/remove", auth, async (req) => {
+    const v = volumeOf(req.params.allocation!);
+    const h = d.holds.get(v.allocationId);
+    if (h && h.state === "held") throw new BerthError("conflict", `conflict: allocation ${v.allocationId} still holds its slot on this host; its volume is removed by its release`);
+    return { allocationId: v.allocationId, ...d.volumes.removeKept(v.allocationId) };
+  });
+  app.post("/v1/agent/volume-quarantine/:name/remove", auth, async (req) => d.volumes.removeQuarantined(req.params.name!));
   app.post("/v1/agent/volumes/:allocation/reset", auth, async (req) => d.volumes.reset(volumeOf(req.params.allocation!).allocationId));
 }

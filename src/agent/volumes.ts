@@ -185,6 +185,30 @@ export class Volumes {
     this.d.records.put({ ...v, state: "clean", updatedAt: this.d.now() });
   }
 
+  /**
+   * An operator removes a kept volume (`berth volume rm`): only once its
+   * allocation's hold is released (the caller checks), in the release's
+   * order (release_intent → removed → absent proven → clean). A clean one
+   * is answered as removed.
+   */
+  removeKept(allocationId: string): { state: "clean" } {
+    const v = this.d.records.get(allocationId);
+    if (!v) throw new BerthError("not_found", `not_found: allocation ${allocationId} has no workspace volume on this host`);
+    this.release(allocationId, false);
+    return { state: "clean" };
+  }
+
+  /** Removes one moved-aside directory (`berth volume quarantine rm`), proving it absent. */
+  removeQuarantined(name: string): { removed: string } {
+    parseId(name, "quarantined volume directory");
+    if (!this.quarantined().includes(name)) throw new BerthError("not_found", `not_found: no moved-aside volume directory ${name} on this host`);
+    const path = join(this.quarantineRoot, name);
+    rmSync(path, { recursive: true, force: true, maxRetries: 3 });
+    if (existsSync(path)) throw new BerthError("operation_failed", `operation_failed: ${path} still exists after removal`);
+    this.d.log.info({ name }, "a moved-aside volume directory was removed by an operator");
+    return { removed: name };
+  }
+
   /** Start-up: finish removals a crash interrupted (release_intent → clean). */
   recover(): void {
     for (const v of this.d.records.list()) {

@@ -83,6 +83,8 @@ export interface ExecutorDeps {
 
 export class OperationExecutor {
   readonly #deps: ExecutorDeps;
+  /** Operation id -> throttled outcomes in a row (in memory: a restart only resets the backoff). */
+  readonly #throttled = new Map<string, number>();
 
   constructor(deps: ExecutorDeps) {
     this.#deps = deps;
@@ -160,6 +162,17 @@ export class OperationExecutor {
       // Destruction is retried for as long as it takes, even after a refusal: its
       // record is the only trace of a machine that may still exist, and a
       // machine left `destroying` with no operation would never be looked at again.
+      if (outcome.kind === "ambiguous" && outcome.throttled) {
+        // Throttled: nothing is known to be wrong with the machine. Not counted as an attempt;
+        // retried after a jittered backoff that grows with the run of throttled calls.
+        if (this.#throttled.size > 10_000) this.#throttled.clear(); // ops completed by another coordinator leave entries
+        const streak = (this.#throttled.get(op.id) ?? 0) + 1;
+        this.#throttled.set(op.id, streak);
+        const delay = Math.round(Math.min(backoffMs(Math.min(streak, 10)) * ctx.config.opRetryUnitMs, 60_000));
+        await retryOpAt(tx, op.id, outcome.error, now, now + delay, { uncount: true });
+        return false;
+      }
+      this.#throttled.delete(op.id);
       const retryable = outcome.kind === "ambiguous" || outcome.retryable || op.kind === "destroy";
       if (retryable && (op.attempts < OP_MAX_ATTEMPTS || op.kind === "destroy")) {
         const delay = Math.round(Math.min(backoffMs(op.attempts) * ctx.config.opRetryUnitMs, 60_000)); // whole ms: PostgreSQL columns are BIGINT
@@ -170,6 +183,7 @@ export class OperationExecutor {
       if (m) await this.#onGiveUp(tx, op, m, outcome.error, now, nonce);
       return false;
     }
+    this.#throttled.delete(op.id);
     await finishOp(tx, op.id, outcome.result, now);
     if (!m) return false;
     if (op.kind === "install_key" && m.generation === op.generation) {

@@ -65,7 +65,12 @@ export type OperationOutcome =
   /** The provider refused or failed, and nothing was changed. */
   | { kind: "failed"; error: string; retryable: boolean }
   /** The outcome is unknown (timeout, lost reply): retry with the same op id to learn it. */
-  | { kind: "ambiguous"; error: string };
+  /**
+   * `throttled`: the provider's API refused the call for its rate
+   * (RequestLimitExceeded, ThrottlingException): the retry is not counted as
+   * a failed attempt of the operation, and waits a jittered backoff.
+   */
+  | { kind: "ambiguous"; error: string; throttled?: boolean };
 
 export interface Provider {
   readonly name: string;

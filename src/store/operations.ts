@@ -63,8 +63,9 @@ export async function leaseOp(tx: Tx, id: string, now: number): Promise<OpRow> {
 }
 
 /** Back to `pending`, to be retried at `at`. */
-export async function retryOpAt(tx: Tx, id: string, error: string, now: number, at: number): Promise<void> {
-  await tx.write("UPDATE operations SET state = 'pending', error = ?, updated_at = ? WHERE id = ?", [error, now, id]);
+export async function retryOpAt(tx: Tx, id: string, error: string, now: number, at: number, o: { uncount?: boolean } = {}): Promise<void> {
+  // `uncount`: this attempt does not count toward the operation's limit (the provider's API throttled it).
+  await tx.write(`UPDATE operations SET state = 'pending', error = ?, updated_at = ?${o.uncount ? ", attempts = attempts - 1" : ""} WHERE id = ?`, [error, now, id]);
   await setDue(tx, "op", id, at);
 }
 

@@ -14,7 +14,7 @@
  */
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { AllocRig } from "../helpers/alloc-rig.js";
 import { berth } from "../helpers/cluster.js";
@@ -122,7 +122,7 @@ describe("a dead sandbox's quarantine ends by an operator command (gvisor, real 
   });
 });
 
-describe("a quarantine on a host that is gone for good ends by the operator's attestation (process runtime, real coordinator and agent)", { timeout: 180_000 }, () => {
+describe("volume commands, and a quarantine on a host that is gone for good ends by the operator's attestation (process runtime, real coordinator and agent)", { timeout: 180_000 }, () => {
   const rig = new AllocRig("sqlite", true, ["--alloc-actor-lease", "1s"], "process");
   let c: ServeProcess;
   let env: Record<string, string>;
@@ -133,6 +133,54 @@ describe("a quarantine on a host that is gone for good ends by the operator's at
   });
   after(() => rig.close());
   const cli = (args: string[]) => berth(args, { env });
+
+  // Runs before the agent is killed for good below. Every volume state has its ending command.
+  test("volume verify --all, volume rm of a kept volume, volume quarantine ls and rm", async () => {
+    // An unrecorded directory waits at k2's volume path: it is moved aside at k2's launch, never adopted.
+    mkdirSync(join(rig.agentDir, "volumes", "k2", "data"), { recursive: true });
+    writeFileSync(join(rig.agentDir, "volumes", "k2", "data", "stale.txt"), "stale\n");
+    for (const id of ["k1", "k2"]) assert.equal((await cli(["alloc", "create", "--size", "small", "--id", id, "--wait"])).status, 0);
+    writeFileSync(join(rig.agentDir, "volumes", "k1", "data", "keep.txt"), "precious\n");
+
+    const all = await cli(["volume", "verify", "--all"]);
+    assert.equal(all.status, 0, all.stderr);
+    assert.match(all.stdout, /volume of k1: ok\nvolume of k2: ok\n2 volume\(s\) checked, 0 damaged/);
+    writeFileSync(join(rig.agentDir, "volumes", "k2", "marker"), "junk\n");
+    const bad = await cli(["volume", "verify", "--all"]);
+    assert.equal(bad.status, 1);
+    assert.match(bad.stdout, /volume of k2: DAMAGED\n {2}- marker/);
+    assert.equal((await cli(["volume", "verify"])).status, 1, "one allocation or --all");
+
+    // A kept volume: refused while its allocation lives, removed once released.
+    const early = await cli(["volume", "rm", "k1"]);
+    assert.equal(early.status, 1);
+    assert.match(early.stderr, /conflict: allocation k1 is ready; only a released allocation's kept volume is removed/);
+    assert.equal((await cli(["alloc", "release", "k1", "--keep-volume"])).status, 0);
+    await rig.waitState("k1", "released");
+    assert.ok(existsSync(join(rig.agentDir, "volumes", "k1", "data", "keep.txt")), "kept after release");
+    const rm = await cli(["volume", "rm", "k1"]);
+    assert.equal(rm.status, 0, rm.stderr);
+    assert.equal(rm.stdout, "volume of k1: removed\n");
+    assert.equal(existsSync(join(rig.agentDir, "volumes", "k1")), false);
+    assert.doesNotMatch((await cli(["volume", "ls"])).stdout, /k1/);
+    const trail = await rig.store.transaction((tx) => tx.all<{ event: string }>("SELECT event FROM audit WHERE machine_id = 'a-k1'"));
+    assert.deepEqual(trail.map((t) => t.event), ["volume_removed"]);
+
+    // The moved-aside directory: listed, then removed by name.
+    const moved = readdirSync(join(rig.agentDir, "volumes-quarantine"));
+    assert.equal(moved.length, 1);
+    assert.match(moved[0]!, /^k2-\d+$/);
+    const ls = await cli(["volume", "quarantine", "ls"]);
+    assert.equal(ls.status, 0, ls.stderr);
+    assert.match(ls.stdout, new RegExp(`h1 +${rig.hostId} +${moved[0]}`));
+    assert.equal((await cli(["volume", "quarantine", "rm", rig.hostId, "nosuch"])).status, 1);
+    const qrm = await cli(["volume", "quarantine", "rm", rig.hostId, moved[0]!]);
+    assert.equal(qrm.status, 0, qrm.stderr);
+    assert.deepEqual(readdirSync(join(rig.agentDir, "volumes-quarantine")), []);
+    assert.doesNotMatch((await cli(["volume", "quarantine", "ls"])).stdout, /k2-/);
+    assert.equal((await cli(["alloc", "release", "k2"])).status, 0);
+    await rig.waitState("k2", "released");
+  });
 
   test("agent SIGKILLed for good → withdrawing, release quarantined → standing withdrawn --host-gone → resolve --host-gone → released, budget back", async () => {
     const idle = await rig.ownerUse();

@@ -14,7 +14,7 @@ import { join, resolve } from "node:path";
 import { createHash } from "node:crypto";
 import { execFileSync } from "node:child_process";
 import { existsSync, readdirSync, readFileSync, rmSync } from "node:fs";
-import { Cluster, berthSync, startProcess } from "../helpers/cluster.js";
+import { Cluster, berthSync, startProcess, stopProcess } from "../helpers/cluster.js";
 import { connect, execStreaming } from "../../src/cli/ssh-client.js";
 import { networkAvailability } from "../../src/agent/network/host.js";
 import { makePolicy, policyFingerprint } from "../../src/core/network-policy.js";
@@ -78,7 +78,8 @@ describe("network policy end to end", { skip: avail.ok ? false : `network polici
   });
   after(async () => {
     extra?.kill("SIGKILL");
-    const tag = createHash("sha256").update(resolve(c.agentDir)).digest("hex").slice(0, 4);
+    const agentDirs = [c.agentDir, join(c.dir.path, "agent-hostaddr")];
+    const tags = agentDirs.map((d) => createHash("sha256").update(resolve(d)).digest("hex").slice(0, 4));
     await c.close();
     await target.close();
     // Whatever a machine still being made when the agent stopped left: every object named with this agent's tag.
@@ -89,15 +90,15 @@ describe("network policy end to end", { skip: avail.ok ? false : `network polici
         /* gone */
       }
     };
-    for (const l of readdirSync("/sys/class/net")) if (l.startsWith(`bm${tag}`)) quiet(["ip", "link", "del", l]);
+    for (const l of readdirSync("/sys/class/net")) if (tags.some((tag) => l.startsWith(`bm${tag}`))) quiet(["ip", "link", "del", l]);
     for (const line of execFileSync("nft", ["list", "tables"], { encoding: "utf8" }).split("\n")) {
       const t = /^table inet (berth_(\w+)_\w+)$/.exec(line.trim());
-      if (t && t[2] === tag) quiet(["nft", "delete", "table", "inet", t[1]!]);
+      if (t && tags.includes(t[2]!)) quiet(["nft", "delete", "table", "inet", t[1]!]);
     }
-    for (const ns of existsSync("/run/netns") ? readdirSync("/run/netns") : []) if (ns.startsWith(`berth-${tag}-`)) quiet(["ip", "netns", "del", ns]);
+    for (const ns of existsSync("/run/netns") ? readdirSync("/run/netns") : []) if (tags.some((tag) => ns.startsWith(`berth-${tag}-`))) quiet(["ip", "netns", "del", ns]);
     const leases = "/run/berth/net-leases";
     for (const f of existsSync(leases) ? readdirSync(leases) : []) {
-      if (readFileSync(join(leases, f), "utf8").includes(JSON.stringify(resolve(c.agentDir)))) rmSync(join(leases, f), { force: true });
+      if (agentDirs.some((d) => readFileSync(join(leases, f), "utf8").includes(JSON.stringify(resolve(d))))) rmSync(join(leases, f), { force: true });
     }
   });
 
@@ -241,5 +242,60 @@ describe("network policy end to end", { skip: avail.ok ? false : `network polici
     await c.api.call("POST", "/v1/pools/tamper/drain", { force: true }).catch(() => undefined);
     await ensure(c, "allowcheck", ["0.0.0.0/0"]);
     await c.waitFor("a ready machine of 0.0.0.0/0", async () => (await c.readyCount("allowcheck")) >= 1, 90_000);
+  });
+
+  test("an allow entry naming an enrolled host's own (non-loopback) address is refused at ensure, and nothing changes", async () => {
+    // A second agent on an address of a veth made here (TEST-NET-2: no private range, so only the host rule can refuse it).
+    const link = `bh${process.pid.toString(36).slice(-6)}`;
+    const addr = `198.51.100.${10 + (process.pid % 200)}`;
+    const other = `198.51.100.${addr.endsWith(".9") ? 8 : 9}`;
+    const hostPolicy = async (pool: string, allow: string): Promise<void> => {
+      await c.api.call("POST", `/v1/pools/${pool}/ensure`, {
+        minReady: 0, maxReady: 1, compatibilityKey: "e2e", access: "keeper", provider: "hosts", keeperKey: c.keeper.publicKey,
+        network: { mode: "egress", allow: [allow], dns: [] },
+      });
+    };
+    execFileSync("ip", ["link", "add", link, "type", "veth", "peer", "name", `${link}p`]);
+    let second: Awaited<ReturnType<typeof startProcess>> | null = null;
+    try {
+      execFileSync("ip", ["addr", "add", `${addr}/32`, "dev", link]);
+      execFileSync("ip", ["link", "set", `${link}p`, "up"]);
+      execFileSync("ip", ["link", "set", link, "up"]);
+      // A pool that exists before the refused change (no machine asked for).
+      await hostPolicy("hostaddr", `${other}:443`);
+      const tokenFile = join(c.dir.path, "agent-hostaddr.token");
+      const made = berthSync(["token", "create", "--state-dir", c.coordDir, "--org", "e2e", "--role", "agent", "--out", tokenFile]);
+      assert.equal(made.status, 0, made.stderr);
+      second = await startProcess(
+        [
+          "agent", "--state-dir", join(c.dir.path, "agent-hostaddr"), "--coordinator", c.coordinator!.url, "--enroll-token-file", tokenFile,
+          "--runtime", "process", "--slots", "1", "--name", "e2e-hostaddr", "--log-level", "warn", "--listen", `${addr}:0`, "--ssh-listen", `${addr}:0`,
+        ],
+        {},
+        /berth agent ready/,
+      );
+      extra = second.child;
+      const hosts = await c.api.call<{ hosts: Array<{ name: string; url: string }> }>("GET", "/v1/hosts");
+      assert.ok(hosts.hosts.some((h) => h.name === "e2e-hostaddr" && new URL(h.url).hostname === addr), `the second agent is enrolled by ${addr}: ${JSON.stringify(hosts)}`);
+      const before = await c.api.call<PoolShow>("GET", "/v1/pools/hostaddr");
+      const named = new RegExp(`names the address of an enrolled host \\(${addr.replaceAll(".", "\\.")}\\)`);
+      // Through the command a person types: the stable code, the rule named; the pool keeps its policy.
+      const r = berthSync(["pool", "ensure", "hostaddr", "--min-ready", "1", "--max-ready", "2", "--compatibility-key", "e2e", "--network", "egress", "--allow", `${addr}:22`, "--config", c.clientConfig]);
+      assert.notEqual(r.status, 0, r.stdout);
+      assert.match(r.stderr, /invalid_request/);
+      assert.match(r.stderr, named);
+      // A first ensure of a new pool: refused the same way, and no pool is made.
+      await assert.rejects(hostPolicy("hostaddrnew", `${addr}:22`), (e: Error) => /invalid_request/.test(e.message) && named.test(e.message));
+      await assert.rejects(c.api.call("GET", "/v1/pools/hostaddrnew"), /not_found/);
+      const after = await c.api.call<PoolShow>("GET", "/v1/pools/hostaddr");
+      assert.equal(after.network.fingerprint, before.network.fingerprint, "the existing pool keeps its policy");
+      // A neighbouring address of the same range is no host's: accepted.
+      await hostPolicy("hostaddr", `${other}:22`);
+      assert.notEqual((await c.api.call<PoolShow>("GET", "/v1/pools/hostaddr")).network.fingerprint, before.network.fingerprint);
+    } finally {
+      if (second) await stopProcess(second);
+      extra = null;
+      execFileSync("ip", ["link", "del", link], { stdio: "ignore" });
+    }
   });
 });

@@ -8,12 +8,15 @@
  * cause was fixed fills again. Real coordinator (SQLite, reconciler,
  * executor) against the EC2/SSM emulator. Capacity and limit errors on
  * RunInstances are refusals (failed, not ambiguous), so they reach the
- * breaker at once instead of after six attempts.
+ * breaker at once instead of after six attempts. Throttling is neither: a
+ * throttled call is retried with a jittered backoff and never counts as a
+ * failed attempt, so a healthy instance is not quarantined and replaced.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { startTestCoordinator } from "../helpers/env.js";
 import { awsWorld, machine, op } from "../helpers/aws.js";
+import { ackBody, borrowPortable, tokens } from "../helpers/portable.js";
 
 type PoolShown = { counts: { ready: number }; provisionBreaker: { failures: number; trips: number; openUntil: number | null; cause: string | null } | null };
 
@@ -92,3 +95,33 @@ for (const code of ["InsufficientInstanceCapacity", "InstanceLimitExceeded", "Vc
     }
   });
 }
+
+test("throttling is not a failed attempt: a machine returned under throttled SSM calls comes back ready, nothing replaced", { timeout: 120_000 }, async () => {
+  const w = await awsWorld({ stepBudgetMs: 8_000, pollMs: 50 });
+  const t = await startTestCoordinator({ providers: [w.provider], config: { portable: true, opRetryUnitMs: 10, readyCheckMs: 0 } });
+  try {
+    const admin = await t.api("admin");
+    const alice = await t.api("member");
+    await admin.call("POST", "/v1/pools/ci/ensure", { minReady: 1, maxReady: 1, compatibilityKey: "aws-linux", access: "portable", provider: "aws", heartbeatMs: 30_000 });
+    await until("a ready machine", async () => (await admin.call<PoolShown>("GET", "/v1/pools/ci")).counts.ready >= 1);
+    const b = await borrowPortable(alice, "ci");
+    const acked = await alice.call<{ state: string; machine: { id: string } }>("POST", `/v1/borrows/${b.borrowId}/ack`, ackBody(b));
+    assert.equal(acked.state, "active");
+    // More throttled calls than an operation has attempts (6): each remove_key attempt starts with ListCommands.
+    w.emu.faults.throttle.set("ListCommands", 8);
+    await alice.call("POST", `/v1/borrows/${b.borrowId}/return`, tokens(b));
+    const m = await until("the machine ready again or given up", async () => {
+      const r = await t.store.transaction((tx) => tx.get<{ state: string; reason: string | null }>("SELECT state, reason FROM machines WHERE id = ?", [acked.machine.id]));
+      return r && ["ready", "quarantined", "draining", "destroying", "destroyed"].includes(r.state) ? r : null;
+    });
+    assert.equal(m.state, "ready", `a healthy machine is not quarantined under throttling: ${JSON.stringify(m)}`);
+    assert.equal(w.emu.faults.throttle.get("ListCommands"), 0, "every throttle was met");
+    const ops = await t.store.transaction((tx) => tx.all<{ kind: string; state: string; attempts: number }>("SELECT kind, state, attempts FROM operations WHERE machine_id = ? AND kind = 'remove_key'", [acked.machine.id]));
+    assert.deepEqual(ops.map((o) => `${o.kind}:${o.state}`), ["remove_key:done"]);
+    assert.ok(ops[0]!.attempts < 6, `throttled attempts are not counted (${ops[0]!.attempts})`);
+    assert.equal(w.emu.calls.filter((c) => c === "RunInstances").length, 1, "no replacement launched");
+  } finally {
+    await t.close();
+    await w.close();
+  }
+});

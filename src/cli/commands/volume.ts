@@ -1,11 +1,12 @@
 /**
- * `berth volume ls|show|verify|reset`: allocations' workspace volumes,
- * through the coordinator (which asks the host agent). Exit codes: 0; 1 when
- * `verify` finds a volume damaged (its problems are printed), and for
- * refusals; 2 for usage.
+ * `berth volume ls|show|verify|reset|rm|quarantine`: allocations' workspace
+ * volumes, through the coordinator (which asks the host agent). Exit codes:
+ * 0; 1 when `verify` finds a volume damaged (its problems are printed), and
+ * for refusals; 2 for usage.
  */
 import type { Command } from "commander";
 import { clientFrom, printJson, printTable, runCommand } from "../common.js";
+import { BerthError } from "../../core/errors.js";
 import type { ConfigFlags } from "../config.js";
 
 interface Flags extends ConfigFlags {
@@ -52,12 +53,32 @@ export function register(program: Command): void {
       return 0;
     }),
   );
-  clientOpts(volume.command("verify").description("Structural check: record, directory identity (device, inode), marker; exits 1 when damaged").argument("<allocation>", "allocation id")).action((id: string, o: Flags) =>
+  clientOpts(
+    volume
+      .command("verify")
+      .description("Structural check: record, directory identity (device, inode), marker; exits 1 when damaged")
+      .argument("[allocation]", "allocation id")
+      .option("--all", "every volume you can see (berth volume ls); exits 1 when any is damaged or a host does not answer", false),
+  ).action((id: string | undefined, o: Flags & { all: boolean }) =>
     withApi(o, async (api) => {
-      const c = await api.send("POST /v1/volumes/{allocation}/verify", { allocation: id });
-      if (o.json) printJson(c);
-      else process.stdout.write(c.ok ? `volume of ${c.allocationId}: ok\n` : `volume of ${c.allocationId}: DAMAGED\n${c.problems.map((p) => `  - ${p}\n`).join("")}`);
-      return c.ok ? 0 : 1;
+      if (o.all === (id !== undefined)) throw new BerthError("invalid_request", "invalid_request: name one allocation or --all");
+      if (!o.all) {
+        const c = await api.send("POST /v1/volumes/{allocation}/verify", { allocation: id! });
+        if (o.json) printJson(c);
+        else process.stdout.write(c.ok ? `volume of ${c.allocationId}: ok\n` : `volume of ${c.allocationId}: DAMAGED\n${c.problems.map((p) => `  - ${p}\n`).join("")}`);
+        return c.ok ? 0 : 1;
+      }
+      // Every volume with a record in use (ready); GET /v1/volumes checks each on its agent.
+      const r = await api.send("GET /v1/volumes", {});
+      const checked = r.volumes.filter((v) => v.check !== null);
+      const damaged = checked.filter((v) => !v.check!.ok);
+      if (o.json) printJson({ checked: checked.map((v) => v.check), unreachableHosts: r.unreachableHosts });
+      else {
+        for (const v of checked) process.stdout.write(v.check!.ok ? `volume of ${v.allocationId}: ok\n` : `volume of ${v.allocationId}: DAMAGED\n${v.check!.problems.map((p) => `  - ${p}\n`).join("")}`);
+        process.stdout.write(`${checked.length} volume(s) checked, ${damaged.length} damaged\n`);
+        if (r.unreachableHosts.length > 0) process.stderr.write(`berth: hosts not answering (their volumes are not checked): ${r.unreachableHosts.join(", ")}\n`);
+      }
+      return damaged.length > 0 || r.unreachableHosts.length > 0 ? 1 : 0;
     }),
   );
   clientOpts(volume.command("reset").description("Empty an allocation's volume (same directory, same identity); refused on a damaged volume").argument("<allocation>", "allocation id")).action((id: string, o: Flags) =>
@@ -65,6 +86,34 @@ export function register(program: Command): void {
       const r = await api.send("POST /v1/volumes/{allocation}/reset", { allocation: id });
       if (o.json) printJson(r);
       else process.stdout.write(`volume of ${r.allocationId}: reset (${r.removed} entries removed)\n`);
+      return 0;
+    }),
+  );
+  clientOpts(volume.command("rm").description("Remove a kept volume (after berth alloc release ID --keep-volume); refused while the allocation is not released").argument("<allocation>", "allocation id")).action((id: string, o: Flags) =>
+    withApi(o, async (api) => {
+      const r = await api.send("POST /v1/volumes/{allocation}/remove", { allocation: id });
+      if (o.json) printJson(r);
+      else process.stdout.write(`volume of ${r.allocationId}: removed\n`);
+      return 0;
+    }),
+  );
+  const q = volume.command("quarantine").description("Directories an agent found at a volume's path without its record and moved aside, never adopted (operators)");
+  clientOpts(q.command("ls").description("List them per host")).action((o: Flags) =>
+    withApi(o, async (api) => {
+      const r = await api.send("GET /v1/volume-quarantine", {});
+      if (o.json) printJson(r);
+      else {
+        printTable(["HOST", "ID", "DIRECTORY"], r.hosts.flatMap((h) => h.quarantined.map((n) => [h.hostName, h.hostId, n])));
+        if (r.unreachableHosts.length > 0) process.stderr.write(`berth: hosts not answering (not listed): ${r.unreachableHosts.join(", ")}\n`);
+      }
+      return 0;
+    }),
+  );
+  clientOpts(q.command("rm").description("Remove one moved-aside directory (its contents are deleted)").argument("<host-id>", "host id (berth volume quarantine ls)").argument("<directory>", "the directory's name")).action((host: string, name: string, o: Flags) =>
+    withApi(o, async (api) => {
+      const r = await api.send("POST /v1/volume-quarantine/{host}/{name}/remove", { host, name });
+      if (o.json) printJson(r);
+      else process.stdout.write(`host ${r.hostId}: ${r.removed} removed\n`);
       return 0;
     }),
   );

@@ -7,6 +7,9 @@
  *   GET  /v1/volumes/{allocation}             one volume, with a structural check
  *   POST /v1/volumes/{allocation}/verify      the structural check: record, directory identity, marker
  *   POST /v1/volumes/{allocation}/reset       empty it (owner or operator); refused on a damaged volume
+ *   POST /v1/volumes/{allocation}/remove      remove a kept volume (owner or operator): only once the allocation is released
+ *   GET  /v1/volume-quarantine                directories an agent moved aside (never adopted), per host (operators)
+ *   POST /v1/volume-quarantine/{host}/{name}/remove   remove one of them (operators)
  *
  * Access follows the allocation's: another owner's is not found for a member.
  */
@@ -17,6 +20,11 @@ import type { AllocationAgent } from "../allocation-agent.js";
 import type { AllocCtx } from "../actions/allocation-create.js";
 import type { Requester } from "../actions/allocation-release.js";
 import { listAllocationsFor, showAllocation } from "../actions/allocation-read.js";
+import { BerthError } from "../../core/errors.js";
+import { parseId } from "../../core/ids.js";
+import { allocationMachineId } from "../../core/allocation-access.js";
+import { audit } from "../../store/audit.js";
+import { listHostAccounts } from "../../store/host-accounts.js";
 
 export interface VolumeRouteDeps {
   ctx: AllocCtx;
@@ -61,5 +69,36 @@ export function registerVolumeRoutes(app: HttpServer, d: VolumeRouteDeps): void 
   app.post("/v1/volumes/:allocation/reset", auth("member"), async (req) => {
     const a = await one(req.auth, req.params.allocation!);
     return { allocationId: a.id, ...(await agent.passthrough(a.hostId, "POST /v1/agent/volumes/{allocation}/reset", { allocation: a.id })) };
+  });
+  // A kept volume (release --keep-volume) ends here: by its owner or an operator, once the allocation is released.
+  app.post("/v1/volumes/:allocation/remove", auth("member"), async (req) => {
+    const a = await one(req.auth, req.params.allocation!);
+    if (a.state !== "released") throw new BerthError("conflict", `conflict: allocation ${a.id} is ${a.state}; only a released allocation's kept volume is removed (berth alloc release ${a.id} wipes it unless --keep-volume)`);
+    const r = (await agent.volume(a.hostId, "POST", `/v1/agent/volumes/${seg(a.id)}/remove`)) as { state: string };
+    await ctx.store.transaction((tx) => audit(tx, { at: ctx.now(), machineId: allocationMachineId(a.id), subject: req.auth.tokenId, event: "volume_removed", from: "kept", to: r.state, generation: 0, actor: ctx.actor, detail: `host ${a.hostId}` }));
+    return { allocationId: a.id, state: r.state };
+  });
+  const hostsOf = async (p: Principal) => ctx.store.transaction((tx) => listHostAccounts(tx, p.org));
+  app.get("/v1/volume-quarantine", auth("operator"), async (req) => {
+    const hosts: Array<{ hostId: string; hostName: string; quarantined: string[] }> = [];
+    const unreachable: string[] = [];
+    for (const h of await hostsOf(req.auth)) {
+      try {
+        const r = (await agent.volume(h.hostId, "GET", "/v1/agent/volumes")) as { quarantined?: string[] };
+        hosts.push({ hostId: h.hostId, hostName: h.name, quarantined: r.quarantined ?? [] });
+      } catch {
+        unreachable.push(h.hostId);
+      }
+    }
+    return { hosts, unreachableHosts: unreachable };
+  });
+  app.post("/v1/volume-quarantine/:host/:name/remove", auth("operator"), async (req) => {
+    const hostId = parseId(req.params.host!, "host id");
+    const name = parseId(req.params.name!, "directory name");
+    const h = (await hostsOf(req.auth)).find((x) => x.hostId === hostId);
+    if (!h) throw new BerthError("not_found", `not_found: no host ${hostId} in this organisation`);
+    const r = (await agent.volume(hostId, "POST", `/v1/agent/volume-quarantine/${seg(name)}/remove`)) as { removed: string };
+    await ctx.store.transaction((tx) => audit(tx, { at: ctx.now(), machineId: hostId, subject: req.auth.tokenId, event: "volume_quarantine_removed", from: "moved_aside", to: "removed", generation: 0, actor: ctx.actor, detail: name }));
+    return { hostId, removed: r.removed };
   });
 }

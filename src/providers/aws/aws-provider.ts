@@ -69,6 +69,14 @@ const CAPABILITIES: ProviderCapabilities = { provision: true, installKey: true, 
 /** Errors after which AWS is known to have changed nothing. */
 const DEFINITE_REFUSALS = new Set(["InsufficientInstanceCapacity", "InstanceLimitExceeded", "VcpuLimitExceeded", "InvalidParameterValue", "InvalidParameterCombination", "InvalidAMIID.NotFound", "InvalidAMIID.Malformed", "InvalidSubnetID.NotFound", "InvalidGroup.NotFound", "UnauthorizedOperation", "AccessDeniedException", "InvalidInstanceId", "InvalidDocument", "ValidationException"]);
 
+/** Error codes AWS answers when a caller exceeds its request rate. */
+const THROTTLING = /\b(RequestLimitExceeded|ThrottlingException|Throttling|TooManyRequestsException|RequestThrottled)\b/;
+
+/** An ambiguous outcome whose last error was throttling is marked so (the executor does not count it as a failed attempt). */
+function markThrottled(o: OperationOutcome): OperationOutcome {
+  return o.kind === "ambiguous" && THROTTLING.test(o.error) ? { ...o, throttled: true } : o;
+}
+
 /** `tagScope`: where instances tagged for the machine under today's deployment are looked for (null: the pool is no longer configured). */
 type Ctx = { op: OperationRequest; pc: AwsPoolConfig; c: AwsClients; b: Binding; deadline: number; tagScope: AwsClients | null };
 
@@ -122,6 +130,10 @@ export class AwsProvider implements Provider {
   }
 
   async run(op: OperationRequest): Promise<OperationOutcome> {
+    return markThrottled(await this.#run(op));
+  }
+
+  async #run(op: OperationRequest): Promise<OperationOutcome> {
     const m = op.machine;
     const pc = poolConfig(this.deps.config, m.org, m.pool);
     const b: Binding = { deployment: this.deployment, org: m.org, pool: m.pool, machineId: m.id };
