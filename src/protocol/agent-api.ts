@@ -37,6 +37,8 @@ export const AGENT_API = {
   "GET /v1/agent/volumes/{allocation}": agentVolume,
   "POST /v1/agent/volumes/{allocation}/verify": volumeCheck,
   "POST /v1/agent/volumes/{allocation}/reset": o({ removed: n }),
+  "POST /v1/agent/volumes/{allocation}/remove": o({ allocationId: s, state: s }),
+  "POST /v1/agent/volume-quarantine/{name}/remove": o({ removed: s }),
   "GET /v1/agent/images": o({ images: z.array(imageView), maxBytes: n.nullable(), usedBytes: n }),
   "POST /v1/agent/images/{image}/remove": o({ id: s, size: n }),
   "POST /v1/agent/machines/{machine}/network-check": z.discriminatedUnion("ok", [

@@ -74,7 +74,7 @@ export function registerVolumeRoutes(app: HttpServer, d: VolumeRouteDeps): void 
   app.post("/v1/volumes/:allocation/remove", auth("member"), async (req) => {
     const a = await one(req.auth, req.params.allocation!);
     if (a.state !== "released") throw new BerthError("conflict", `conflict: allocation ${a.id} is ${a.state}; only a released allocation's kept volume is removed (berth alloc release ${a.id} wipes it unless --keep-volume)`);
-    const r = (await agent.volume(a.hostId, "POST", `/v1/agent/volumes/${seg(a.id)}/remove`)) as { state: string };
+    const r = await agent.passthrough(a.hostId, "POST /v1/agent/volumes/{allocation}/remove", { allocation: a.id });
     await ctx.store.transaction((tx) => audit(tx, { at: ctx.now(), machineId: allocationMachineId(a.id), subject: req.auth.tokenId, event: "volume_removed", from: "kept", to: r.state, generation: 0, actor: ctx.actor, detail: `host ${a.hostId}` }));
     return { allocationId: a.id, state: r.state };
   });
@@ -84,8 +84,8 @@ export function registerVolumeRoutes(app: HttpServer, d: VolumeRouteDeps): void 
     const unreachable: string[] = [];
     for (const h of await hostsOf(req.auth)) {
       try {
-        const r = (await agent.volume(h.hostId, "GET", "/v1/agent/volumes")) as { quarantined?: string[] };
-        hosts.push({ hostId: h.hostId, hostName: h.name, quarantined: r.quarantined ?? [] });
+        const r = await agent.passthrough(h.hostId, "GET /v1/agent/volumes");
+        hosts.push({ hostId: h.hostId, hostName: h.name, quarantined: r.quarantined });
       } catch {
         unreachable.push(h.hostId);
       }
@@ -97,7 +97,7 @@ export function registerVolumeRoutes(app: HttpServer, d: VolumeRouteDeps): void 
     const name = parseId(req.params.name!, "directory name");
     const h = (await hostsOf(req.auth)).find((x) => x.hostId === hostId);
     if (!h) throw new BerthError("not_found", `not_found: no host ${hostId} in this organisation`);
-    const r = (await agent.volume(hostId, "POST", `/v1/agent/volume-quarantine/${seg(name)}/remove`)) as { removed: string };
+    const r = await agent.passthrough(hostId, "POST /v1/agent/volume-quarantine/{name}/remove", { name });
     await ctx.store.transaction((tx) => audit(tx, { at: ctx.now(), machineId: hostId, subject: req.auth.tokenId, event: "volume_quarantine_removed", from: "moved_aside", to: "removed", generation: 0, actor: ctx.actor, detail: name }));
     return { hostId, removed: r.removed };
   });
