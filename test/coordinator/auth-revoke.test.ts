@@ -6,7 +6,8 @@
  * accepted at once. The keeper borrow, heartbeat and return take a token
  * they have seen before from the coordinator's cache and check it again in
  * their own transaction: revoked elsewhere after it was cached, it is
- * refused there too, and nothing is taken or ended.
+ * refused there too, and nothing is taken or ended. So does the portable
+ * borrow.
  */
 import { test, describe } from "node:test";
 import assert from "node:assert/strict";
@@ -18,6 +19,8 @@ import { PostgresStore } from "../../src/store/postgres/postgres-store.js";
 import { createToken, revokeTokenWithGrants } from "../../src/coordinator/auth.js";
 import { Api, ApiError } from "../../src/cli/api.js";
 import type { Store } from "../../src/store/store.js";
+import { ScriptedExternalProvider } from "../helpers/portable.js";
+import { generateSshKeyPair } from "../../src/core/ssh-keys.js";
 
 async function secondHandle(engine: Engine, dir: string, first: Store): Promise<Store> {
   if (engine === "sqlite") return new SqliteStore({ path: join(dir, "berth.db") });
@@ -77,6 +80,44 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         assert.deepEqual(pool.states, { ready: 1, busy: 1 });
         const shown = await admin.call<{ state: string }>("GET", `/v1/borrows/${b2.borrowId}`);
         assert.equal(shown.state, "active");
+      } finally {
+        await Promise.all(apis.map((a) => a.close()));
+        await other.close();
+        await t.close();
+      }
+    });
+
+    test("a token the portable borrow cached, revoked elsewhere: borrow refused (and the ack), nothing taken or installed", async () => {
+      const provider = new ScriptedExternalProvider();
+      const t = await startTestCoordinator({ engine, reconcile: false, providers: [provider], config: { portable: true } });
+      const other = await secondHandle(engine, t.dir, t.store);
+      const apis: Api[] = [];
+      try {
+        const admin = await t.api("admin");
+        const e = await admin.call<{ claims: { token: string }[] }>("POST", "/v1/pools/g/ensure", { minReady: 3, maxReady: 3, compatibilityKey: "k", access: "portable", provider: "external" });
+        for (const [i, c] of e.claims.entries()) {
+          await admin.call("POST", "/v1/pools/g/machines", { claimToken: c.token, resourceId: `vm-${i}`, ssh: { host: "10.0.0.1", port: 22, user: "u", hostKey: generateSshKeyPair("host").publicKey } });
+        }
+        const tok = await createToken(other, { org: "acme", role: "member", expiresAt: null, label: null }, Date.now(), (n) => randomBytes(n));
+        const api = new Api(t.coord.url, tok.token);
+        apis.push(api);
+        type Grant = { borrowId: string; borrowToken: string; grantToken: string; state: string };
+        const pair = generateSshKeyPair("client");
+        const borrow = () => api.call<Grant>("POST", "/v1/pools/g/borrow", { access: "portable", publicKey: pair.publicKey });
+        const ack = (g: Grant) => api.call<Grant>("POST", `/v1/borrows/${g.borrowId}/ack`, { token: g.borrowToken, grantToken: g.grantToken, publicKey: pair.publicKey });
+        // The first request reads the token committed; from then on it comes from the cache.
+        const g1 = await borrow();
+        assert.equal((await ack(g1)).state, "active");
+        await revokeTokenWithGrants(other, tok.id, Date.now());
+        const refused = (e: unknown) => e instanceof ApiError && e.status === 401 && /revoked/.test(e.message);
+        await assert.rejects(borrow(), refused);
+        await assert.rejects(ack(g1), refused);
+        // Nothing taken, nothing installed beyond the first grant's key.
+        const pool = await admin.call<{ states: Record<string, number> }>("GET", "/v1/pools/g");
+        assert.equal(pool.states.ready, 2, JSON.stringify(pool.states));
+        assert.equal(provider.callsOf("install_key").length, 1);
+        const grants = await t.store.transaction((tx) => tx.all<{ id: string }>("SELECT id FROM grants"));
+        assert.deepEqual(grants.map((g) => g.id), [g1.borrowId]);
       } finally {
         await Promise.all(apis.map((a) => a.close()));
         await other.close();

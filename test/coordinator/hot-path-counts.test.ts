@@ -33,6 +33,8 @@ import { PostgresStore } from "../../src/store/postgres/postgres-store.js";
 import { SqliteStore } from "../../src/store/sqlite/sqlite-store.js";
 import { createToken } from "../../src/coordinator/auth.js";
 import { Api } from "../../src/cli/api.js";
+import { ALL_CAPABILITIES, ScriptedExternalProvider } from "../helpers/portable.js";
+import { generateSshKeyPair } from "../../src/core/ssh-keys.js";
 
 /** What one keeper borrow and one return may cost. */
 const EXPECTED = {
@@ -73,17 +75,75 @@ const EXPECTED = {
   },
 };
 
+/**
+ * What a portable borrow → active may cost: the borrow (pending) and the ack
+ * (the install through the machine's provider, answered active). The
+ * protocol's order puts four commits on this path: the borrow's, the ack's
+ * install intent (durable before the provider is called), the agent's own
+ * (its install record; counted in the agent's tests, not here) and the
+ * completion that publishes `active`. Nothing else may commit between the
+ * borrow and the active answer: no reconciler pass is woken by the borrow
+ * (it used to be, and its fill visit committed just as the ack arrived; the
+ * fill row the borrow sets is visited on the loop's next pass).
+ */
+const EXPECTED_PORTABLE = {
+  sqlite: {
+    borrow: {
+      // BEGIN IMMEDIATE, pool with the API token's standing (the route takes the token from its
+      // cache; the transaction re-checks it; the ack reads it committed), ready machine, machine compare-and-set, audit, grant,
+      // ack due, grant due, fill due (the pool's provider provisions), COMMIT
+      statements: 10,
+      // the borrow's transaction
+      commits: 1,
+      // none: a portable borrow installs nothing
+      agentCalls: 0,
+    },
+    ack: {
+      // the API token read committed (the ack re-validates the borrower's authorization as it is now);
+      // intent (11): BEGIN IMMEDIATE, grant (locked), machine,
+      //   machine compare-and-set, audit, install operation, its due row, grant installing,
+      //   operation leased, its due row pushed to the lease end, COMMIT;
+      // completion (13): BEGIN IMMEDIATE, operation, machine, operation done, its due row cleared,
+      //   grant at the operation's generation, machine compare-and-set, audit, grant active,
+      //   grant due, the answer's grant and machine, COMMIT
+      statements: 25,
+      // install intent (durable before the agent is called), then the completion (the answer read inside it)
+      commits: 2,
+      // the install, once
+      agentCalls: 1,
+    },
+    // one per commit: borrow, install intent, completion
+    fsyncs: 3,
+  },
+  postgres: {
+    borrow: {
+      // BEGIN, pool with the API token's standing, ready machine (SKIP LOCKED), the held writes
+      // (machine, audit, grant, due rows) in one statement, fill due, COMMIT
+      statements: 6,
+      // the borrow's transaction (no token read of its own)
+      commits: 1,
+      agentCalls: 0,
+    },
+    ack: {
+      // the API token read committed (autocommit), then two transactions as on SQLite, reads each
+      // one statement and held writes sent together: 2 BEGIN, 11 reads or held-write groups,
+      // 1 UPDATE, 1 INSERT, 2 COMMIT
+      statements: 17,
+      // the token read, the install intent, then the completion
+      commits: 3,
+      agentCalls: 1,
+    },
+  },
+};
+
 type Borrowed = { borrowId: string; borrowToken: string };
-interface Step {
-  statements: number;
-  commits: number;
-}
+type Step = Record<string, number>;
 
 /** Fails when a count differs from the expectation, saying which way and listing what was seen. */
 function assertCounts(what: string, actual: Step, expected: Step, seen: string[]): void {
-  for (const k of Object.keys(expected) as Array<keyof Step>) {
+  for (const k of Object.keys(expected)) {
     if (actual[k] === expected[k]) continue;
-    const way = actual[k] > expected[k] ? "grew" : "fell (lower the expectation in this test)";
+    const way = actual[k]! > expected[k]! ? "grew" : "fell (lower the expectation in this test)";
     assert.fail(`${what}: ${k} ${way}: ${actual[k]} instead of ${expected[k]}. Seen:\n  ${seen.join("\n  ")}`);
   }
 }
@@ -253,4 +313,95 @@ describe("a keeper borrow + return, counted (the hot path's guard)", () => {
       await proxy.close();
     }
   });
+});
+
+/** A portable pool of `n` machines on the scripted provider (the outermost boundary: it stands for the agents). */
+async function portablePool(admin: Api, n: number): Promise<void> {
+  const e = await admin.call<{ claims: { token: string }[] }>("POST", "/v1/pools/g/ensure", { minReady: n, maxReady: n, compatibilityKey: "k", access: "portable", provider: "external" });
+  for (const [i, c] of e.claims.entries()) {
+    await admin.call("POST", "/v1/pools/g/machines", { claimToken: c.token, resourceId: `vm-${i}`, ssh: { host: "10.0.0.1", port: 22, user: "u", hostKey: generateSshKeyPair("host").publicKey } });
+  }
+}
+
+/** A portable borrow → active: the borrow, then the ack answered active. */
+async function borrowToActive(api: Api): Promise<Borrowed & { grantToken: string }> {
+  const pair = generateSshKeyPair("count");
+  const b = await api.call<Borrowed & { grantToken: string }>("POST", "/v1/pools/g/borrow", { access: "portable", publicKey: pair.publicKey });
+  await api.call("POST", `/v1/borrows/${b.borrowId}/ack`, { token: b.borrowToken, grantToken: b.grantToken, publicKey: pair.publicKey });
+  return b;
+}
+
+const pause = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+describe("a portable borrow → active, counted (the hot path's guard)", () => {
+  for (const engine of ["sqlite", "postgres"] as const) {
+    test(`${engine}: statements, commits, agent calls${engine === "sqlite" ? ", fsyncs" : ""}`, { skip: engine === "postgres" ? PG_SKIP : false }, async () => {
+      // The provider provisions from the first counted borrow on (as the hosts provider does): a
+      // borrow then sets its pool's fill row, the case where it used to wake the reconciler.
+      // The pool's machines were registered through claims before, as an outside keeper's are.
+      const capabilities = { ...ALL_CAPABILITIES };
+      const provider = new ScriptedExternalProvider(capabilities);
+      const proxy = engine === "postgres" ? await startPgWireProxy(PG_URL!) : null;
+      const store = proxy ? await PostgresStore.open({ connectionString: proxy.url, schema: "t_" + randomBytes(6).toString("hex") }) : undefined;
+      // The reconciler runs, woken only when something kicks it (its interval is an hour): a pass
+      // woken by the borrow or the ack shows in their counts.
+      const t = await startTestCoordinator({ engine, ...(store ? { store } : {}), providers: [provider], config: { portable: true }, reconcileIntervalMs: 3_600_000 });
+      const counter = engine === "sqlite" ? countSqliteStatements() : null;
+      try {
+        await portablePool(await t.api("admin"), 3);
+        capabilities.provision = true;
+        const member = await t.api("member");
+        // Warm: statements prepared, connections made; the returned machine's cleanup runs (the return kicks).
+        const w = await borrowToActive(member);
+        await member.call("POST", `/v1/borrows/${w.borrowId}/return`, { token: w.borrowToken, grantToken: w.grantToken });
+        const quiet = () => (counter ? counter.take().length : proxy!.counts().statements);
+        for (let i = 0; ; i++) {
+          proxy?.reset();
+          quiet();
+          await pause(200);
+          if (quiet() === 0) break;
+          if (i > 100) assert.fail("the coordinator did not fall quiet after the warm-up cycle");
+        }
+        // This process's own syncs (the coordinator runs in it; strace is installed by .ci/run).
+        const window = engine === "sqlite" && hasStrace ? await attachSyncCounter(process.pid) : null;
+        // Each request, then 50 ms for whatever it woke in this process to show.
+        const step = async (what: "borrow" | "ack", f: () => Promise<void>) => {
+          counter?.take();
+          proxy?.reset();
+          const calls = provider.calls.length;
+          await f();
+          await pause(50);
+          const agentCalls = provider.calls.length - calls;
+          if (counter) {
+            const seen = counter.take();
+            assertCounts(`SQLite portable ${what}`, { statements: seen.length, commits: seen.filter((x) => /^COMMIT/i.test(x)).length, agentCalls }, EXPECTED_PORTABLE.sqlite[what], seen);
+          } else {
+            const c = proxy!.counts();
+            assertCounts(`PostgreSQL portable ${what}`, { statements: c.statements, commits: c.commits, agentCalls }, EXPECTED_PORTABLE.postgres[what], Object.entries(c.tags).map(([k, v]) => `${v} × ${k}`));
+            assert.equal(c.rollbacks, 0, `${what}: rolled back`);
+          }
+        };
+        const pair = generateSshKeyPair("count");
+        let b: (Borrowed & { grantToken: string }) | null = null;
+        await step("borrow", async () => {
+          b = await member.call<Borrowed & { grantToken: string }>("POST", "/v1/pools/g/borrow", { access: "portable", publicKey: pair.publicKey });
+        });
+        await step("ack", async () => {
+          const r = await member.call<{ state: string }>("POST", `/v1/borrows/${b!.borrowId}/ack`, { token: b!.borrowToken, grantToken: b!.grantToken, publicKey: pair.publicKey });
+          assert.equal(r.state, "active");
+        });
+        if (window) {
+          const fsyncs = await window.stop();
+          if (fsyncs !== EXPECTED_PORTABLE.sqlite.fsyncs) {
+            assert.fail(`SQLite portable borrow → active: fsyncs ${fsyncs > EXPECTED_PORTABLE.sqlite.fsyncs ? "grew" : "fell (lower the expectation in this test)"}: ${fsyncs} instead of ${EXPECTED_PORTABLE.sqlite.fsyncs}`);
+          }
+        }
+      } finally {
+        counter?.stop();
+        await t.close();
+        await store?.close();
+        await proxy?.close();
+      }
+    });
+  }
 });

@@ -61,6 +61,8 @@ export async function startTestCoordinator(
     clock?: TestClock | null;
     config?: CoordinatorOptions["config"];
     reconcile?: boolean;
+    /** The reconciler loop's interval when it runs (default 50 ms; a kick runs it at once). */
+    reconcileIntervalMs?: number;
     store?: Store;
     dir?: string;
     providers?: CoordinatorOptions["providers"];
@@ -79,7 +81,7 @@ export async function startTestCoordinator(
     now: clock ? clock.now : undefined,
     config: opts.config,
     reconcile: opts.reconcile ?? true,
-    reconcileIntervalMs: 50,
+    reconcileIntervalMs: opts.reconcileIntervalMs ?? 50,
     providers: opts.providers,
     ...(opts.httpLimits ? { httpLimits: opts.httpLimits } : {}),
   });

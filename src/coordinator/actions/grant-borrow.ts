@@ -20,9 +20,9 @@ import type { Tx } from "../../store/store.js";
 import { poolRef, requestFillCheck, setDue, setDueNoLater } from "../../store/due.js";
 import { insertGrant, readGrant } from "../../store/grants.js";
 import { readMachine, takeReadyMachine } from "../../store/machines.js";
-import { readPool } from "../../store/pools.js";
+import { readPool, readPoolAsToken } from "../../store/pools.js";
 import type { Ctx } from "../context.js";
-import type { Principal } from "../auth.js";
+import { refuseDeadToken, type Principal } from "../auth.js";
 import { applyTransition } from "./transition.js";
 import { checkPortable } from "./pools.js";
 import { whyExhausted } from "./exhausted.js";
@@ -59,7 +59,9 @@ async function borrowOnce(ctx: Ctx, p: Principal, poolName: string, body: Portab
   const token = chosen?.borrowToken ?? newToken("borrow", ctx.randomBytes);
   const grantToken = chosen?.grantToken ?? newToken("grant", ctx.randomBytes);
   const out = await ctx.store.transaction(async (tx) => {
-    const pool = await readPool(tx, p.org, poolName);
+    // The token is checked here, in the transaction that acts (the route may have taken it from its cache).
+    const { pool, tokenLive: live } = await readPoolAsToken(tx, p.org, poolName, p.tokenId);
+    refuseDeadToken(live);
     if (!pool) throw new BerthError("not_found", `not_found: no pool named ${poolName} in this organisation`);
     if (pool.access !== "portable") throw new BerthError("namespace_conflict", `namespace_conflict: pool ${poolName} is a ${pool.access} pool; portable access is refused (no fallback)`);
     checkPortable(ctx, pool.provider);
@@ -88,9 +90,8 @@ async function borrowOnce(ctx: Ctx, p: Principal, poolName: string, body: Portab
     await setDue(tx, "ack", grantId, ackDeadline);
     await setDue(tx, "grant", grantId, expiresAt);
     // As a keeper borrow does (actions/borrow.ts): last, and only where a fill can provision.
-    const refill = Boolean(ctx.providers.get(pool.provider)?.capabilities.provision);
-    if (refill) await requestFillCheck(tx, poolRef(p.org, poolName), now);
-    return { repeat: null, machine: applied.machine, readySince: m.ready_since, expiresAt, ackDeadline, heartbeatDeadline, heartbeatMs: pool.heartbeatMs, refill };
+    if (ctx.providers.get(pool.provider)?.capabilities.provision) await requestFillCheck(tx, poolRef(p.org, poolName), now);
+    return { repeat: null, machine: applied.machine, readySince: m.ready_since, expiresAt, ackDeadline, heartbeatDeadline, heartbeatMs: pool.heartbeatMs };
   });
   if ("miss" in out) {
     ctx.kick();
@@ -99,7 +100,9 @@ async function borrowOnce(ctx: Ctx, p: Principal, poolName: string, body: Portab
     throw new BerthError("pool_exhausted", `pool_exhausted: ${out.miss}`);
   }
   if (out.repeat) return out.repeat;
-  if (out.refill) ctx.kick();
+  // No reconciler wake-up on a hit (as a keeper borrow): the fill row set above is visited on the
+  // loop's next pass. A wake-up here ran a fill visit, with a commit of its own, just as the
+  // client's ack arrived, and the ack waited behind it (test/coordinator/hot-path-counts).
   ctx.metrics.warm.inc({ pool: poolName, result: "hit" });
   ctx.metrics.borrowRequests.inc({ pool: poolName, access: "portable", outcome: "ok" });
   ctx.metrics.grants.inc({ pool: poolName, event: "issued" });
@@ -109,6 +112,7 @@ async function borrowOnce(ctx: Ctx, p: Principal, poolName: string, body: Portab
     access: "portable",
     latencySeconds: Number(process.hrtime.bigint() - started) / 1e9,
     readyAgeSeconds: out.readySince !== null ? Math.max(0, now - out.readySince) / 1000 : null,
+    at: now,
   });
   const m = out.machine;
   return {

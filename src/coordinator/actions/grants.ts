@@ -287,7 +287,8 @@ export function createPortable(ctx: Ctx, deps: PortableDeps): PortableApi {
         const view = await deps.runLeased(first.started, async (tx) => {
           const g = await lockGrant(tx, grantId);
           const at = ctx.now();
-          if (g && g.state === "active" && isExpired(g.expires_at, at)) expired = await invalidateGrant(tx, ctx, g, "expired", at, `${g.id}:ack-expired`);
+          if (!g || g.org !== p.org || g.state !== "active" || !isExpired(g.expires_at, at)) return g && g.org === p.org ? presentGrant(g, await readMachine(tx, g.machine_id)) : grantView(tx, p, grantId);
+          expired = await invalidateGrant(tx, ctx, g, "expired", at, `${g.id}:ack-expired`);
           return grantView(tx, p, grantId);
         });
         if (expired) ctx.kick();
@@ -326,6 +327,7 @@ export function createPortable(ctx: Ctx, deps: PortableDeps): PortableApi {
           // Already on its way out (expired, revoked…): returning again is answered with where it stands.
           return false;
         }
+        tx.afterCommit(() => ctx.metrics.history.returned(g.org, g.pool, now));
         return invalidateGrant(tx, ctx, g, body.disposition === "drain" ? "drained" : "returned", now, `${g.id}:return`);
       });
       if (work) ctx.kick();

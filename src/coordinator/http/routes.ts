@@ -55,10 +55,12 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
   });
 
   /**
-   * The keeper borrow, heartbeat and return: the token from this process's
-   * cache when it was read before, since their actions check it again in
-   * their own transaction. Any other use of the principal (the portable
-   * API) reads it committed first (`checked`).
+   * The keeper borrow, heartbeat and return, and the portable borrow: the
+   * token from this process's cache when it was read before, since their
+   * actions check it again in their own transaction (a portable grant's
+   * authorization is read committed again by its ack). Any other use of the
+   * principal (the portable ack, heartbeat and return) reads it committed
+   * first.
    */
   const tokens = new TokenCache();
   const cachedAuth = (role: Role = "member") => ({
@@ -70,7 +72,7 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
   });
   const checked = async (req: { auth: UncheckedPrincipal; headers: IncomingMessage["headers"] }): Promise<Principal> =>
     req.auth.cachedHash === null ? req.auth.principal : authenticate(ctx.store, req.headers.authorization, ctx.now(), tokens);
-  /** Runs a keeper action; a token it finds revoked leaves the cache. */
+  /** Runs an action that re-checks a cached token; a token it finds revoked leaves the cache. */
   const keeper = async <T>(u: UncheckedPrincipal, f: (p: Principal) => Promise<T>): Promise<T> => {
     try {
       return await f(u.principal);
@@ -107,7 +109,8 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
     const body = req.body;
     if (body.access === "portable") {
       if (!d.portable) throw new BerthError("portable_unsupported", "portable_unsupported: this coordinator does not offer portable access; no fallback to keeper access is made");
-      const r = await d.portable.borrow(await checked(req), req.params.pool!, body, chosenPortable(body));
+      const portable = d.portable;
+      const r = await keeper(req.auth, (p) => portable.borrow(p, req.params.pool!, body, chosenPortable(body)));
       return new Reply(r.repeated ? 200 : 201, r);
     }
     if (body.publicKey !== undefined) throw new BerthError("invalid_request", "invalid_request: publicKey is only for --access portable borrows");
@@ -130,6 +133,7 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
     if (d.portable && id.startsWith("g_")) return d.portable.return(await checked(req), id, req.body);
     return keeper(req.auth, (p) => returnKeeper(ctx, p, id, req.body.token, req.body.disposition));
   });
+  // The ack reads the token committed: it re-validates the borrower's authorization as it stands now.
   app.post("/v1/borrows/:borrow/ack", { ...auth(), body: ackSchema }, async (req) => {
     if (!d.portable) throw new BerthError("portable_unsupported", "portable_unsupported: this coordinator does not offer portable access");
     return d.portable.ack(req.auth, req.params.borrow!, req.body);
