@@ -85,7 +85,7 @@ async function storeRow(engine: Engine, nStores: number): Promise<Record<string,
     const now = Date.now();
     const ctxs: AllocCtx[] = stores.map((s, i) => ({ store: s, now: Date.now, actor: `bench-${i}`, config: { allocationSizes: DEFAULT_SIZES, maxAllocationMs: 86_400_000 } }));
     await store.transaction(async (tx) => {
-      for (let i = 0; i < hostsN; i++) await accountEnrolledHost(tx, "bench", { id: `h_${i}`, org: "bench", name: `n${i}`, vcpu: 64, memoryMb: 131072, slots: 64 }, now);
+      for (let i = 0; i < hostsN; i++) await accountEnrolledHost(tx, "bench", { id: `h_${i}`, org: "bench", name: `n${i}`, vcpu: 64, memoryMib: 131072, slots: 64 }, now);
     });
     const owners: string[] = [];
     for (let i = 0; i < clients; i++) {

@@ -236,7 +236,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     const sshHost = opts.advertiseHost ?? (isWildcard(sshListen.host) ? hostname() : sshListen.host);
     const ssh = { host: sshHost, port: gateway.port, hostKey: gateway.hostKey, fingerprint: gateway.fingerprint };
     let url = "";
-    const description = () => ({ url, runtime: runtime.kind, runtimeDetail: runtime.detail, capacity: { vcpu, memoryMb, slots }, ssh });
+    const description = () => ({ url, runtime: runtime.kind, runtimeDetail: runtime.detail, capacity: { vcpu, memoryMib: memoryMb, slots }, ssh });
 
     // ---- host identity ------------------------------------------------------
     // The enroll token: given, or read from its file only when needed.

@@ -4,7 +4,7 @@
  *   POST {coordinator}/v1/hosts/enroll
  *   Authorization: Bearer <enroll token>
  *   {name, url, runtime, runtimeDetail: {runsc?: {version, platform}, warning?},
- *    capacity: {vcpu, memoryMb, slots}, ssh: {host, port, hostKey, fingerprint},
+ *    capacity: {vcpu, memoryMib, slots}, ssh: {host, port, hostKey, fingerprint},
  *    identity?: {publicKey, challenge, signature}}
  *   -> {hostId, hostCallToken, identity?: "active"}
  *
@@ -25,6 +25,7 @@ import { readFileSync, statSync } from "node:fs";
 import { z } from "zod";
 import { BerthError } from "../core/errors.js";
 import { parseId, type Id } from "../core/ids.js";
+import { agentRefusal } from "../protocol/agent-api.js";
 import type { RuntimeDetail } from "./runtime/types.js";
 
 export interface EnrollRequest {
@@ -32,7 +33,7 @@ export interface EnrollRequest {
   url: string;
   runtime: string;
   runtimeDetail: RuntimeDetail;
-  capacity: { vcpu: number; memoryMb: number; slots: number };
+  capacity: { vcpu: number; memoryMib: number; slots: number };
   ssh: { host: string; port: number; hostKey: string; fingerprint: string };
 }
 
@@ -106,9 +107,9 @@ export function refusalOf(status: number, text: string): { code: string; message
   let code = `http_${status}`;
   let message = text.slice(0, 300);
   try {
-    const j = JSON.parse(text) as { error?: { code?: unknown; message?: unknown } };
-    if (typeof j.error?.code === "string") code = j.error.code;
-    if (typeof j.error?.message === "string") message = j.error.message;
+    const r = agentRefusal(JSON.parse(text));
+    if (r.code !== null) code = r.code;
+    if (r.message !== null) message = r.message;
   } catch {
     // not JSON: keep the text
   }

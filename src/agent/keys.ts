@@ -22,7 +22,7 @@
  * stored state never claims less access than the index grants; the window
  * is one synchronous commit.
  */
-import type { InstalledKey, KeyAuthority } from "./contracts.js";
+import type { KeyAuthority } from "./contracts.js";
 import { errorMessage, type AgentLog } from "./log.js";
 import type { AgentStore, StoredKey } from "./store/store.js";
 
@@ -287,16 +287,4 @@ export function supersededAt(k: StoredKey, generation: number): boolean {
 
 function timerId(machineId: string, fingerprint: string): string {
   return `${machineId}\0${fingerprint}`;
-}
-
-/** The contract's view of a stored key (no public key line). */
-export function installedKey(k: StoredKey): InstalledKey {
-  return {
-    machineId: k.machineId,
-    fingerprint: k.fingerprint,
-    generation: k.generation,
-    mode: k.mode,
-    grantId: k.grantId,
-    expiresAt: k.expiresAt,
-  };
 }

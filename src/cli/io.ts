@@ -21,11 +21,6 @@ export const EXIT_PIPE = 141;
 let closed = false;
 let debug = false;
 
-/** Whether stdout or stderr met a reader that has gone (EPIPE). */
-export function outputClosed(): boolean {
-  return closed;
-}
-
 /** `--debug` or BERTH_DEBUG=1: unexpected errors print their stack. */
 export function debugEnabled(): boolean {
   return debug;

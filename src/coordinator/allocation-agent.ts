@@ -6,9 +6,10 @@
  * observation a replacement launch actor decides on, and the volume routes
  * `berth volume …` reaches through the coordinator.
  */
-import { parseOperationResult, type AllocOperationKind, type OperationResults } from "../protocol/operations.js";
+import { parseOperationResult, type AllocOperationKind, type AllocOpArgs, type OperationResults } from "../protocol/operations.js";
+import { AGENT_API, agentPath, agentRefusal, agentReplyMismatch, parseAgentReply, type AgentReply, type AgentRoute } from "../protocol/agent-api.js";
 import type { HoldObservation } from "../core/allocation-takeover.js";
-import { BerthError } from "../core/errors.js";
+import { BerthError, isErrorCode } from "../core/errors.js";
 
 /** What the hosts provider gives: one authenticated call to a host's agent (throws when it does not answer). */
 export type AgentCall = (hostId: string, method: "GET" | "POST", path: string, body?: unknown) => Promise<{ status: number; body: unknown }>;
@@ -20,29 +21,28 @@ export type AllocAnswer<K extends AllocOperationKind> =
   | { kind: "refused"; code: string; error: string }
   | { kind: "ambiguous"; error: string };
 
-interface ErrorBody {
-  error?: { code?: string; message?: string };
-  result?: unknown;
-}
-
 export class AllocationAgent {
   constructor(private readonly call: AgentCall) {}
 
-  async op<K extends AllocOperationKind>(hostId: string, kind: K, opId: string, machineId: string, generation: number, args: Record<string, unknown>): Promise<AllocAnswer<K>> {
+  async op<K extends AllocOperationKind>(hostId: string, kind: K, opId: string, machineId: string, generation: number, args: AllocOpArgs[K]): Promise<AllocAnswer<K>> {
     let r: { status: number; body: unknown };
     try {
       r = await this.call(hostId, "POST", "/v1/agent/ops", { opId, kind, machineId, generation, args });
     } catch (e) {
       return { kind: "ambiguous", error: `the agent did not answer: ${e instanceof Error ? e.message : String(e)}` };
     }
-    const body = (r.body ?? {}) as ErrorBody;
     if (r.status >= 200 && r.status < 300) {
-      const result = parseOperationResult(kind, body.result);
-      return result === null ? { kind: "ambiguous", error: `the agent's ${kind} result does not match the contract` } : { kind: "done", result };
+      try {
+        const result = parseOperationResult(kind, parseAgentReply("POST /v1/agent/ops", r.body).result);
+        return result === null ? { kind: "ambiguous", error: `invalid_agent_reply: the agent's ${kind} result does not match the operation contract` } : { kind: "done", result };
+      } catch (e) {
+        return { kind: "ambiguous", error: e instanceof Error ? e.message : String(e) };
+      }
     }
-    const msg = body.error?.message ?? `agent answered ${r.status}`;
+    const refusal = agentRefusal(r.body);
+    const msg = refusal.message ?? `agent answered ${r.status}`;
     if (r.status >= 500) return { kind: "ambiguous", error: msg };
-    return { kind: "refused", code: body.error?.code ?? "refused", error: msg };
+    return { kind: "refused", code: refusal.code ?? "refused", error: msg };
   }
 
   /**
@@ -59,47 +59,54 @@ export class AllocationAgent {
     } catch (e) {
       return { kind: "unreadable", why: `the agent did not answer: ${e instanceof Error ? e.message : String(e)}` };
     }
-    const body = r.body as { state?: string; generation?: number; allocationId?: string; error?: { code?: string } };
     if (floor !== null && r.status === 404) return { kind: "unreadable", why: "the agent cannot raise a generation floor (an agent older than this coordinator): upgrade it" };
-    if (r.status === 404 && body.error?.code === "not_found") return { kind: "absent" };
-    if (r.status === 200 && typeof body.generation === "number") {
-      // A released or fenced hold holds nothing: for the takeover it is absent (and the agent refuses any hold below it).
-      return body.state === "held" ? { kind: "present", allocationId: body.allocationId ?? allocationId, generation: body.generation } : { kind: "absent" };
+    if (r.status === 404 && agentRefusal(r.body).code === "not_found") return { kind: "absent" };
+    if (r.status !== 200) return { kind: "unreadable", why: `agent answered ${r.status}` };
+    let hold: AgentReply<"GET /v1/agent/holds/{allocation}">;
+    try {
+      hold = parseAgentReply(floor === null ? "GET /v1/agent/holds/{allocation}" : "POST /v1/agent/holds/{allocation}/observe", r.body);
+    } catch (e) {
+      return { kind: "unreadable", why: e instanceof Error ? e.message : String(e) };
     }
-    return { kind: "unreadable", why: `agent answered ${r.status}` };
+    // A released or fenced hold holds nothing: for the takeover it is absent (and the agent refuses any hold below it).
+    return hold.state === "held" ? { kind: "present", allocationId: hold.allocationId, generation: hold.generation } : { kind: "absent" };
   }
 
   /** Whether the allocation's sandbox runs on its host, asked of the agent's runtime now (never "stopped" unless the agent said so). */
   async sandbox(hostId: string, allocationId: string): Promise<SandboxObservation> {
+    const route = "GET /v1/agent/holds/{allocation}/sandbox";
     let r: { status: number; body: unknown };
     try {
-      r = await this.call(hostId, "GET", `/v1/agent/holds/${encodeURIComponent(allocationId)}/sandbox`);
+      r = await this.call(hostId, "GET", agentPath(route, { allocation: allocationId }));
     } catch (e) {
       return { kind: "unreadable", why: `the agent did not answer: ${e instanceof Error ? e.message : String(e)}` };
     }
-    const body = r.body as { sandbox?: string; why?: string | null };
-    if (r.status !== 200 || typeof body.sandbox !== "string") return { kind: "unreadable", why: `agent answered ${r.status}` };
+    if (r.status !== 200) return { kind: "unreadable", why: `agent answered ${r.status}` };
+    const p = AGENT_API[route].safeParse(r.body);
+    if (!p.success) return { kind: "unreadable", why: agentReplyMismatch(route, p.error.issues).message };
+    const body = p.data;
     if (body.sandbox === "running") return { kind: "running" };
     if (body.sandbox === "stopped" || body.sandbox === "mismatch") return { kind: "dead", why: body.why ?? body.sandbox };
     return { kind: "unreadable", why: `the agent has no running machine of it (${body.why ?? body.sandbox})` };
   }
 
-  /** Volume routes, passed through (their refusals keep the agent's code and message). */
-  volume(hostId: string, method: "GET" | "POST", path: string): Promise<unknown> {
-    return this.passthrough(hostId, method, path);
-  }
-
-  /** One agent route, passed through (volumes, images): its refusals keep the agent's code and message. */
-  async passthrough(hostId: string, method: "GET" | "POST", path: string, payload?: unknown): Promise<unknown> {
+  /**
+   * One agent route (volumes, images, standing), its answer parsed by the
+   * contract (src/protocol/agent-api.ts): refusals keep the agent's code and
+   * message; an answer off the contract is `invalid_agent_reply`.
+   */
+  async passthrough<R extends AgentRoute>(hostId: string, route: R, params: Record<string, string> = {}, payload?: unknown): Promise<AgentReply<R>> {
+    const method = route.startsWith("GET ") ? "GET" : "POST";
+    const path = agentPath(route, params);
     let r: { status: number; body: unknown };
     try {
       r = await this.call(hostId, method, path, payload);
     } catch (e) {
       throw new BerthError("provider_unavailable", `provider_unavailable: the agent of host ${hostId} did not answer: ${e instanceof Error ? e.message : String(e)}; try again`);
     }
-    const body = r.body as ErrorBody;
-    if (r.status >= 200 && r.status < 300) return r.body;
-    const code = body.error?.code ?? "provider_unavailable";
-    throw new BerthError(code as "conflict", body.error?.message ?? `${code}: agent answered ${r.status}`);
+    if (r.status >= 200 && r.status < 300) return parseAgentReply(route, r.body);
+    const refusal = agentRefusal(r.body);
+    const code = refusal.code !== null && isErrorCode(refusal.code) ? refusal.code : "provider_unavailable";
+    throw new BerthError(code, refusal.message ?? `${code}: agent answered ${r.status}`);
   }
 }

@@ -34,6 +34,7 @@ import { filesScopeOf } from "../store/files-scope.js";
 import { failOp, finishOp, leaseHeld, leaseOp, lockOp, OP_LEASE_MS, retryOpAt, type OpRow } from "../store/operations.js";
 import { releaseHostSlot } from "../store/hosts.js";
 import type { OperationEvidence, OperationOutcome } from "../providers/provider.js";
+import { parseOpRowArgs, readinessEvidenceSchema, type OpRowCall } from "../protocol/operations.js";
 import { applyTransition } from "./actions/transition.js";
 import { readinessVerdict, type ReadinessEvidence, type ReadinessVerdict } from "../core/network-evidence.js";
 import { policyFingerprint } from "../core/network-policy.js";
@@ -124,11 +125,15 @@ export class OperationExecutor {
     const { op, machine } = started;
     const provider = ctx.providers.get(machine.provider);
     let outcome: OperationOutcome;
-    if (!provider) {
+    const call = rowCall(op);
+    if ("error" in call) {
+      // A row whose arguments do not match the contract is never sent; retrying cannot change it.
+      outcome = { kind: "failed", error: call.error, retryable: false };
+    } else if (!provider) {
       outcome = { kind: "failed", error: `provider ${machine.provider} is not configured`, retryable: true };
     } else {
       try {
-        outcome = await provider.run({ opId: op.id, kind: op.kind, machine, generation: op.generation, args: JSON.parse(op.args) as Record<string, unknown> });
+        outcome = await provider.run({ ...call, opId: op.id, machine, generation: op.generation });
       } catch (e) {
         outcome = { kind: "ambiguous", error: e instanceof Error ? e.message : String(e) };
       }
@@ -305,7 +310,9 @@ export class OperationExecutor {
     const pool = await readPool(tx, m.org, m.pool);
     const current = pool ? policyFingerprint(pool.network) : "none";
     const expected = m.network_fingerprint ?? "none";
-    const evidence = (result.network ?? null) as ReadinessEvidence | null;
+    // Absent or off the contract: no evidence (a machine with a policy is then not ready).
+    const read = result.network === undefined ? null : readinessEvidenceSchema.safeParse(result.network);
+    const evidence: ReadinessEvidence | null = read?.success ? read.data : null;
     if (evidence) await setMachineEvidence(tx, m.id, evidence);
     if (expected !== "none") {
       const outcome = evidence ? evidence.result : "missing";
@@ -343,6 +350,15 @@ export class OperationExecutor {
     ctx.metrics.quarantined.inc({ pool: m.pool, reason: `${op.kind}_failed` });
     grants.cleanupFailed(tx, m, op.kind);
     await applyTransition(tx, ctx, m, { kind: "quarantine", reason: `${op.kind} could not be proven: ${error}` }, now, { nonce });
+  }
+}
+
+/** The operation row's kind and arguments, parsed by the contract (protocol/operations.ts), or why they do not parse. */
+function rowCall(op: OpRow): OpRowCall | { error: string } {
+  try {
+    return parseOpRowArgs(op.kind, op.args);
+  } catch (e) {
+    return { error: e instanceof Error ? e.message : String(e) };
   }
 }
 

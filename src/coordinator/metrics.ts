@@ -4,6 +4,7 @@
  * borrow id or repository label.
  */
 import client from "prom-client";
+import { HistoryRecorder } from "./history.js";
 
 export const LATENCY_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1];
 export const READY_AGE_BUCKETS = [0.1, 1, 10, 60, 300, 1800, 3600, 14400];
@@ -72,6 +73,8 @@ export class Metrics {
   /** The same two histograms per (org, pool), for the dashboard's pool charts; never exported (an org's figures are shown to it alone). */
   readonly poolLatency = new PoolHistograms(LATENCY_BUCKETS);
   readonly poolReadyAge = new PoolHistograms(READY_AGE_BUCKETS);
+  /** Borrows served and returned per pool and 10-second bucket, for the dashboard's history (written to the store every 10 s). */
+  readonly history = new HistoryRecorder(LATENCY_BUCKETS);
   readonly clientReports = new client.Histogram({ name: "berth_client_report_seconds", help: "Client-reported timings (telemetry only, never proof): first_command, scrub", labelNames: ["kind"], buckets: [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5], registers: [this.registry] });
   readonly networkProbes = new client.Counter({ name: "berth_network_probes_total", help: "Network readiness probes reported by agents, by outcome: pass, fail, missing", labelNames: ["pool", "outcome"], registers: [this.registry] });
   readonly machines = new client.Gauge({ name: "berth_machines", help: "Machines by pool and state", labelNames: ["pool", "state"], registers: [this.registry] });
@@ -91,9 +94,10 @@ export class Metrics {
   });
 
   /** One served borrow: the exported histograms and the pool's own. */
-  observeBorrow(o: { org: string; pool: string; access: "keeper" | "portable"; latencySeconds: number; readyAgeSeconds: number | null }): void {
+  observeBorrow(o: { org: string; pool: string; access: "keeper" | "portable"; latencySeconds: number; readyAgeSeconds: number | null; at: number }): void {
     this.borrowLatency.observe({ access: o.access }, o.latencySeconds);
     this.poolLatency.observe(o.org, o.pool, o.latencySeconds);
+    this.history.borrowed(o.org, o.pool, o.at, o.latencySeconds);
     if (o.readyAgeSeconds !== null) {
       this.readyAge.observe(o.readyAgeSeconds);
       this.poolReadyAge.observe(o.org, o.pool, o.readyAgeSeconds);

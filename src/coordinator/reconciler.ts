@@ -13,7 +13,7 @@
 import type { Ctx } from "./context.js";
 import type { Tx } from "../store/store.js";
 import { audit } from "../store/audit.js";
-import { clearDue, poolRef, setDue, setDueNoLater, takeDueRow, type DueRow } from "../store/due.js";
+import { clearDue, deferUnknownDue, poolRef, setDue, setDueNoLater, takeDueRow, type DueRow } from "../store/due.js";
 import { deleteEndedBorrow, endBorrow, lockBorrow } from "../store/borrows.js";
 import { deleteExpiredClaim, expireClaim, lockClaim } from "../store/claims.js";
 import { deleteClosedGrant } from "../store/grants.js";
@@ -132,7 +132,7 @@ async function handle(tx: Tx, ctx: Ctx, executor: ReconcilerDeps["executor"], ro
       return null;
     default:
       // An unknown kind (a newer coordinator's) is left for it, pushed back so it does not block the index.
-      await setDue(tx, row.kind as "op", row.ref, now + 60_000);
+      await deferUnknownDue(tx, row, now + 60_000);
       return null;
   }
 }

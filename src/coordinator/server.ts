@@ -7,6 +7,7 @@ import { randomBytes as nodeRandomBytes, randomUUID } from "node:crypto";
 import pino, { type Logger } from "pino";
 import type { Store } from "../store/store.js";
 import { Metrics } from "./metrics.js";
+import { HISTORY_BUCKET_MS } from "../store/history.js";
 import { DEFAULT_CONFIG, type CoordinatorConfig, type Ctx } from "./context.js";
 import { addRoutes } from "./http/routes.js";
 import { createHttpServer } from "../http/server.js";
@@ -127,6 +128,11 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
   const ui = addUiRoutes(app, ctx, o.ui);
   const { url, port } = await app.listen(o.host ?? "127.0.0.1", o.port ?? 0);
   if (o.reconcile !== false) loop.start();
+  // The dashboard's history: closed 10-second buckets are written every 10 s (the open one at the stop).
+  const writeHistory = (all: boolean) =>
+    metrics.history.flush(ctx.store, ctx.actor, ctx.now(), all).catch((e: unknown) => log.warn({ err: e }, "history: buckets not written; kept in memory for the next try"));
+  const historyTimer = setInterval(() => void writeHistory(false), HISTORY_BUCKET_MS);
+  historyTimer.unref();
   const checked = (o.providers ?? []).filter((p) => p.checkMachines).map((p) => p.name);
   const readyCheck = o.reconcile !== false && checked.length > 0 && config.readyCheckMs > 0 ? startReadyCheck(ctx, checked, config.readyCheckMs) : null;
   return {
@@ -144,6 +150,8 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
     async stop() {
       await readyCheck?.stop();
       await loop!.stop();
+      clearInterval(historyTimer);
+      await writeHistory(true);
       ui.stop();
       await allocations.idle();
       await app.close();

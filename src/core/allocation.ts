@@ -21,11 +21,6 @@ import { formatDuration } from "./durations.js";
 export type AllocationState = "placed" | "launching" | "ready" | "failed" | "releasing" | "quarantined" | "released";
 export const ALLOCATION_STATES: readonly AllocationState[] = ["placed", "launching", "ready", "failed", "releasing", "quarantined", "released"];
 
-/** States that hold a host slot and budget. */
-export function holdsReservation(s: AllocationState): boolean {
-  return s !== "released";
-}
-
 export type ReleaseCause = "owner" | "operator" | "expiry" | "host_withdrawn" | "launch_failed";
 
 export type AllocationEvent =

@@ -47,6 +47,7 @@ export type ErrorCode =
   | "network_tampered"
   | "sftp_unavailable"
   | "transfer_cut"
+  | "invalid_agent_reply"
   | "internal";
 
 const STATUS: Record<ErrorCode, number> = {
@@ -103,6 +104,8 @@ const STATUS: Record<ErrorCode, number> = {
   sftp_unavailable: 422,
   /** A file transfer ended before it was complete: the borrow was returned or expired, or the connection was lost. */
   transfer_cut: 502,
+  /** An agent answered the coordinator with a body off the coordinator↔agent contract (src/protocol/agent-api.ts). */
+  invalid_agent_reply: 502,
   internal: 500,
 };
 
@@ -115,6 +118,11 @@ export class BerthError extends Error {
     this.code = code;
     this.status = STATUS[code];
   }
+}
+
+/** Whether `code` is one of berth's stable codes (e.g. one an agent answered with). */
+export function isErrorCode(code: string): code is ErrorCode {
+  return Object.hasOwn(STATUS, code);
 }
 
 export function isBerthError(e: unknown): e is BerthError {

@@ -26,8 +26,6 @@ export type ImageRef =
   | { kind: "registry"; registry: string; repository: string; tag: string | null; digest: string | null }
   | { kind: "ami"; amiId: string };
 
-export type ImageKind = ImageRef["kind"];
-
 /** Where a kind of image can boot: agents' gvisor sandboxes, or AWS instances. */
 export function imageProvider(ref: ImageRef): "hosts" | "aws" {
   return ref.kind === "ami" ? "aws" : "hosts";

@@ -240,10 +240,3 @@ export function hostAddressRefusal(p: NetworkPolicy, hostAddresses: readonly str
   }
   return null;
 }
-
-/** One line for people: `egress: 2 allow entries, dns 10.0.0.53 (np-…)` or `none`. */
-export function describePolicy(p: NetworkPolicy): string {
-  if (p.mode === "none") return "none";
-  const dns = p.dns.length > 0 ? `dns ${p.dns.join(", ")}` : "no DNS resolver (pinned names only)";
-  return `egress to ${p.allow.length > 0 ? p.allow.join(", ") : "nothing"}; ${dns} (${policyFingerprint(p)})`;
-}

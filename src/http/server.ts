@@ -99,6 +99,11 @@ export interface RouteOptions<S extends z.ZodType | undefined, A> {
    * `unlimited` exempts one that costs nothing (the health check).
    */
   unlimited?: boolean;
+  /**
+   * A limited route's request for which this answers true is not counted
+   * against the address's rate (the dashboard: a signed-in session's pages).
+   */
+  exempt?: (req: IncomingMessage) => Promise<boolean>;
 }
 
 type BodyOf<S> = S extends z.ZodType ? z.output<S> : unknown;
@@ -110,6 +115,7 @@ interface Route {
   bodyType?: "json" | "form";
   /** Limited per client address: no `auth`, not `unlimited`. */
   limited: boolean;
+  exempt?: (req: IncomingMessage) => Promise<boolean>;
   handler: Handler<unknown, unknown>;
 }
 
@@ -145,7 +151,7 @@ export function createHttpServer(o: HttpServerOptions): HttpServer {
       throw m.error;
     }
     const { route, params } = m;
-    if (route.limited) {
+    if (route.limited && !(route.exempt && (await route.exempt(req)))) {
       const wait = rate.take(req.socket.remoteAddress ?? "", Date.now());
       if (wait > 0) {
         o.onRefused?.("rate");
@@ -211,7 +217,7 @@ export function createHttpServer(o: HttpServerOptions): HttpServer {
   });
 
   const add = (method: string) => (path: string, ro: RouteOptions<z.ZodType | undefined, unknown>, handler: Handler<unknown, unknown>) =>
-    router.add(method, path, { auth: ro.auth, body: ro.body, bodyType: ro.bodyType, limited: ro.auth === undefined && ro.unlimited !== true, handler });
+    router.add(method, path, { auth: ro.auth, body: ro.body, bodyType: ro.bodyType, limited: ro.auth === undefined && ro.unlimited !== true, ...(ro.exempt ? { exempt: ro.exempt } : {}), handler });
   return {
     get: add("GET") as HttpServer["get"],
     post: add("POST") as HttpServer["post"],

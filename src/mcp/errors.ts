@@ -12,7 +12,7 @@ import { BerthError, isBerthError } from "../core/errors.js";
 import { ApiError } from "../client/http.js";
 
 /** Codes only `berth mcp` gives (the API's own codes pass through as they are). */
-export type McpOnlyCode =
+type McpOnlyCode =
   /** The handle is not a machine this session borrowed (another session's, another organisation's, or made up). */
   | "unknown_handle"
   /** The handle was returned by this session; a returned machine is never used again. */
@@ -28,7 +28,8 @@ export type McpOnlyCode =
   /** read_output: no such output in this session (or it was deleted with its machine's return). */
   | "unknown_output";
 
-const HINTS: Record<string, string> = {
+/** A hint for every code only `berth mcp` gives, and for the API codes a tool meets most. */
+const HINTS: Record<McpOnlyCode, string> & Record<string, string> = {
   unknown_handle: "use a handle returned by borrow_machine in this session, or borrow a new machine",
   machine_returned: "borrow a new machine with borrow_machine",
   command_timeout: "run it with a larger timeout_seconds, or in the background (shell: true, `nohup CMD >log 2>&1 &`) and poll",

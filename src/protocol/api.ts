@@ -91,6 +91,16 @@ const agentUrl = z
   .url()
   .refine((u) => /^https?:$/.test(new URL(u).protocol), { message: "must be an http: or https: URL" });
 
+/**
+ * A host's capacity as its agent reports it: memory in MiB as `memoryMib`.
+ * `memoryMb` is its older name (the value was MiB all along), accepted from
+ * agents of the previous release until the next one; naming both is refused.
+ */
+const hostCapacity = z
+  .strictObject({ vcpu: int(1, 4096), memoryMib: int(64, 64 * 1024 * 1024).optional(), memoryMb: int(64, 64 * 1024 * 1024).optional(), slots: int(0, 10_000) })
+  .refine((c) => (c.memoryMib === undefined) !== (c.memoryMb === undefined), { message: "name the memory once, in MiB: memoryMib (memoryMb is its older name)", path: ["memoryMib"] })
+  .transform((c) => ({ vcpu: c.vcpu, memoryMib: c.memoryMib ?? c.memoryMb ?? 0, slots: c.slots }));
+
 const hostDescription = {
   url: agentUrl,
   runtime: z.enum(["process", "gvisor"]),
@@ -98,7 +108,7 @@ const hostDescription = {
   runtimeDetail: z
     .strictObject({ runsc: z.strictObject({ version: text(64), platform: z.enum(["kvm", "systrap", "ptrace"]) }).optional(), warning: text(500).optional() })
     .optional(),
-  capacity: z.strictObject({ vcpu: int(1, 4096), memoryMb: int(64, 64 * 1024 * 1024), slots: int(0, 10_000) }),
+  capacity: hostCapacity,
   ssh: z.strictObject({ host: text(255), port: int(1, 65535), hostKey: text(2000), fingerprint: text(200) }),
 };
 
@@ -230,7 +240,8 @@ export const hostView = o({
   runtime: s,
   runsc: nullable(o({ version: s, platform: s })),
   runtimeWarning: nullable(s),
-  capacity: o({ vcpu: n, memoryMb: n, slots: n }),
+  /** memoryMb: the older name of memoryMib (the same MiB), answered too until the next release. */
+  capacity: o({ vcpu: n, memoryMib: n, memoryMb: n.optional(), slots: n }),
   usedSlots: n,
   identity: hostIdentity,
 });
@@ -384,6 +395,15 @@ export function routePath(route: Route, params: Record<string, string>): string 
     if (v === undefined) throw new Error(`route ${route}: no value for {${name}}`);
     return encodeURIComponent(v);
   });
+}
+
+/** A JSON reply of `route` read by its schema: the typed reply, or why it does not match (`replyMismatch`). */
+export function parseReply<R extends Route>(route: R, raw: unknown): { ok: true; reply: RouteReply<R> } | { ok: false; why: string } {
+  const schema = API[route].reply;
+  if (schema === null) return { ok: false, why: `${route} answers text, not JSON` };
+  const p = schema.safeParse(raw);
+  // The schema is the route's own: its output is the route's reply type.
+  return p.success ? { ok: true, reply: p.data as RouteReply<R> } : { ok: false, why: replyMismatch(route, p.error.issues) };
 }
 
 /** Why a reply does not match its route's schema: the first offending field, by its path. */

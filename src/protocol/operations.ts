@@ -67,6 +67,8 @@ export const allocLaunchArgsSchema = z.strictObject({
   /** The host's standing epoch the launch was decided under (src/agent/standing.ts); absent: 0. */
   standingEpoch: z.number().int().nonnegative().optional(),
 });
+/** The allocation operations' arguments as they travel (the agent validates them with these schemas). */
+export type AllocOpArgs = { alloc_hold: z.input<typeof allocHoldArgsSchema>; alloc_launch: z.input<typeof allocLaunchArgsSchema>; alloc_release: z.input<typeof allocReleaseArgsSchema> };
 /** `resolve`: an operator ends the allocation's quarantine; the agent then destroys a sandbox that does not match its record (what the runtime can prove is that machine's), instead of refusing. */
 export const allocReleaseArgsSchema = z.strictObject({ allocationId: z.string(), keepVolume: z.boolean(), resolve: z.boolean().optional() });
 
@@ -188,6 +190,64 @@ export function canonicalJson(v: unknown): string {
     .filter((k) => o[k] !== undefined)
     .map((k) => `${JSON.stringify(k)}:${canonicalJson(o[k])}`)
     .join(",")}}`;
+}
+
+// ---- the coordinator's operation rows ---------------------------------------
+
+/**
+ * The arguments a coordinator operation row keeps (store/operations.ts
+ * `args`), per machine kind: what the executor hands its provider. provision
+ * carries what the pool asked for (the keeper key is installed right after,
+ * by the provider); the others are what the agent takes.
+ */
+export const opRowArgsSchemas = {
+  // Loose: a field a newer coordinator wrote is kept (and reaches no provider until it is named here).
+  provision: z.looseObject({
+    claimId: z.string().optional(),
+    keeperKey: z.string().nullable().optional(),
+    network: z.unknown().optional(),
+    image: z.string().optional(),
+    forwarding: z.enum(["on", "off"]).optional(),
+    files: z.enum(["machine", "workspace"]).optional(),
+  }),
+  install_key: installKeyArgsSchema,
+  remove_key: removeKeyArgsSchema,
+  fence: z.object({}),
+  scrub: z.object({}),
+  destroy: z.object({}),
+} as const;
+export type MachineOperationKind = keyof typeof opRowArgsSchemas;
+export type OpRowArgs = { [K in MachineOperationKind]: z.infer<(typeof opRowArgsSchemas)[K]> };
+/** An operation row's kind and arguments, read together: narrowing the kind narrows the arguments. */
+export type OpRowCall = { [K in MachineOperationKind]: { kind: K; args: OpRowArgs[K] } }[MachineOperationKind];
+
+/** Reads an operation row's arguments by its kind; a BerthError naming the field when they do not match. */
+export function parseOpRowArgs(kind: MachineOperationKind, json: string): OpRowCall {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(json);
+  } catch {
+    throw new BerthError("internal", `internal: the arguments of a ${kind} operation row are not JSON`);
+  }
+  const read = <S extends z.ZodType>(schema: S): z.output<S> => {
+    const p = schema.safeParse(raw);
+    if (!p.success) throw zodRefusal(p.error, { what: `the arguments of a ${kind} operation row`, at: "args" });
+    return p.data;
+  };
+  switch (kind) {
+    case "provision":
+      return { kind, args: read(opRowArgsSchemas.provision) };
+    case "install_key":
+      return { kind, args: read(opRowArgsSchemas.install_key) };
+    case "remove_key":
+      return { kind, args: read(opRowArgsSchemas.remove_key) };
+    case "fence":
+    case "scrub":
+    case "destroy":
+      return { kind, args: read(opRowArgsSchemas[kind]) };
+    default:
+      return assertNever(kind, "operation kind");
+  }
 }
 
 // ---- results ---------------------------------------------------------------

@@ -8,10 +8,7 @@
  * capability; a provider lacking one is refused for them (fail closed).
  */
 import type { MachineRow } from "../store/machines.js";
-import type { AllocOperationKind, OperationKind as ProtocolKind } from "../protocol/operations.js";
-
-/** Machine operations a provider carries out (the allocation kinds go to an agent directly: coordinator/allocation-agent.ts). */
-export type OperationKind = Exclude<ProtocolKind, AllocOperationKind>;
+import type { OpRowCall } from "../protocol/operations.js";
 
 export interface ProviderCapabilities {
   /** Creates machines itself to fill claims. */
@@ -36,13 +33,16 @@ export function missingPortableCapabilities(c: ProviderCapabilities): string[] {
   return PORTABLE_CAPABILITIES.filter((k) => !c[k]);
 }
 
-export interface OperationRequest {
+/**
+ * One machine operation for a provider (the allocation kinds go to an agent
+ * directly: coordinator/allocation-agent.ts): its kind and the row's
+ * arguments typed together (protocol/operations.ts `parseOpRowArgs`).
+ */
+export type OperationRequest = OpRowCall & {
   opId: string;
-  kind: OperationKind;
   machine: MachineRow;
   generation: number;
-  args: Record<string, unknown>;
-}
+};
 
 /**
  * What a done operation proved. The executor reads the named fields; the

@@ -8,7 +8,7 @@
  */
 import type { Tx } from "./store.js";
 import type { Migration } from "./migrate.js";
-import type { AllocLaunchResult, AllocReleaseResult } from "../protocol/operations.js";
+import { parseOperationResult, type AllocLaunchResult, type AllocReleaseResult } from "../protocol/operations.js";
 
 /**
  * Migration 12: an operator's resolution of a quarantined allocation
@@ -63,8 +63,9 @@ export async function getLaunch(tx: Tx, allocationId: string): Promise<LaunchRec
     publicKey: r.public_key,
     fingerprint: r.fingerprint,
     keepVolume: Boolean(r.keep_volume),
-    launch: r.launch_result ? (JSON.parse(r.launch_result) as AllocLaunchResult) : null,
-    release: r.release_result ? (JSON.parse(r.release_result) as AllocReleaseResult) : null,
+    // Stored as the contract read them from the agent; read back by it again (never cast).
+    launch: r.launch_result ? parseOperationResult("alloc_launch", JSON.parse(r.launch_result)) : null,
+    release: r.release_result ? parseOperationResult("alloc_release", JSON.parse(r.release_result)) : null,
     readyAt: r.ready_at === null ? null : Number(r.ready_at),
     attempts: r.attempts,
     error: r.error,

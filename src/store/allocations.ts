@@ -101,12 +101,6 @@ export async function casAllocationState(tx: Tx, id: string, from: AllocationSta
   return n === 1;
 }
 
-/** Live allocations whose expiry has come (for the expiry sweep). */
-export async function expiredAllocations(tx: Tx, now: number, limit: number): Promise<AllocationRecord[]> {
-  const rows = await tx.all<AllocationRow>("SELECT * FROM allocations WHERE state <> 'released' AND expires_at <= ? ORDER BY expires_at LIMIT ?", [now, limit]);
-  return rows.map(allocationFromRow);
-}
-
 /** Live allocations by state (metrics). */
 export async function liveAllocationCounts(tx: Tx): Promise<Array<{ state: string; n: number }>> {
   const rows = await tx.all<{ state: string; n: number }>("SELECT state, COUNT(*) AS n FROM allocations WHERE state <> 'released' GROUP BY state");

@@ -26,6 +26,11 @@ export async function setDueNoLater(tx: Tx, kind: DueKind, ref: string, at: numb
   );
 }
 
+/** Pushes back a due row of a kind this coordinator does not know (a newer coordinator's), so it does not block the index. */
+export async function deferUnknownDue(tx: Tx, row: { kind: string; ref: string }, at: number): Promise<void> {
+  await tx.write("UPDATE due SET due_at = ? WHERE kind = ? AND ref = ?", [at, row.kind, row.ref], { row: `${row.kind}:${row.ref}` });
+}
+
 /** Whether a row of this kind and ref is armed. */
 export async function hasDue(tx: Tx, kind: DueKind, ref: string): Promise<boolean> {
   return (await tx.get<{ n: number }>("SELECT 1 AS n FROM due WHERE kind = ? AND ref = ?", [kind, ref])) !== undefined;

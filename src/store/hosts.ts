@@ -40,7 +40,7 @@ export interface HostDescription {
   url: string;
   runtime: string;
   runtimeDetail?: HostRuntimeDetail;
-  capacity: { vcpu: number; memoryMb: number; slots: number };
+  capacity: { vcpu: number; memoryMib: number; slots: number };
   ssh: { host: string; port: number; hostKey: string; fingerprint: string };
 }
 
@@ -65,13 +65,13 @@ export async function listHosts(tx: Tx, org: string): Promise<HostRow[]> {
 export async function insertHost(tx: Tx, id: string, org: string, name: string, d: HostDescription, now: number, identityKey: string | null = null): Promise<void> {
   await tx.run(
     "INSERT INTO hosts (id, org, name, url, runtime, runtime_detail, vcpu, memory_mb, slots, used_slots, ssh_host, ssh_port, host_key, fingerprint, enrolled_at, identity_state, identity_key, identity_since) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
-    [id, org, name, d.url, d.runtime, detailColumn(d.runtimeDetail), d.capacity.vcpu, d.capacity.memoryMb, d.capacity.slots, d.ssh.host, d.ssh.port, d.ssh.hostKey, d.ssh.fingerprint, now, identityKey === null ? "legacy" : "active", identityKey, identityKey === null ? null : now],
+    [id, org, name, d.url, d.runtime, detailColumn(d.runtimeDetail), d.capacity.vcpu, d.capacity.memoryMib, d.capacity.slots, d.ssh.host, d.ssh.port, d.ssh.hostKey, d.ssh.fingerprint, now, identityKey === null ? "legacy" : "active", identityKey, identityKey === null ? null : now],
   );
 }
 
 export async function updateHost(tx: Tx, id: string, d: HostDescription, now: number): Promise<void> {
   await tx.run("UPDATE hosts SET url = ?, runtime = ?, runtime_detail = ?, vcpu = ?, memory_mb = ?, slots = ?, ssh_host = ?, ssh_port = ?, host_key = ?, fingerprint = ?, enrolled_at = ? WHERE id = ?", [
-    d.url, d.runtime, detailColumn(d.runtimeDetail), d.capacity.vcpu, d.capacity.memoryMb, d.capacity.slots, d.ssh.host, d.ssh.port, d.ssh.hostKey, d.ssh.fingerprint, now, id,
+    d.url, d.runtime, detailColumn(d.runtimeDetail), d.capacity.vcpu, d.capacity.memoryMib, d.capacity.slots, d.ssh.host, d.ssh.port, d.ssh.hostKey, d.ssh.fingerprint, now, id,
   ]);
 }
 

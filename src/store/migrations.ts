@@ -20,6 +20,7 @@ import { FORWARDING_MIGRATION } from "./forwarding.js";
 import { FILES_SCOPE_MIGRATION } from "./files-scope.js";
 import { AWS_LAUNCHES_MIGRATION } from "./aws-launches.js";
 import { PROVISION_BREAKER_MIGRATION } from "./provision-breaker.js";
+import { HISTORY_MIGRATION } from "./history.js";
 
 export const MIGRATIONS: readonly Migration[] = [
   {
@@ -200,4 +201,5 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
   AWS_LAUNCHES_MIGRATION,
   PROVISION_BREAKER_MIGRATION,
   FILES_SCOPE_MIGRATION,
+  HISTORY_MIGRATION,
 ];

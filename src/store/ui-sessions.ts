@@ -32,6 +32,8 @@ export interface SessionRow {
   expiresAt: number;
   /** The token the session was opened with, as stored now (undefined once deleted). */
   token: ApiTokenRow | undefined;
+  /** That token's label. */
+  label: string | null;
 }
 
 /** Records a new session; expired sessions are pruned in the same transaction. */
@@ -44,8 +46,8 @@ export async function insertSession(store: Store, s: { hash: string; tokenId: st
 
 /** One committed read of a session and its token (no transaction): a sign-out or revocation is seen by the next request. */
 export async function readSession(store: Store, hash: string): Promise<SessionRow | undefined> {
-  const r = await store.readCommitted<{ hash: string; token_id: string; created_at: number; expires_at: number; id: string | null; org: string; role: ApiTokenRow["role"]; t_expires_at: number | null; revoked_at: number | null }>(
-    `SELECT s.hash, s.token_id, s.created_at, s.expires_at, t.id, t.org, t.role, t.expires_at AS t_expires_at, t.revoked_at
+  const r = await store.readCommitted<{ hash: string; token_id: string; created_at: number; expires_at: number; id: string | null; org: string; role: ApiTokenRow["role"]; t_expires_at: number | null; revoked_at: number | null; label: string | null }>(
+    `SELECT s.hash, s.token_id, s.created_at, s.expires_at, t.id, t.org, t.role, t.expires_at AS t_expires_at, t.revoked_at, t.label
      FROM ui_sessions s LEFT JOIN api_tokens t ON t.id = s.token_id WHERE s.hash = ?`,
     [hash],
   );
@@ -56,6 +58,7 @@ export async function readSession(store: Store, hash: string): Promise<SessionRo
     createdAt: Number(r.created_at),
     expiresAt: Number(r.expires_at),
     token: r.id === null ? undefined : { id: r.id, org: r.org, role: r.role, expires_at: r.t_expires_at === null ? null : Number(r.t_expires_at), revoked_at: r.revoked_at === null ? null : Number(r.revoked_at) },
+    label: r.label ?? null,
   };
 }
 

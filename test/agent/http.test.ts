@@ -169,7 +169,7 @@ describe("enrollment", () => {
       url: a.url,
       runtime: "process",
       runtimeDetail: {},
-      capacity: { vcpu: 4, memoryMb: 4096, slots: 2 },
+      capacity: { vcpu: 4, memoryMib: 4096, slots: 2 },
       ssh: { host: "127.0.0.1", port: a.ssh.port, hostKey: a.ssh.hostKey, fingerprint: a.ssh.fingerprint },
     });
     assert.match(a.ssh.hostKey, /^ssh-ed25519 /);

@@ -20,8 +20,8 @@ test("alloc and owner commands through the binary", async () => {
     writeFileSync(join(t.dir, "admin.token"), admin.token + "\n", { mode: 0o600 });
     writeFileSync(join(t.dir, "member.token"), member.token + "\n", { mode: 0o600 });
     const as = (who: "admin" | "member") => ["--url", t.coord.url, "--token-file", join(t.dir, `${who}.token`)];
-    await t.store.transaction((tx) => accountEnrolledHost(tx, "test", { id: "h_one", org: "acme", name: "one", vcpu: 8, memoryMb: 16384, slots: 4 }, Date.now()));
-    await t.store.transaction((tx) => accountEnrolledHost(tx, "test", { id: "h_two", org: "acme", name: "two", vcpu: 2, memoryMb: 2048, slots: 4 }, Date.now()));
+    await t.store.transaction((tx) => accountEnrolledHost(tx, "test", { id: "h_one", org: "acme", name: "one", vcpu: 8, memoryMib: 16384, slots: 4 }, Date.now()));
+    await t.store.transaction((tx) => accountEnrolledHost(tx, "test", { id: "h_two", org: "acme", name: "two", vcpu: 2, memoryMib: 2048, slots: 4 }, Date.now()));
 
     const notYet = await berth(["alloc", "create", "--no-key", "--size", "small", "--id", "w1", ...as("member")]);
     assert.equal(notYet.status, 1);

@@ -48,6 +48,7 @@ const STATUS: Record<ErrorCode, number> = {
   operation_failed: 502,
   store_busy: 503,
   method_not_allowed: 405,
+  invalid_agent_reply: 502,
   internal: 500,
 };
 

@@ -3,7 +3,8 @@
  * coordinators, a real `berth agent`, and between them a loopback proxy
  * (test/helpers/agent-proxy.ts) that holds, delays, drops or reorders chosen
  * agent calls the way a slow network does. Each test is a promise of
- * docs/allocations.md attacked at the point where arrival order decides.
+ * docs/allocations.md attacked at the point where arrival order decides; the
+ * last one rewrites the agent's answers (the coordinator↔agent contract).
  */
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
@@ -12,6 +13,7 @@ import { join } from "node:path";
 import { AllocRig } from "../helpers/alloc-rig.js";
 import { startAgentProxy, type AgentProxy } from "../helpers/agent-proxy.js";
 import { generateSshKeyPair } from "../../src/core/ssh-keys.js";
+import { ApiError } from "../../src/client/http.js";
 
 const key = generateSshKeyPair("adversarial-test");
 
@@ -121,6 +123,34 @@ describe("allocations under adversarial timing (real coordinator and agent, a pr
       await rig.api(a).call("POST", "/v1/allocations/Z9/release", {});
       await rig.waitState("Z9", "released", 20_000);
     } finally {
+      await a.kill();
+    }
+  });
+
+  // The coordinator ↔ agent contract (src/protocol/agent-api.ts, operations.ts): the proxy lets the agent act, then rewrites its answer.
+  test("an agent answer off the contract is never taken: a launch result is asked again under the same op id; a volume answer is invalid_agent_reply naming the field", async () => {
+    proxy.rule({ match: (x) => x.opId === "a-R1-l1", action: { kind: "rewrite", body: () => ({ status: "done", result: { allocationId: "R1", machineId: 5 } }) }, times: 1 });
+    const a = await rig.coordinator();
+    const api = rig.api(a);
+    try {
+      await api.send("POST /v1/allocations", {}, { id: "R1", size: "small", publicKey: key.publicKey });
+      await rig.waitState("R1", "ready", 30_000);
+      const launches = proxy.seen.filter((x) => x.kind === "alloc_launch" && x.opId?.startsWith("a-R1-"));
+      assert.ok(launches.length >= 2, `the rewritten answer was not taken: asked ${launches.length} time(s)`);
+      assert.deepEqual([...new Set(launches.map((x) => x.opId))], ["a-R1-l1"], "asked again under the same operation id");
+      assert.equal((await api.send("GET /v1/allocations/{id}", { id: "R1" })).launch?.machineId, "a-R1", "the recorded launch is the agent's own");
+
+      assert.equal((await api.send("GET /v1/volumes/{allocation}", { allocation: "R1" })).allocationId, "R1", "the agent's own answer passes");
+      proxy.rule({ match: (x) => x.method === "GET" && x.path === "/v1/agent/volumes/R1", action: { kind: "rewrite", body: (v) => ({ ...(v as object), allocationId: 7 }) }, times: 1 });
+      const err: unknown = await api.send("GET /v1/volumes/{allocation}", { allocation: "R1" }).then(() => null, (e: unknown) => e);
+      assert.ok(err instanceof ApiError, `refused: ${String(err)}`);
+      assert.equal(err.code, "invalid_agent_reply");
+      assert.equal(err.status, 502);
+      assert.match(err.message, /GET \/v1\/agent\/volumes\/\{allocation\}.*field allocationId/);
+      await api.send("POST /v1/allocations/{id}/release", { id: "R1" }, {});
+      await rig.waitState("R1", "released", 30_000);
+    } finally {
+      proxy.clearRules();
       await a.kill();
     }
   });

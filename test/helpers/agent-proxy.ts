@@ -15,7 +15,9 @@
  *           order reorders them;
  *   delay   forwarded after `ms`;
  *   drop    never forwarded; the caller's connection is cut (no answer);
- *   lose    forwarded, the agent acts, and the answer is lost (connection cut).
+ *   lose    forwarded, the agent acts, and the answer is lost (connection cut);
+ *   rewrite forwarded, the agent acts, and its JSON answer is replaced by
+ *           `body(answer)` (an agent of another version, a corrupting hop).
  * Rules are tried in order; a rule with `times` applies that many times.
  *
  * Point the coordinator at it by giving it the proxy's URL as the host's
@@ -34,7 +36,7 @@ export interface AgentCallView {
   body: unknown;
 }
 
-export type ProxyAction = { kind: "pass" } | { kind: "hold" } | { kind: "delay"; ms: number } | { kind: "drop" } | { kind: "lose" };
+export type ProxyAction = { kind: "pass" } | { kind: "hold" } | { kind: "delay"; ms: number } | { kind: "drop" } | { kind: "lose" } | { kind: "rewrite"; body: (answer: unknown) => unknown };
 
 export interface ProxyRule {
   match: (c: AgentCallView) => boolean;
@@ -142,6 +144,9 @@ export async function startAgentProxy(target = ""): Promise<AgentProxy> {
           return;
         case "lose":
           void go().then(() => cut(res), () => cut(res));
+          return;
+        case "rewrite":
+          void go().then((a) => answer(res, { ...a, body: Buffer.from(JSON.stringify(action.body(parsed(a.body)))) }), () => cut(res));
           return;
         case "hold": {
           const p: Pending = {

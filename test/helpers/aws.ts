@@ -12,6 +12,7 @@ import { SSMClient } from "@aws-sdk/client-ssm";
 import { AwsProvider } from "../../src/providers/aws/aws-provider.js";
 import { parseAwsConfig, type AwsConfig } from "../../src/providers/aws/config.js";
 import type { OperationOutcome, OperationRequest } from "../../src/providers/provider.js";
+import { parseOpRowArgs } from "../../src/protocol/operations.js";
 import type { MachineRow } from "../../src/store/machines.js";
 import { connect, execStreaming } from "../../src/cli/ssh-client.js";
 import { AwsEmulator } from "./aws-emulator/emulator.js";
@@ -97,7 +98,7 @@ export function opId(...parts: Array<string | number>): string {
 }
 
 export function op(kind: OperationRequest["kind"], m: MachineRow, generation: number, args: Record<string, unknown> = {}, id = opId(kind, m.id, generation, JSON.stringify(args))): OperationRequest {
-  return { opId: id, kind, machine: m, generation, args };
+  return { opId: id, ...parseOpRowArgs(kind, JSON.stringify(args)), machine: m, generation };
 }
 
 export function done(o: OperationOutcome): Record<string, unknown> {

@@ -53,7 +53,7 @@ test("allocations model: random command sequences keep the invariants on SQLite"
           owners.push(t.id);
         }
         const hosts = ["h_0", "h_1", "h_2"];
-        for (const [i, h] of hosts.entries()) await store.transaction((tx) => accountEnrolledHost(tx, "model", { id: h, org: "acme", name: `n${i}`, vcpu: 6, memoryMb: 12288, slots: 2 }, clock.now()));
+        for (const [i, h] of hosts.entries()) await store.transaction((tx) => accountEnrolledHost(tx, "model", { id: h, org: "acme", name: `n${i}`, vcpu: 6, memoryMib: 12288, slots: 2 }, clock.now()));
         const notReadySince = new Map<string, boolean>();
         const first = new Map<string, { owner: string; host: string; body: string }>();
         for (const c of cmds) {

@@ -119,7 +119,7 @@ export class World {
       w.#tokens.set(role, t.token);
       w.secrets.push(t.token);
     }
-    await enrollHost(w.coord.ctx, await w.principal("agent"), { name: "h1", url: "http://127.0.0.1:1", runtime: "process", capacity: { vcpu: 8, memoryMb: 8192, slots: 5 }, ssh: { host: "127.0.0.1", port: 2222, hostKey: "ssh-ed25519 AAAAscripted", fingerprint: "SHA256:x" } }, new Uint8Array(32));
+    await enrollHost(w.coord.ctx, await w.principal("agent"), { name: "h1", url: "http://127.0.0.1:1", runtime: "process", capacity: { vcpu: 8, memoryMib: 8192, slots: 5 }, ssh: { host: "127.0.0.1", port: 2222, hostKey: "ssh-ed25519 AAAAscripted", fingerprint: "SHA256:x" } }, new Uint8Array(32));
     return w;
   }
 

@@ -18,6 +18,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import type { OperationOutcome, OperationRequest, Provider } from "../../src/providers/provider.js";
+import { parseOpRowArgs } from "../../src/protocol/operations.js";
 import type { MachineRow } from "../../src/store/machines.js";
 import { generateSshKeyPair } from "../../src/core/ssh-keys.js";
 import { connect, execStreaming, type ExecResult } from "../../src/cli/ssh-client.js";
@@ -44,7 +45,8 @@ export async function settle(p: Provider, req: OperationRequest, max = 12): Prom
 }
 
 function req(kind: OperationRequest["kind"], m: MachineRow, generation: number, args: Record<string, unknown> = {}): OperationRequest {
-  return { opId: `op_contract_${process.pid}_${++seq}`, kind, machine: m, generation, args };
+  // Read as the executor reads an operation row (protocol/operations.ts).
+  return { opId: `op_contract_${process.pid}_${++seq}`, ...parseOpRowArgs(kind, JSON.stringify(args)), machine: m, generation };
 }
 
 function ok(o: OperationOutcome, what: string): Record<string, unknown> {

@@ -30,7 +30,7 @@ interface World {
   clock: TestClock;
   ctx: AllocCtx;
   owner(budget?: { vcpu: number; memoryMib: number; count: number }): Promise<string>;
-  host(name: string, cap?: { vcpu: number; memoryMb: number; slots: number }): Promise<string>;
+  host(name: string, cap?: { vcpu: number; memoryMib: number; slots: number }): Promise<string>;
   counts(): Promise<{ allocations: number; ledger: number }>;
   close(): Promise<void>;
 }
@@ -49,7 +49,7 @@ async function world(engine: Engine, actor = "c-test"): Promise<World> {
       await setOwnerBudget(ctx, ORG, t.id, budget, false);
       return t.id;
     },
-    async host(name, cap = { vcpu: 8, memoryMb: 16384, slots: 4 }) {
+    async host(name, cap = { vcpu: 8, memoryMib: 16384, slots: 4 }) {
       const id = `h_${name}`;
       await store.transaction((tx) => accountEnrolledHost(tx, actor, { id, org: ORG, name, ...cap }, clock.now()));
       return id;
@@ -265,7 +265,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         const owner = await w.owner({ vcpu: 64, memoryMib: 65536, count: 20 });
         const a = await w.host("a");
         const b = await w.host("b");
-        const c = await w.host("c", { vcpu: 1, memoryMb: 65536, slots: 9 });
+        const c = await w.host("c", { vcpu: 1, memoryMib: 65536, slots: 9 });
         await changeHostStanding(w.ctx, ORG, a, "withdrawn");
         await changeHostStanding(w.ctx, ORG, b, "draining");
         const e = await refusal(createAllocation(w.ctx, ORG, owner, req("x")));
@@ -279,7 +279,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         await changeHostStanding(w.ctx, ORG, b, "ready");
         // A host in the middle of its identity switch reads as not ready and is never chosen.
         await w.store.transaction((tx) =>
-          insertHost(tx, b, ORG, "b", { url: "http://127.0.0.1:9", runtime: "process", capacity: { vcpu: 8, memoryMb: 16384, slots: 4 }, ssh: { host: "127.0.0.1", port: 9, hostKey: "k", fingerprint: "f" } }, w.clock.now()),
+          insertHost(tx, b, ORG, "b", { url: "http://127.0.0.1:9", runtime: "process", capacity: { vcpu: 8, memoryMib: 16384, slots: 4 }, ssh: { host: "127.0.0.1", port: 9, hostKey: "k", fingerprint: "f" } }, w.clock.now()),
         );
         await w.store.transaction((tx) => tx.run("UPDATE hosts SET identity_state = 'prepared' WHERE id = ?", [b]));
         assert.equal((await refusal(createAllocation(w.ctx, ORG, owner, req("x")))).code, "no_capacity");
@@ -299,7 +299,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       try {
         const owner = await w.owner({ vcpu: 2, memoryMib: 4096, count: 1 });
         const other = await w.owner();
-        const h = await w.host("one", { vcpu: 2, memoryMb: 4096, slots: 1 });
+        const h = await w.host("one", { vcpu: 2, memoryMib: 4096, slots: 1 });
         await createAllocation(w.ctx, ORG, owner, req("mine"));
         assert.equal((await refusal(releaseAllocation(w.ctx, { org: ORG, principal: other, operator: false }, "mine", false))).code, "forbidden");
         assert.equal((await refusal(releaseAllocation(w.ctx, { org: "other-org", principal: owner, operator: true }, "mine", false))).code, "not_found");
@@ -350,7 +350,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
       try {
         const owners: string[] = [];
         for (let i = 0; i < 5; i++) owners.push(await w.owner({ vcpu: 10, memoryMib: 20480, count: 5 }));
-        const big = { vcpu: 16, memoryMb: 32768, slots: 8 };
+        const big = { vcpu: 16, memoryMib: 32768, slots: 8 };
         const hosts = [await w.host("h0", big), await w.host("h1", big), await w.host("h2", big)];
         const withdrawn = hosts[1]!;
         const jobs = Array.from({ length: 50 }, (_, i) => ({ owner: owners[i % 5]!, r: req(`job-${i}`, i % 3 === 0 ? "large" : "small", { strategy: i % 2 ? "spread" : "binpack" }) }));

@@ -18,6 +18,10 @@
  */
 import type { StoppedReport } from "../../core/host-identity.js";
 import { refusalOf, type EnrollRequest } from "../enroll.js";
+import { parseReply, routePath, type RouteBody, type RouteReply } from "../../protocol/api.js";
+
+/** The coordinator routes an agent calls with its identity. */
+type HostRoute = "POST /v1/hosts/challenge" | "POST /v1/hosts/session" | "POST /v1/hosts/self/commit" | "POST /v1/hosts/self/describe" | "POST /v1/hosts/self/active" | "POST /v1/hosts/self/stopped";
 import type { IdentityKey } from "./key.js";
 
 /** A refusal (4xx) with the coordinator's stable code. */
@@ -66,7 +70,7 @@ export class IdentityClient {
     const { challenge } = await this.challenge();
     let got: { credential: string; expiresAt: number };
     try {
-      got = await this.#post<{ credential: string; expiresAt: number }>("/v1/hosts/session", null, {
+      got = await this.#post("POST /v1/hosts/session", null, {
         hostId,
         challenge,
         signature: this.#d.key.prove("session", hostId, challenge),
@@ -76,7 +80,6 @@ export class IdentityClient {
       throw e;
     }
     this.awaitingReset = false;
-    if (typeof got.credential !== "string" || typeof got.expiresAt !== "number") throw new Error("the coordinator's session answer is not {credential, expiresAt}");
     this.#credential = { value: got.credential, issuedAt: this.#d.now(), expiresAt: got.expiresAt };
     return got.credential;
   }
@@ -91,7 +94,7 @@ export class IdentityClient {
   }
 
   async challenge(): Promise<{ challenge: string; expiresAt: number }> {
-    return this.#post("/v1/hosts/challenge", null, {});
+    return this.#post("POST /v1/hosts/challenge", null, {});
   }
 
   /** The identity proof an enrollment carries. */
@@ -101,33 +104,35 @@ export class IdentityClient {
   }
 
   async commit(): Promise<{ hostCallToken: string }> {
-    return this.#self("/v1/hosts/self/commit", {});
+    return this.#self("POST /v1/hosts/self/commit", {});
   }
 
   async describe(body: { description: Omit<EnrollRequest, "name">; step: string; owed: number; version: string }): Promise<{ hostId: string; hostCallToken: string }> {
-    return this.#self("/v1/hosts/self/describe", body);
+    return this.#self("POST /v1/hosts/self/describe", body);
   }
 
   async active(version: string): Promise<{ state: string }> {
-    return this.#self("/v1/hosts/self/active", { version });
+    return this.#self("POST /v1/hosts/self/active", { version });
   }
 
   async stopped(reports: StoppedReport[]): Promise<{ moot: StoppedReport[] }> {
-    return this.#self("/v1/hosts/self/stopped", { reports });
+    return this.#self("POST /v1/hosts/self/stopped", { reports });
   }
 
   /** A call with the credential; a 401 drops it and proves the key once more. */
-  async #self<T>(path: string, body: unknown): Promise<T> {
+  async #self<R extends HostRoute>(route: R, body: RouteBody<R>): Promise<RouteReply<R>> {
     try {
-      return await this.#post<T>(path, await this.credential(), body);
+      return await this.#post(route, await this.credential(), body);
     } catch (e) {
       if (!(e instanceof CoordinatorRefusal) || e.status !== 401) throw e;
       this.forget();
-      return this.#post<T>(path, await this.credential(), body);
+      return this.#post(route, await this.credential(), body);
     }
   }
 
-  async #post<T>(path: string, bearer: string | null, body: unknown): Promise<T> {
+  /** One call of a coordinator route, its answer parsed by the contract (src/protocol/api.ts). */
+  async #post<R extends HostRoute>(route: R, bearer: string | null, body: RouteBody<R>): Promise<RouteReply<R>> {
+    const path = routePath(route, {});
     const url = new URL(path, this.#d.coordinatorUrl);
     const headers: Record<string, string> = { "content-type": "application/json" };
     if (bearer !== null) headers.authorization = `Bearer ${bearer}`;
@@ -144,10 +149,14 @@ export class IdentityClient {
       if (res.status >= 400 && res.status < 500) throw new CoordinatorRefusal(res.status, code, what);
       throw new Error(what);
     }
+    let raw: unknown;
     try {
-      return JSON.parse(text) as T;
+      raw = JSON.parse(text);
     } catch {
       throw new Error(`the coordinator's answer to ${path} is not JSON`);
     }
+    const parsed = parseReply(route, raw);
+    if (!parsed.ok) throw new Error(parsed.why);
+    return parsed.reply;
   }
 }

@@ -45,7 +45,8 @@ export async function provision(op: OpCall, args: ArgsOf<"provision">): Promise<
   if (args.network !== undefined && args.network.mode === "egress") {
     net = networks(deps);
     const rec = await net.setUp(op.machineId, args.network);
-    createOpts = { ...createOpts, network: { netns: rec.netns, inode: rec.netnsInode as string, uid: net.machineUid(rec.slot as number), ...net.files(rec.netns) } };
+    if (rec.netnsInode === null || rec.slot === null) throw new BerthError("internal", `internal: the network of machine ${op.machineId} was set up without its namespace inode or address slot`);
+    createOpts = { ...createOpts, network: { netns: rec.netns, inode: rec.netnsInode, uid: net.machineUid(rec.slot), ...net.files(rec.netns) } };
   }
   const rm = await runtime.create(op.machineId, createOpts);
   const evidence: ReadinessEvidence | null = net ? await net.probe(op.machineId, runtime, op.generation) : null;

@@ -41,22 +41,39 @@ export function cpPlan(args: string[]): CpPlan {
   throw new UsageError("copy either local files to :PATH on the machine, or :PATH files from it to a local path (one direction per command)");
 }
 
-function progress(quiet: boolean): ((done: number, total: number, path: string) => void) | undefined {
-  if (quiet || !process.stderr.isTTY) return undefined;
+/** The progress line on a terminal, and `end()`, which closes a line left open (a cut copy) so an error starts on its own line. */
+function progress(quiet: boolean): { onProgress?: (done: number, total: number, path: string) => void; end(): void } {
+  if (quiet || !process.stderr.isTTY) return { end() {} };
   const started = Date.now();
   let last = 0;
-  return (done, total, path) => {
-    const t = Date.now();
-    if (t - last < 100 && done < total) return;
-    last = t;
-    const pct = total > 0 ? Math.floor((done / total) * 100) : 100;
-    const mbs = done / 1e6 / Math.max(0.001, (t - started) / 1000);
-    process.stderr.write(`\r\x1b[K${basename(path)}  ${pct}%  ${(done / 1e6).toFixed(1)} MB  ${mbs.toFixed(1)} MB/s${done >= total ? "\n" : ""}`);
+  let open = false;
+  return {
+    onProgress(done, total, path) {
+      const t = Date.now();
+      if (t - last < 100 && done < total) return;
+      last = t;
+      const pct = total > 0 ? Math.floor((done / total) * 100) : 100;
+      const mbs = done / 1e6 / Math.max(0.001, (t - started) / 1000);
+      open = done < total;
+      process.stderr.write(`\r\x1b[K${basename(path)}  ${pct}%  ${(done / 1e6).toFixed(1)} MB  ${mbs.toFixed(1)} MB/s${open ? "" : "\n"}`);
+    },
+    end() {
+      if (open) process.stderr.write("\n");
+      open = false;
+    },
   };
 }
 
 async function run(files: MachineFiles, plan: CpPlan, o: CpOptions): Promise<void> {
-  const onProgress = progress(o.quiet);
+  const p = progress(o.quiet);
+  try {
+    await copy(files, plan, o, p.onProgress);
+  } finally {
+    p.end();
+  }
+}
+
+async function copy(files: MachineFiles, plan: CpPlan, o: CpOptions, onProgress: ((done: number, total: number, path: string) => void) | undefined): Promise<void> {
   const opts = { recursive: o.recursive, ...(onProgress ? { onProgress } : {}) };
   if (plan.direction === "up") {
     const destStat = await files.stat(plan.dest).catch((e: unknown) => {

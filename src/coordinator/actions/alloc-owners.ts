@@ -71,10 +71,10 @@ export async function changeHostStanding(ctx: AllocCtx, org: string, rawHost: st
 }
 
 /** Called in the enrollment transaction: the host's account follows its declared capacity. */
-export async function accountEnrolledHost(tx: Tx, actor: string, host: { id: string; org: string; name: string; vcpu: number; memoryMb: number; slots: number }, now: number): Promise<void> {
-  await upsertHostAccount(tx, host.id, host.org, host.name, { vcpu: host.vcpu, memoryMib: host.memoryMb, slots: host.slots }, now);
+export async function accountEnrolledHost(tx: Tx, actor: string, host: { id: string; org: string; name: string; vcpu: number; memoryMib: number; slots: number }, now: number): Promise<void> {
+  await upsertHostAccount(tx, host.id, host.org, host.name, { vcpu: host.vcpu, memoryMib: host.memoryMib, slots: host.slots }, now);
   const h = await lockHostAccount(tx, host.id);
-  await appendLedger(tx, { at: now, event: "host_account", org: host.org, allocation_id: null, owner: null, host_id: host.id, vcpu: host.vcpu, memory_mib: host.memoryMb, detail: `${h?.standing ?? "ready"} slots=${host.slots}`, actor });
+  await appendLedger(tx, { at: now, event: "host_account", org: host.org, allocation_id: null, owner: null, host_id: host.id, vcpu: host.vcpu, memory_mib: host.memoryMib, detail: `${h?.standing ?? "ready"} slots=${host.slots}`, actor });
 }
 
 export { listHostAccounts };

@@ -114,12 +114,23 @@ export async function onAllocationRestartDue(tx: Tx, ctx: Ctx, id: string, now: 
 export async function driveRestart(d: AllocWorkerDeps, id: string): Promise<void> {
   const { ctx, agent } = d;
   const start = await ctx.store.transaction(async (tx) => {
-    const a = await getAllocation(tx, id);
+    const a0 = await getAllocation(tx, id);
+    if (!a0 || a0.state !== "failed") return null;
+    await lockOwner(tx, a0.org, a0.owner); // lock order owner → host, as everywhere
+    const a = (await getAllocation(tx, id, true))!;
     const launch = await getLaunch(tx, id);
     const actor = await readActor(tx, id);
-    if (!a || a.state !== "failed" || !launch || !actor || actor.record.kind !== "actor") return null;
+    if (a.state !== "failed" || !launch || !actor || actor.record.kind !== "actor") return null;
     const host = await lockHostAccount(tx, a.hostId);
-    return { a, launch, generation: actor.record.generation, epoch: host?.standingEpoch ?? 0 };
+    // The epoch is sent only as one decided under a ready standing (the agent moves to a newer epoch as ready,
+    // as for a launch): a host that left ready since the request is not restarted on.
+    const gate = host ? launchGate(host.standing) : ({ kind: "release", why: "host account is gone" } as const);
+    if (gate.kind !== "launch") {
+      await casAllocationState(tx, id, "failed", "failed", ctx.now(), `restart not done: ${gate.why}; release it; ${a.reason ?? ""}`.slice(0, 2000));
+      await clearDue(tx, "alloc_restart", id);
+      return null;
+    }
+    return { a, launch, generation: actor.record.generation, epoch: host!.standingEpoch };
   }, { name: "alloc_restart_start" });
   if (!start) return;
   const { a, launch, generation: g } = start;

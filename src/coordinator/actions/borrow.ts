@@ -165,6 +165,7 @@ async function borrowKeeperOnce(ctx: Ctx, p: Principal, poolName: string, chosen
     access: "keeper",
     latencySeconds: Number(process.hrtime.bigint() - started) / 1e9,
     readyAgeSeconds: out.readySince !== null ? Math.max(0, now - out.readySince) / 1000 : null,
+    at: now,
   });
   const m = out.machine;
   return {
@@ -280,6 +281,7 @@ export async function returnKeeper(ctx: Ctx, p: Principal, borrowId: string, tok
       throw new BerthError("generation_mismatch", `generation_mismatch: machine of borrow ${b.id} moved on (generation ${m?.generation ?? "gone"}); nothing was changed`);
     }
     await endBorrow(tx, b.id, "returned", disposition === "drain" ? "returned for drain" : "returned", now);
+    tx.afterCommit(() => ctx.metrics.history.returned(b.org, b.pool, now));
     await clearDue(tx, "heartbeat", b.id);
     await setDue(tx, "retention", `b:${b.id}`, now + ctx.config.retentionMs);
     const provider = ctx.providers.get(m.provider);

@@ -112,6 +112,7 @@ async function borrowOnce(ctx: Ctx, p: Principal, poolName: string, body: Portab
     access: "portable",
     latencySeconds: Number(process.hrtime.bigint() - started) / 1e9,
     readyAgeSeconds: out.readySince !== null ? Math.max(0, now - out.readySince) / 1000 : null,
+    at: now,
   });
   const m = out.machine;
   return {

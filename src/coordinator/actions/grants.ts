@@ -327,6 +327,7 @@ export function createPortable(ctx: Ctx, deps: PortableDeps): PortableApi {
           // Already on its way out (expired, revoked…): returning again is answered with where it stands.
           return false;
         }
+        tx.afterCommit(() => ctx.metrics.history.returned(g.org, g.pool, now));
         return invalidateGrant(tx, ctx, g, body.disposition === "drain" ? "drained" : "returned", now, `${g.id}:return`);
       });
       if (work) ctx.kick();

@@ -35,7 +35,8 @@ import {
   type StoppedReport,
 } from "../../core/host-identity.js";
 import { hashToken, newToken } from "../../core/tokens.js";
-import { callAgent, callTokenFor } from "../../providers/hosts/agent-call.js";
+import { callAgent, callTokenFor, type AgentReply } from "../../providers/hosts/agent-call.js";
+import { AGENT_API, agentRefusal, agentReplyMismatch, type AgentReply as AgentReplyOf } from "../../protocol/agent-api.js";
 import { audit } from "../../store/audit.js";
 import { endBorrow, lockActiveBorrowsOfMachine } from "../../store/borrows.js";
 import { clearDue, poolRef, setDue, setDueNoLater } from "../../store/due.js";
@@ -303,15 +304,7 @@ export async function activateHost(ctx: Ctx, p: Principal, name: string, force: 
     ctx.metrics.hostIdentityRefusals.inc({ code: "agent_unavailable" });
     throw new BerthError("provider_unavailable", `provider_unavailable: the agent of host ${name} did not answer (${e instanceof Error ? e.message : String(e)}); nothing changed, try again`);
   }
-  if (reply.status !== 200) {
-    await backToLegacy(ctx, h.id);
-    const code = reply.body.error?.code ?? `http_${reply.status}`;
-    ctx.metrics.hostIdentityRefusals.inc({ code });
-    if (code === "host_busy") throw new BerthError("host_busy", `host_busy: the agent of host ${name} refused: ${reply.body.error?.message ?? ""}`);
-    throw new BerthError("operation_failed", `operation_failed: the agent of host ${name} refused to prepare (${code}: ${reply.body.error?.message ?? ""}); nothing changed`);
-  }
-  const publicKey = typeof reply.body.publicKey === "string" ? reply.body.publicKey : "";
-  const signature = typeof reply.body.signature === "string" ? reply.body.signature : "";
+  const { publicKey, signature, callProof } = await preparedKey(ctx, h.id, name, reply);
   await ctx.store.transaction(async (tx) => {
     const cur = await readHostForUpdate(tx, h.id);
     if (floorRecorded(cur.identity_state)) return;
@@ -319,7 +312,7 @@ export async function activateHost(ctx: Ctx, p: Principal, name: string, force: 
       throw new BerthError("conflict", `conflict: host ${name} became ${cur.identity_state} while it prepared; nothing was recorded (see \`berth host ls\`)`);
     }
     // The key is the host's only if the answer proves the host's current credential (its host-call token) too.
-    if (!verifyCallProof(callTokenFor(secret, cur), reply.body.callProof, "prepare", cur.id, challenge, publicKey)) {
+    if (!verifyCallProof(callTokenFor(secret, cur), callProof, "prepare", cur.id, challenge, publicKey)) {
       ctx.metrics.hostIdentityRefusals.inc({ code: "proof_invalid" });
       throw new BerthError(
         "unauthorized",
@@ -337,6 +330,25 @@ export async function activateHost(ctx: Ctx, p: Principal, name: string, force: 
   });
   ctx.log.info({ host: name, hostId: h.id, machines: before.machines.length, force }, "host identity: prepared; the agent commits and retires its machines");
   return { host: name, hostId: h.id, state: "prepared", machines: before.machines.length, endedBorrows: before.ended };
+}
+
+/** The agent's answer to the prepare, read by the contract; a refusal or an answer off it puts the host back to legacy first. */
+async function preparedKey(ctx: Ctx, hostId: string, name: string, reply: AgentReply): Promise<AgentReplyOf<"POST /v1/agent/identity/prepare">> {
+  if (reply.status !== 200) {
+    await backToLegacy(ctx, hostId);
+    const refusal = agentRefusal(reply.body);
+    const code = refusal.code ?? `http_${reply.status}`;
+    ctx.metrics.hostIdentityRefusals.inc({ code });
+    if (code === "host_busy") throw new BerthError("host_busy", `host_busy: the agent of host ${name} refused: ${refusal.message ?? ""}`);
+    throw new BerthError("operation_failed", `operation_failed: the agent of host ${name} refused to prepare (${code}: ${refusal.message ?? ""}); nothing changed`);
+  }
+  const prepared = AGENT_API["POST /v1/agent/identity/prepare"].safeParse(reply.body);
+  if (!prepared.success) {
+    await backToLegacy(ctx, hostId);
+    ctx.metrics.hostIdentityRefusals.inc({ code: "invalid_agent_reply" });
+    throw agentReplyMismatch("POST /v1/agent/identity/prepare", prepared.error.issues);
+  }
+  return prepared.data;
 }
 
 async function backToLegacy(ctx: Ctx, hostId: string): Promise<void> {

@@ -36,8 +36,8 @@ export async function pushStanding(d: { ctx: Pick<AllocCtx, "store" | "now">; ag
   }
   let acked: number | null = null;
   try {
-    const r = (await d.agent.passthrough(hostId, "POST", "/v1/agent/standing", { epoch: h.standingEpoch, standing: h.standing })) as { epoch?: unknown };
-    if (typeof r.epoch === "number" && r.epoch >= h.standingEpoch) acked = h.standingEpoch;
+    const r = await d.agent.passthrough(hostId, "POST /v1/agent/standing", {}, { epoch: h.standingEpoch, standing: h.standing });
+    if (r.epoch >= h.standingEpoch) acked = h.standingEpoch;
   } catch (e) {
     d.log?.warn({ host: hostId, epoch: h.standingEpoch, error: e instanceof Error ? e.message : String(e) }, "host standing not acknowledged by the agent yet; retried");
   }

@@ -39,7 +39,7 @@ export interface EnrollInput {
   url: string;
   runtime: "process" | "gvisor";
   runtimeDetail?: HostRuntimeDetail;
-  capacity: { vcpu: number; memoryMb: number; slots: number };
+  capacity: { vcpu: number; memoryMib: number; slots: number };
   ssh: { host: string; port: number; hostKey: string; fingerprint: string };
   identity?: { publicKey: string; challenge: string; signature: string };
 }

@@ -9,7 +9,7 @@
  *                                     refused on a host where a machine uses it
  */
 import type { IncomingMessage } from "node:http";
-import { BerthError } from "../../core/errors.js";
+import { BerthError, type ErrorCode } from "../../core/errors.js";
 import type { HttpServer } from "../../http/server.js";
 import type { Principal, Role } from "../auth.js";
 import type { Ctx } from "../context.js";
@@ -38,7 +38,7 @@ export function registerImageRoutes(app: HttpServer, d: ImageRouteDeps): void {
     const unreachableHosts: string[] = [];
     for (const h of await gvisorHosts(req.auth)) {
       try {
-        const r = (await agent.passthrough(h.id, "GET", "/v1/agent/images")) as { images: unknown[]; maxBytes: number; usedBytes: number };
+        const r = await agent.passthrough(h.id, "GET /v1/agent/images");
         hosts.push({ host: h.name, hostId: h.id, maxBytes: r.maxBytes, usedBytes: r.usedBytes, images: r.images });
       } catch {
         unreachableHosts.push(h.name);
@@ -48,10 +48,10 @@ export function registerImageRoutes(app: HttpServer, d: ImageRouteDeps): void {
   });
   app.post("/v1/images/:image/remove", { ...auth("operator"), body: removeImageSchema }, async (req) => {
     const removed: Array<{ host: string; id: string; size: number }> = [];
-    const refused: Array<{ host: string; code: string; message: string }> = [];
+    const refused: Array<{ host: string; code: ErrorCode; message: string }> = [];
     for (const h of await gvisorHosts(req.auth, req.body.host)) {
       try {
-        const r = (await agent.passthrough(h.id, "POST", `/v1/agent/images/${encodeURIComponent(req.params.image!)}/remove`)) as { id: string; size: number };
+        const r = await agent.passthrough(h.id, "POST /v1/agent/images/{image}/remove", { image: req.params.image! });
         removed.push({ host: h.name, id: r.id, size: r.size });
       } catch (e) {
         if (e instanceof BerthError && e.code === "not_found") continue;
@@ -59,7 +59,7 @@ export function registerImageRoutes(app: HttpServer, d: ImageRouteDeps): void {
       }
     }
     if (removed.length === 0 && refused.length === 0) throw new BerthError("not_found", `not_found: no host has image ${req.params.image!} cached (see berth image ls)`);
-    if (removed.length === 0 && refused.length === 1) throw new BerthError(refused[0]!.code as "conflict", refused[0]!.message);
+    if (removed.length === 0 && refused.length === 1) throw new BerthError(refused[0]!.code, refused[0]!.message);
     return { removed, refused };
   });
 }

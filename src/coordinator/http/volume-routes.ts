@@ -33,14 +33,8 @@ export interface VolumeRouteDeps {
   requester: (p: Principal) => Requester;
 }
 
-interface AgentVolume {
-  allocationId: string;
-  state: string;
-}
-
 export function registerVolumeRoutes(app: HttpServer, d: VolumeRouteDeps): void {
   const { ctx, auth, agent, requester } = d;
-  const seg = encodeURIComponent;
   app.get("/v1/volumes", auth("member"), async (req) => {
     const mine = await listAllocationsFor(ctx, requester(req.auth), true);
     const byHost = new Map<string, Map<string, (typeof mine)[number]>>();
@@ -52,7 +46,7 @@ export function registerVolumeRoutes(app: HttpServer, d: VolumeRouteDeps): void 
     const unreachable: string[] = [];
     for (const [hostId, allocs] of byHost) {
       try {
-        const r = (await agent.volume(hostId, "GET", "/v1/agent/volumes")) as { volumes: AgentVolume[] };
+        const r = await agent.passthrough(hostId, "GET /v1/agent/volumes");
         for (const v of r.volumes) {
           const a = allocs.get(v.allocationId);
           if (a && v.state !== "clean") volumes.push({ ...v, hostId, hostName: a.plan.hostName, allocationState: a.state, owner: a.owner });
@@ -66,21 +60,21 @@ export function registerVolumeRoutes(app: HttpServer, d: VolumeRouteDeps): void 
   const one = async (p: Principal, raw: string) => showAllocation(ctx, requester(p), raw);
   app.get("/v1/volumes/:allocation", auth("member"), async (req) => {
     const a = await one(req.auth, req.params.allocation!);
-    return { ...(await agent.volume(a.hostId, "GET", `/v1/agent/volumes/${seg(a.id)}`) as object), hostId: a.hostId, hostName: a.plan.hostName, allocationState: a.state };
+    return { ...(await agent.passthrough(a.hostId, "GET /v1/agent/volumes/{allocation}", { allocation: a.id })), hostId: a.hostId, hostName: a.plan.hostName, allocationState: a.state };
   });
   app.post("/v1/volumes/:allocation/verify", auth("member"), async (req) => {
     const a = await one(req.auth, req.params.allocation!);
-    return agent.volume(a.hostId, "POST", `/v1/agent/volumes/${seg(a.id)}/verify`);
+    return agent.passthrough(a.hostId, "POST /v1/agent/volumes/{allocation}/verify", { allocation: a.id });
   });
   app.post("/v1/volumes/:allocation/reset", auth("member"), async (req) => {
     const a = await one(req.auth, req.params.allocation!);
-    return { allocationId: a.id, ...(await agent.volume(a.hostId, "POST", `/v1/agent/volumes/${seg(a.id)}/reset`) as object) };
+    return { allocationId: a.id, ...(await agent.passthrough(a.hostId, "POST /v1/agent/volumes/{allocation}/reset", { allocation: a.id })) };
   });
   // A kept volume (release --keep-volume) ends here: by its owner or an operator, once the allocation is released.
   app.post("/v1/volumes/:allocation/remove", auth("member"), async (req) => {
     const a = await one(req.auth, req.params.allocation!);
     if (a.state !== "released") throw new BerthError("conflict", `conflict: allocation ${a.id} is ${a.state}; only a released allocation's kept volume is removed (berth alloc release ${a.id} wipes it unless --keep-volume)`);
-    const r = (await agent.volume(a.hostId, "POST", `/v1/agent/volumes/${seg(a.id)}/remove`)) as { state: string };
+    const r = await agent.passthrough(a.hostId, "POST /v1/agent/volumes/{allocation}/remove", { allocation: a.id });
     await ctx.store.transaction((tx) => audit(tx, { at: ctx.now(), machineId: allocationMachineId(a.id), subject: req.auth.tokenId, event: "volume_removed", from: "kept", to: r.state, generation: 0, actor: ctx.actor, detail: `host ${a.hostId}` }));
     return { allocationId: a.id, state: r.state };
   });
@@ -90,8 +84,8 @@ export function registerVolumeRoutes(app: HttpServer, d: VolumeRouteDeps): void 
     const unreachable: string[] = [];
     for (const h of await hostsOf(req.auth)) {
       try {
-        const r = (await agent.volume(h.hostId, "GET", "/v1/agent/volumes")) as { quarantined?: string[] };
-        hosts.push({ hostId: h.hostId, hostName: h.name, quarantined: r.quarantined ?? [] });
+        const r = await agent.passthrough(h.hostId, "GET /v1/agent/volumes");
+        hosts.push({ hostId: h.hostId, hostName: h.name, quarantined: r.quarantined });
       } catch {
         unreachable.push(h.hostId);
       }
@@ -103,7 +97,7 @@ export function registerVolumeRoutes(app: HttpServer, d: VolumeRouteDeps): void 
     const name = parseId(req.params.name!, "directory name");
     const h = (await hostsOf(req.auth)).find((x) => x.hostId === hostId);
     if (!h) throw new BerthError("not_found", `not_found: no host ${hostId} in this organisation`);
-    const r = (await agent.volume(hostId, "POST", `/v1/agent/volume-quarantine/${seg(name)}/remove`)) as { removed: string };
+    const r = await agent.passthrough(hostId, "POST /v1/agent/volume-quarantine/{name}/remove", { name });
     await ctx.store.transaction((tx) => audit(tx, { at: ctx.now(), machineId: hostId, subject: req.auth.tokenId, event: "volume_quarantine_removed", from: "moved_aside", to: "removed", generation: 0, actor: ctx.actor, detail: name }));
     return { hostId, removed: r.removed };
   });

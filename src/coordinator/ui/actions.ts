@@ -52,7 +52,7 @@ export function addUiActions(app: HttpServer, ctx: Ctx, d: ActionDeps): void {
         const id = Object.values(req.params)[0] ?? "";
         return redirect(req.res, to.startsWith("/ui/sign-in") ? to : `${to}?done=${done}&id=${encodeURIComponent(id)}`);
       } catch (e) {
-        return sendRefusal(req.res, e, true);
+        return sendRefusal(req.res, e, { principal: req.auth.principal, csrf: req.auth.csrf, now: ctx.now(), here: backTo(req.body.back, "/ui"), tokenLabel: req.auth.label });
       }
     });
 

@@ -1,13 +1,17 @@
 /**
  * Static files of the dashboard, served from the package itself (never a
- * CDN): htmx, uPlot, and the
- * dashboard's own script and stylesheet. Each is read once, kept in memory
- * with a content hash as its ETag, and answered 304 to a matching
- * `If-None-Match`.
+ * CDN): htmx, uPlot, and the dashboard's own script and stylesheet.
+ *
+ * Each is read once and kept in memory with its gzip and brotli forms. Pages
+ * name them by content hash (`/ui/assets/ui.3f9a….js`), answered with
+ * `Cache-Control: public, max-age=31536000, immutable`: a browser fetches
+ * each once per release and never revalidates it on a page view. The plain
+ * names (`/ui/assets/ui.js`) still answer, `no-cache` with an ETag.
  */
 import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
+import { brotliCompressSync, constants, gzipSync } from "node:zlib";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { UI_CSS } from "./client/style.js";
 import { UI_JS } from "./client/script.js";
@@ -15,7 +19,11 @@ import { UI_JS } from "./client/script.js";
 interface Asset {
   type: string;
   body: Buffer;
+  gzip: Buffer;
+  br: Buffer;
   etag: string;
+  /** The name pages use: the plain name with the content hash before its extension. */
+  hashed: string;
 }
 
 const JS = "text/javascript; charset=utf-8";
@@ -44,19 +52,53 @@ function load(path: string): Asset {
   if (a) return a;
   const src = SOURCES[path]!;
   const body = src.modules ? Buffer.concat(src.modules.flatMap((m) => [readFileSync(require.resolve(m)), Buffer.from(";\n")])) : Buffer.from(src.text!, "utf8");
-  a = { type: src.type, body, etag: `"${createHash("sha256").update(body).digest("base64url").slice(0, 22)}"` };
+  const hash = createHash("sha256").update(body).digest("base64url").slice(0, 16);
+  const dot = path.lastIndexOf(".");
+  a = {
+    type: src.type,
+    body,
+    gzip: gzipSync(body, { level: 9 }),
+    br: brotliCompressSync(body, { params: { [constants.BROTLI_PARAM_QUALITY]: 11 } }),
+    etag: `"${hash}"`,
+    hashed: `${path.slice(0, dot)}.${hash}${path.slice(dot)}`,
+  };
   cache.set(path, a);
   return a;
 }
 
-export function serveAsset(path: string, req: IncomingMessage, res: ServerResponse): void {
+/** The content-hashed URL of an asset (what pages link to). */
+export function assetUrl(path: string): string {
+  return load(path).hashed;
+}
+
+/** Every URL an asset answers at: its plain name and its hashed one. */
+export function assetRoutes(): Array<{ url: string; path: string; immutable: boolean }> {
+  return ASSET_PATHS.flatMap((path) => [
+    { url: path, path, immutable: false },
+    { url: assetUrl(path), path, immutable: true },
+  ]);
+}
+
+/** The best encoding the client accepts of those given (brotli, then gzip), or null. */
+export function acceptedEncoding(req: IncomingMessage, offered: ReadonlyArray<"br" | "gzip">): "br" | "gzip" | null {
+  const accept = String(req.headers["accept-encoding"] ?? "");
+  for (const e of offered) {
+    const m = new RegExp(`(?:^|,)\\s*${e}\\s*(?:;\\s*q=([0-9.]+))?`, "i").exec(accept);
+    if (m && (m[1] === undefined || Number(m[1]) > 0)) return e;
+  }
+  return null;
+}
+
+export function serveAsset(path: string, immutable: boolean, req: IncomingMessage, res: ServerResponse): void {
   const a = load(path);
-  const headers = { etag: a.etag, "cache-control": "no-cache", "x-content-type-options": "nosniff" };
+  const headers = { etag: a.etag, "cache-control": immutable ? "public, max-age=31536000, immutable" : "no-cache", "x-content-type-options": "nosniff", vary: "accept-encoding" };
   if (req.headers["if-none-match"] === a.etag) {
     res.writeHead(304, headers);
     res.end();
     return;
   }
-  res.writeHead(200, { ...headers, "content-type": a.type, "content-length": a.body.length });
-  res.end(a.body);
+  const enc = acceptedEncoding(req, ["br", "gzip"]);
+  const body = enc === "br" ? a.br : enc === "gzip" ? a.gzip : a.body;
+  res.writeHead(200, { ...headers, "content-type": a.type, "content-length": body.length, ...(enc ? { "content-encoding": enc } : {}) });
+  res.end(body);
 }

@@ -46,11 +46,6 @@ export function html(strings: TemplateStringsArray, ...values: Value[]): Html {
   return new Html(out);
 }
 
-/** Trusted markup written in this code base (never data). */
-export function trusted(s: string): Html {
-  return new Html(s);
-}
-
 /** JSON for a `<script type="application/json">` block: `<` escaped so no value can close the element. */
 export function jsonScript(v: unknown): Html {
   return new Html(JSON.stringify(v).replace(/</g, "\\u003c").replace(/\u2028/g, "\\u2028").replace(/\u2029/g, "\\u2029"));

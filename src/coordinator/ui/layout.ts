@@ -7,6 +7,7 @@
  */
 import { allows, type Principal } from "../auth.js";
 import { html, type Html } from "./html.js";
+import { assetUrl } from "./assets.js";
 
 export interface View {
   principal: Principal;
@@ -14,12 +15,15 @@ export interface View {
   now: number;
   /** The page's path: action forms come back to it. */
   here: string;
+  /** The session's token's label, where it has one (shown beside its id). */
+  tokenLabel?: string | null;
 }
 
 const NAV: Array<{ href: string; label: string; role?: "operator" | "admin" }> = [
   { href: "/ui", label: "Overview" },
   { href: "/ui/borrows", label: "Borrows" },
   { href: "/ui/allocations", label: "Allocations" },
+  { href: "/ui/audit", label: "Audit", role: "operator" },
   { href: "/ui/tokens", label: "Tokens", role: "admin" },
 ];
 
@@ -27,9 +31,9 @@ export function shell(o: { title: string; head?: Html; body: Html }): Html {
   return html`<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>${o.title} · berth</title><link rel="icon" href="data:,">
-<link rel="stylesheet" href="/ui/assets/ui.css"><link rel="stylesheet" href="/ui/assets/uplot.css">
-<script src="/ui/assets/htmx.js" defer></script>
-<script src="/ui/assets/uplot.js" defer></script><script src="/ui/assets/ui.js" defer></script>
+<link rel="stylesheet" href="${assetUrl("/ui/assets/ui.css")}"><link rel="stylesheet" href="${assetUrl("/ui/assets/uplot.css")}">
+<script src="${assetUrl("/ui/assets/htmx.js")}" defer></script>
+<script src="${assetUrl("/ui/assets/uplot.js")}" defer></script><script src="${assetUrl("/ui/assets/ui.js")}" defer></script>
 ${o.head}</head><body>${o.body}</body></html>`;
 }
 
@@ -42,21 +46,35 @@ ${o.head}</head><body>${o.body}</body></html>`;
  * a change that happened between the render and the stream's start.
  */
 export function page(v: View, o: { title: string; current: string; live: string; mark: string; body: Html; notice?: string }): Html {
-  const p = v.principal;
   return shell({
     title: o.title,
-    body: html`<a class="skip" href="#main">Skip to content</a>
-<header><nav aria-label="Main">${NAV.filter((n) => !n.role || allows(p, n.role)).map(
-      (n) => html`<a href="${n.href}"${n.href === o.current ? html` aria-current="page"` : ""}>${n.label}</a>`,
-    )}</nav>
-<form method="post" action="/ui/sign-out"><span class="who">org <b>${p.org}</b> · role <b>${p.role}</b> · token <code>${p.tokenId}</code></span>
-<input type="hidden" name="csrf" value="${v.csrf}"><button type="submit">Sign out</button></form></header>
+    body: html`${header(v, o.current)}
 <main id="main" tabindex="-1"><h1>${o.title}</h1>${o.notice ? html`<p class="notice done" role="status">${o.notice}</p>` : ""}
 <form id="ui-action" method="post" action="/ui" hidden><input type="hidden" name="csrf" value="${v.csrf}"><input type="hidden" name="back" value="${v.here}"></form>
 <div id="outage" class="notice error" role="status" aria-live="polite" hidden></div>
 <div id="events" hidden data-stream="/ui/events?since=${o.mark}" data-probe="${withPart(o.live)}"></div>
 <div id="live" hx-get="${withPart(o.live)}" hx-trigger="changed from:#events" hx-swap="innerMorph">${o.body}</div>
 </main>`,
+  });
+}
+
+/** The navigation and the signed-in line with its sign-out form (every signed-in page, error pages too). */
+export function header(v: View, current: string): Html {
+  const p = v.principal;
+  return html`<a class="skip" href="#main">Skip to content</a>
+<header><nav aria-label="Main">${NAV.filter((n) => !n.role || allows(p, n.role)).map(
+    (n) => html`<a href="${n.href}"${n.href === current ? html` aria-current="page"` : ""}>${n.label}</a>`,
+  )}</nav>
+<form method="post" action="/ui/sign-out"><span class="who">org <b>${p.org}</b> · role <b>${p.role}</b> · ${v.tokenLabel ? html`token <b>${v.tokenLabel}</b> ` : "token "}<code>${p.tokenId}</code></span>
+<input type="hidden" name="csrf" value="${v.csrf}"><button type="submit">Sign out</button></form></header>`;
+}
+
+/** A refusal (403, 404…) of a signed-in page: the navigation stays, so the operator can go on from it. */
+export function errorPage(v: View, status: number, message: string): Html {
+  return shell({
+    title: `Error ${status}`,
+    body: html`${header(v, "")}<main id="main" tabindex="-1"><h1>Error ${status}</h1><p class="notice error" role="alert">${message}</p>
+<p><a href="/ui">Back to the overview</a></p></main>`,
   });
 }
 
@@ -102,6 +120,22 @@ export function capacity(label: string, used: number, total: number, unit = ""):
 export function ago(now: number, at: number | null): string {
   if (at === null) return "—";
   return duration(Math.max(0, now - at));
+}
+
+/** A token by its label (its id beside it); the id alone where it has none. */
+export function tokenName(id: string, labels: ReadonlyMap<string, string | null>): Html {
+  const label = labels.get(id);
+  return label ? html`${label} <code class="muted">${id}</code>` : html`<code>${id}</code>`;
+}
+
+/** A borrow id as a link to its row on the Borrows page. */
+export function lentTo(id: string | null): Html {
+  return id === null ? html`—` : html`<a href="/ui/borrows#${id}">${id}</a>`;
+}
+
+/** A time since `at` that keeps counting in the browser (the script updates every `data-since` each second). */
+export function since(now: number, at: number | null): Html {
+  return at === null ? html`—` : html`<span data-since="${at}">${ago(now, at)}</span>`;
 }
 
 export function duration(ms: number): string {

@@ -1,9 +1,12 @@
 /** How the dashboard answers: HTML with strict security headers, redirects, and refusals as pages. */
 import type { ServerResponse } from "node:http";
+import { gzip } from "node:zlib";
+import { acceptedEncoding } from "./assets.js";
 import { isBerthError } from "../../core/errors.js";
 import { TAKEN } from "../../http/server.js";
 import type { Html } from "./html.js";
 import { renderError } from "./pages/plain.js";
+import { errorPage, type View } from "./layout.js";
 
 /** Scripts, styles and connections from this origin only; no framing; forms post here only. */
 export const SECURITY_HEADERS: Record<string, string> = {
@@ -17,10 +20,21 @@ export const SECURITY_HEADERS: Record<string, string> = {
 };
 
 /** `body` as markup, or already encoded (a page that measured its own time, encoding included). */
+/**
+ * Pages of 1 KiB and more are sent gzip-compressed to a browser that
+ * accepts it (compressed off the event loop's path: zlib's thread pool).
+ */
 export function sendHtml(res: ServerResponse, status: number, body: Html | Buffer, headers: Record<string, string> = {}): typeof TAKEN {
   const bytes = Buffer.isBuffer(body) ? body : Buffer.from(body.text, "utf8");
-  res.writeHead(status, { ...SECURITY_HEADERS, ...headers, "content-type": "text/html; charset=utf-8", "content-length": bytes.length });
-  res.end(bytes);
+  const send = (b: Buffer, enc: string | null) => {
+    res.writeHead(status, { ...SECURITY_HEADERS, ...headers, "content-type": "text/html; charset=utf-8", vary: "accept-encoding", "content-length": b.length, ...(enc ? { "content-encoding": enc } : {}) });
+    res.end(b);
+  };
+  if (bytes.length < 1024 || acceptedEncoding(res.req, ["gzip"]) === null) {
+    send(bytes, null);
+    return TAKEN;
+  }
+  gzip(bytes, { level: 6 }, (err, z) => (err ? send(bytes, null) : send(z, "gzip")));
   return TAKEN;
 }
 
@@ -31,9 +45,9 @@ export function redirect(res: ServerResponse, location: string, headers: Record<
 }
 
 /** A refusal as a page (its code's status and message); anything else is the HTTP layer's `internal`. */
-export function sendRefusal(res: ServerResponse, e: unknown, signedIn: boolean): typeof TAKEN {
+export function sendRefusal(res: ServerResponse, e: unknown, v: View | null): typeof TAKEN {
   if (!isBerthError(e)) throw e;
-  return sendHtml(res, e.status, renderError(e.status, e.message, signedIn));
+  return sendHtml(res, e.status, v ? errorPage(v, e.status, e.message) : renderError(e.status, e.message, false));
 }
 
 /** A path inside the dashboard to go back to after an action, or the fallback. */

@@ -4,7 +4,7 @@
  *   GET  /ui/sign-in, POST /ui/sign-in      the token form → session cookie
  *   POST /ui/sign-out                        ends the session server-side
  *   GET  /ui, /ui/pools/{pool}, /ui/borrows, /ui/allocations,
- *        /ui/machines/{machine}, /ui/tokens  pages (`?part=live`: the live region only)
+ *        /ui/machines/{machine}, /ui/tokens, /ui/audit  pages (`?part=live`: the live region only)
  *   GET  /ui/events                          the live stream (sse.ts)
  *   GET  /ui/assets/*                        htmx, uPlot, the dashboard's script and styles
  *   POST /ui/...                             actions (actions.ts)
@@ -21,17 +21,19 @@ import type { Ctx } from "../context.js";
 import type { Id } from "../../core/ids.js";
 import { type Html } from "./html.js";
 import { page, type View } from "./layout.js";
-import { ASSET_PATHS, serveAsset } from "./assets.js";
+import { assetRoutes, serveAsset } from "./assets.js";
 import { closeSession, checkCsrf, checkOrigin, DEFAULT_SESSION_MS, openSession, overTls, sessionOf, sessionStillValid, setCookieHeader, type Session, type SessionDeps } from "./session.js";
 import { LiveChanges } from "./sse.js";
 import { redirect, sendHtml, sendRefusal } from "./respond.js";
 import { renderSignIn } from "./pages/plain.js";
 import { loadOverview, renderOverview } from "./pages/overview.js";
 import { loadPool, renderPool } from "./pages/pool.js";
+import { windowOf } from "./pages/history.js";
 import { loadBorrows, renderBorrows } from "./pages/borrows.js";
 import { loadAllocations, renderAllocations } from "./pages/allocations.js";
 import { loadMachine, renderMachine } from "./pages/machine.js";
 import { loadTokens, renderTokens } from "./pages/tokens.js";
+import { auditFilterOf, loadAudit, renderAudit } from "./pages/audit.js";
 import { addUiActions, DONE, type DoneKind } from "./actions.js";
 
 export interface UiOptions {
@@ -69,22 +71,39 @@ export function addUiRoutes(app: HttpServer, ctx: Ctx, o: UiOptions = {}): Ui {
     intervalMs: o.liveIntervalMs ?? 500,
     recheckMs: o.liveRecheckMs ?? 5000,
   });
+  /** A request's session, read once (the rate exemption and the page share it). */
+  const sessions = new WeakMap<IncomingMessage, Promise<Session>>();
+  const sessionFor = (req: IncomingMessage): Promise<Session> => {
+    let s = sessions.get(req);
+    if (!s) {
+      s = sessionOf(sd, req);
+      s.catch(() => undefined);
+      sessions.set(req, s);
+    }
+    return s;
+  };
+  /**
+   * Requests of a signed-in session are not counted against the token-free
+   * rate of their address (an operator clicking fast is not a flood); those
+   * without a cookie, or with one that is no session, are.
+   */
+  const signedIn = { exempt: (req: IncomingMessage) => (/(?:^|;\s*)berth_session=/.test(req.headers.cookie ?? "") ? sessionFor(req).then(() => true, () => false) : Promise.resolve(false)) };
   /** Session check before the body is read (the HTTP layer's order); refusals are the layer's JSON. */
   const withSession = { auth: async (req: IncomingMessage): Promise<Session> => {
     checkOrigin(req);
     return sessionOf(sd, req);
   } };
 
-  for (const path of ASSET_PATHS) {
-    app.get(path, {}, async (req) => {
-      serveAsset(path, req.raw, req.res);
+  for (const a of assetRoutes()) {
+    app.get(a.url, signedIn, async (req) => {
+      serveAsset(a.path, a.immutable, req.raw, req.res);
       return TAKEN;
     });
   }
 
-  app.get("/ui/sign-in", {}, async (req) => {
-    const signedIn = await sessionOf(sd, req.raw).then(() => true, () => false);
-    return signedIn ? redirect(req.res, "/ui") : sendHtml(req.res, 200, renderSignIn());
+  app.get("/ui/sign-in", signedIn, async (req) => {
+    const isIn = await sessionFor(req.raw).then(() => true, () => false);
+    return isIn ? redirect(req.res, "/ui") : sendHtml(req.res, 200, renderSignIn());
   });
   app.post("/ui/sign-in", { bodyType: "form", body: z.object({ token: z.string().max(500).default("") }) }, async (req) => {
     checkOrigin(req.raw);
@@ -106,48 +125,52 @@ export function addUiRoutes(app: HttpServer, ctx: Ctx, o: UiOptions = {}): Ui {
     return redirect(req.res, "/ui/sign-in", { "set-cookie": setCookieHeader("", 0, overTls(req.raw)) });
   });
 
-  app.get("/ui/events", {}, async (req) => {
-    const s = await sessionOf(sd, req.raw);
+  app.get("/ui/events", signedIn, async (req) => {
+    const s = await sessionFor(req.raw);
     live.open(req.res, s.principal.org, s.hash, query(req.raw).get("since") ?? "");
     return TAKEN;
   });
 
   /** A page: no session → the sign-in form; `?part=live` → the live region alone; a refusal → an error page. */
-  const pageRoute = (path: string, build: (v: View, params: Record<string, Id>) => Promise<PageOut>) =>
-    app.get(path, {}, async (req) => {
+  const pageRoute = (path: string, build: (v: View, params: Record<string, Id>, q: URLSearchParams) => Promise<PageOut>) =>
+    app.get(path, signedIn, async (req) => {
       const started = process.hrtime.bigint();
       const part = query(req.raw).get("part") === "live";
       let s: Session;
       try {
-        s = await sessionOf(sd, req.raw);
+        s = await sessionFor(req.raw);
       } catch (e) {
         if (part) return sendHtml(req.res, 401, renderSignIn(), { "hx-redirect": "/ui/sign-in" });
         if (e instanceof BerthError && e.code === "unauthorized") return redirect(req.res, "/ui/sign-in");
         throw e;
       }
       const self = (req.raw.url ?? path).split("?")[0]!;
-      const v: View = { principal: s.principal, csrf: s.csrf, now: ctx.now(), here: self };
+      const q = query(req.raw);
+      // The live region is re-fetched with the page's own choices (a window, filters), not its notice.
+      const keep = new URLSearchParams([...q].filter(([k]) => k !== "part" && k !== "done" && k !== "id"));
+      const liveUrl = keep.size ? `${self}?${keep.toString()}` : self;
+      const v: View = { principal: s.principal, csrf: s.csrf, now: ctx.now(), here: self, tokenLabel: s.label };
       try {
         // The mark is read before the data, so a change after it is always reported.
         const mark = part ? "" : await live.digest(s.principal.org);
-        const out = await build(v, req.params);
-        const q = query(req.raw);
+        const out = await build(v, req.params, q);
         const done = q.get("done");
         const notice = done !== null && Object.hasOwn(DONE, done) ? DONE[done as DoneKind](q.get("id") ?? "") : undefined;
-        const html = part ? out.body : page(v, { title: out.title, current: out.current, live: self, mark, body: out.body, ...(notice ? { notice } : {}) });
+        const html = part ? out.body : page(v, { title: out.title, current: out.current, live: liveUrl, mark, body: out.body, ...(notice ? { notice } : {}) });
         const bytes = Buffer.from(html.text, "utf8");
         // The server's share of the answer (session, change mark, reads, rendering, encoding), for operators and the bench.
         return sendHtml(req.res, 200, bytes, { "server-timing": `page;dur=${(Number(process.hrtime.bigint() - started) / 1e6).toFixed(2)}` });
       } catch (e) {
-        return sendRefusal(req.res, e, true);
+        return sendRefusal(req.res, e, v);
       }
     });
 
   pageRoute("/ui", async (v) => ({ title: "Overview", current: "/ui", body: renderOverview(v, await loadOverview(ctx.store, v.principal)) }));
-  pageRoute("/ui/pools/:pool", async (v, p) => ({ title: `Pool ${p.pool}`, current: "", body: renderPool(v, await loadPool(ctx.store, ctx.metrics, v.principal, p.pool!)) }));
+  pageRoute("/ui/pools/:pool", async (v, p, q) => ({ title: `Pool ${p.pool}`, current: "", body: renderPool(v, await loadPool(ctx.store, ctx.metrics, v.principal, p.pool!, windowOf(q.get("window")), v.now)) }));
   pageRoute("/ui/borrows", async (v) => ({ title: "Borrows and grants", current: "/ui/borrows", body: renderBorrows(v, await loadBorrows(ctx.store, v.principal)) }));
   pageRoute("/ui/allocations", async (v) => ({ title: "Allocations", current: "/ui/allocations", body: renderAllocations(v, await loadAllocations(ctx, v.principal)) }));
   pageRoute("/ui/machines/:machine", async (v, p) => ({ title: `Machine ${p.machine}`, current: "", body: renderMachine(v, await loadMachine(ctx.store, v.principal, p.machine!)) }));
+  pageRoute("/ui/audit", async (v, _p, q) => ({ title: "Audit trail", current: "/ui/audit", body: renderAudit(v, await loadAudit(ctx.store, v.principal, auditFilterOf(q))) }));
   pageRoute("/ui/tokens", async (v) => ({ title: "API tokens", current: "/ui/tokens", body: renderTokens(v, await loadTokens(ctx.store, v.principal)) }));
 
   addUiActions(app, ctx, { withSession, live });

@@ -31,6 +31,8 @@ export interface Session {
   hash: string;
   csrf: string;
   expiresAt: number;
+  /** The token's label (shown beside its id). */
+  label: string | null;
 }
 
 export interface SessionDeps {
@@ -70,7 +72,7 @@ export async function sessionOf(d: SessionDeps, req: IncomingMessage): Promise<S
   const now = d.now();
   if (!row || now >= row.expiresAt) throw new BerthError("unauthorized", "unauthorized: the dashboard session has ended; sign in again");
   const principal = principalOf(row.token, now);
-  return { principal, hash, csrf: hashToken("csrf", id), expiresAt: row.expiresAt };
+  return { principal, hash, csrf: hashToken("csrf", id), expiresAt: row.expiresAt, label: row.label };
 }
 
 /** Whether a stored session is still valid now (the live stream re-checks its session with it). */

@@ -35,6 +35,7 @@ import { EC2Client, type EC2ClientConfig, type Instance } from "@aws-sdk/client-
 import { SSMClient, DescribeInstanceInformationCommand } from "@aws-sdk/client-ssm";
 import type { MachineLoss, OperationOutcome, OperationRequest, Provider, ProviderCapabilities } from "../provider.js";
 import type { MachineRow } from "../../store/machines.js";
+import type { OpRowArgs } from "../../protocol/operations.js";
 import { parsePublicKey } from "../../core/ssh-public-key.js";
 import { poolConfig, withImage, type AwsConfig, type AwsPoolConfig } from "./config.js";
 import { boundInstances, byClientToken, byId, byInstanceId, boundTo, instanceStatuses, launch, reboot, stateOf, terminate, type Binding } from "./ec2.js";
@@ -81,6 +82,11 @@ type Ctx = { op: OperationRequest; pc: AwsPoolConfig; c: AwsClients; b: Binding;
 
 /** A launch record with no instance found for it this long after it was written launched nothing (EC2 lists a new instance well within it). */
 const LAUNCH_SETTLE_MS = 10 * 60_000;
+
+/** A provision's arguments (none for another kind). */
+function provisionArgs(op: OperationRequest): OpRowArgs["provision"] {
+  return op.kind === "provision" ? op.args : {};
+}
 
 type Located = { inst: Instance; c: AwsClients; rec: LaunchRecord | null };
 
@@ -189,7 +195,7 @@ export class AwsProvider implements Provider {
       const statuses = await instanceStatuses(ec2);
       for (const { machineId, instanceId } of list) {
         const s = statuses.get(instanceId);
-        let state = s?.InstanceState?.Name as string | undefined;
+        let state: string | undefined = s?.InstanceState?.Name;
         let why = "";
         if (!s) {
           const inst = await byInstanceId(ec2, instanceId);
@@ -220,7 +226,7 @@ export class AwsProvider implements Provider {
       if (rec.region !== x0.pc.region || rec.deployment !== x0.b.deployment) {
         return { kind: "failed", error: `aws_config_changed: provision ${x.op.opId} was recorded for region ${rec.region}, deployment ${rec.deployment}; the configuration now says ${x0.pc.region}, ${x0.b.deployment}`, retryable: false };
       }
-      const l = await launch(ec2, withImage(x.pc, x.op.args.image), x.b, x.op.opId);
+      const l = await launch(ec2, withImage(x.pc, provisionArgs(x.op).image), x.b, x.op.opId);
       inst = l.instance;
       await this.deps.records.launched(x.op.opId, inst.InstanceId!, l.account);
     }
@@ -237,7 +243,7 @@ export class AwsProvider implements Provider {
       return r.InstanceInformationList?.find((i) => i.InstanceId === id && i.PingStatus === "Online") ?? null;
     }, x.deadline);
     if (!online) return { kind: "ambiguous", error: `instance ${id} running; its SSM agent is not online yet (is the instance profile ${x.pc.instanceProfile} attached with AmazonSSMManagedInstanceCore?)` };
-    const keeperKey = typeof x.op.args.keeperKey === "string" ? x.op.args.keeperKey : null;
+    const keeperKey = provisionArgs(x.op).keeperKey ?? null;
     const g = await this.#guest(x, id, { kind: "enroll", keeperKey });
     if (g.kind !== "result") return this.#fromGuest(g, "enroll");
     const host = x.pc.sshAddress === "public" ? running.PublicIpAddress : running.PrivateIpAddress;
@@ -299,9 +305,10 @@ export class AwsProvider implements Provider {
     if ("outcome" in r) return r.outcome;
     const x: Ctx = { ...x0, c: r.c };
     const id = r.inst.InstanceId!;
-    const a = x.op.args;
-    switch (x.op.kind) {
+    const op = x.op;
+    switch (op.kind) {
       case "install_key": {
+        const a = op.args;
         if (a.mode !== "grant" || typeof a.expiresAt !== "number" || typeof a.grantId !== "string") {
           return { kind: "failed", error: "install_key on aws takes a grant key with an expiry (mode grant, grantId, expiresAt)", retryable: false };
         }
@@ -311,7 +318,7 @@ export class AwsProvider implements Provider {
         return { kind: "done", result: { instanceId: id, fingerprint: key.fingerprint, grantId: a.grantId, expiresAt: a.expiresAt, generation: x.op.generation } };
       }
       case "remove_key": {
-        const g = await this.#guest(x, id, { kind: "remove_key", grantId: typeof a.grantId === "string" ? a.grantId : null });
+        const g = await this.#guest(x, id, { kind: "remove_key", grantId: op.args.grantId ?? null });
         if (g.kind !== "result") return this.#fromGuest(g, "remove_key");
         return { kind: "done", result: { instanceId: id, removed: g.value.removed, keysRemaining: g.value.keysRemaining } };
       }

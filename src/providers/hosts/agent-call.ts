@@ -21,9 +21,10 @@ export function callTokenFor(secret: Uint8Array, host: AgentAddress): string {
   return hostCallToken(secret, host.id, bound);
 }
 
+/** An agent's answer, its body not yet read by the contract (src/protocol/agent-api.ts parses it). */
 export interface AgentReply {
   status: number;
-  body: { result?: unknown; error?: { code: string; message: string }; [k: string]: unknown };
+  body: unknown;
 }
 
 export async function callAgent(secret: Uint8Array, host: AgentAddress, method: "GET" | "POST", path: string, body: unknown, timeoutMs: number): Promise<AgentReply> {
@@ -40,7 +41,8 @@ export async function callAgent(secret: Uint8Array, host: AgentAddress, method: 
   });
   const text = await r.body.text();
   try {
-    return { status: r.statusCode, body: JSON.parse(text) as AgentReply["body"] };
+    const body: unknown = JSON.parse(text);
+    return { status: r.statusCode, body };
   } catch {
     return { status: r.statusCode, body: { error: { code: "bad_reply", message: `agent answered ${r.statusCode} with a body that is not JSON` } } };
   }

@@ -14,6 +14,7 @@ import type { MachineRow } from "../../store/machines.js";
 import type { HostRow } from "../../store/hosts.js";
 import { callAgent, type AgentReply } from "./agent-call.js";
 import { parseOperationResult, type InstallKeyArgs, type OperationKind, type OperationRequest as AgentOperationRequest, type OperationResults } from "../../protocol/operations.js";
+import { AGENT_API, agentRefusal, parseAgentReply } from "../../protocol/agent-api.js";
 
 export interface HostsProviderDeps {
   /** Read a host's record (address, gateway, host key) from the store. */
@@ -61,12 +62,12 @@ export class HostsProvider implements Provider {
     if (!host) return { ok: false, why: `host ${machine.host_id} is not enrolled`, diff: [] };
     try {
       const r = await callAgent(this.deps.secret, host, "POST", `/v1/agent/machines/${machine.resource_id}/network-check`, {}, this.deps.checkTimeoutMs ?? 5_000);
-      const b = r.body as { ok?: unknown; digest?: unknown; reprobed?: unknown; why?: unknown; diff?: unknown; tookMs?: unknown };
-      if (r.status === 200 && b.ok === true && typeof b.digest === "string") {
-        return { ok: true, digest: b.digest, reprobed: b.reprobed === true, ...(typeof b.tookMs === "number" && b.tookMs >= 0 ? { agentMs: b.tookMs } : {}) };
+      if (r.status === 200) {
+        const b = parseAgentReply("POST /v1/agent/machines/{machine}/network-check", r.body);
+        if (!b.ok) return { ok: false, why: b.why, diff: b.diff };
+        return { ok: true, digest: b.digest, reprobed: b.reprobed, ...(b.tookMs !== undefined ? { agentMs: b.tookMs } : {}) };
       }
-      if (r.status === 200 && b.ok === false) return { ok: false, why: String(b.why), diff: Array.isArray(b.diff) ? b.diff.map(String) : [] };
-      return { ok: false, why: `agent ${host.name} answered the network check with ${r.status}: ${r.body.error?.message ?? "an unreadable body"}`, diff: [] };
+      return { ok: false, why: `agent ${host.name} answered the network check with ${r.status}: ${agentRefusal(r.body).message ?? "an unreadable body"}`, diff: [] };
     } catch (e) {
       return { ok: false, why: `agent ${host.name} did not answer the network check: ${e instanceof Error ? e.message : String(e)}`, diff: [] };
     }
@@ -85,7 +86,7 @@ export class HostsProvider implements Provider {
     }
   }
 
-  async #provision(host: HostRow, op: OperationRequest): Promise<OperationOutcome> {
+  async #provision(host: HostRow, op: Extract<OperationRequest, { kind: "provision" }>): Promise<OperationOutcome> {
     // The machine's network policy, image and forwarding switch go with its provision (absent: none, the host's root and on, as before).
     const args = {
       ...(op.args.network !== undefined ? { network: op.args.network } : {}),
@@ -107,11 +108,13 @@ export class HostsProvider implements Provider {
 
 function answerOf<K extends OperationKind>(kind: K, reply: AgentReply): Answer<K> {
   if (reply.status >= 200 && reply.status < 300) {
-    const result = parseOperationResult(kind, reply.body.result);
-    if (result === null) return { kind: "ambiguous", error: `the agent's ${kind} result does not match the operation contract` };
+    const envelope = AGENT_API["POST /v1/agent/ops"].safeParse(reply.body);
+    const result = envelope.success ? parseOperationResult(kind, envelope.data.result) : null;
+    if (result === null) return { kind: "ambiguous", error: `invalid_agent_reply: the agent's ${kind} result does not match the operation contract` };
     return { kind: "done", result };
   }
-  const e = reply.body.error;
+  const r = agentRefusal(reply.body);
+  const e = r.code !== null && r.message !== null ? { code: r.code, message: r.message } : undefined;
   // Messages start with their code already (core/errors.ts); say it once.
   const err = e ? (e.message.startsWith(`${e.code}: `) ? e.message : `${e.code}: ${e.message}`) : `agent answered ${reply.status}`;
   if (reply.status >= 500) return { kind: "ambiguous", error: err };

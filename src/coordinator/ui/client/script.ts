@@ -1,6 +1,6 @@
 /**
  * The dashboard's own browser script (served as /ui/assets/ui.js): hard
- * deadlines counting down, confirmation of every action form, uPlot charts
+ * deadlines counting down, ages ("Age", "In state") counting up, confirmation of every action form, uPlot charts
  * drawn from the JSON a page embeds (again after each live refresh), and the
  * live stream.
  *
@@ -25,8 +25,21 @@ export const UI_JS = String.raw`(function () {
     var s = Math.floor(ms / 1000), h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), r = s % 60;
     return (h ? h + "h " : "") + (h || m ? m + "m " : "") + r + "s left";
   }
+  /** The same form as the server's duration(): 42s, 3m 5s, 4h 10m, 3d 2h. */
+  function dur(ms) {
+    var s = Math.floor(Math.max(0, ms) / 1000);
+    if (s < 60) return s + "s";
+    var m = Math.floor(s / 60);
+    if (m < 60) return m + "m " + (s % 60) + "s";
+    var h = Math.floor(m / 60);
+    if (h < 48) return h + "h " + (m % 60) + "m";
+    return Math.floor(h / 24) + "d " + (h % 24) + "h";
+  }
   function tick() {
     var now = Date.now();
+    document.querySelectorAll("[data-since]").forEach(function (el) {
+      el.textContent = dur(now - Number(el.getAttribute("data-since")));
+    });
     document.querySelectorAll("[data-deadline]").forEach(function (el) {
       var ms = Number(el.getAttribute("data-deadline")) - now;
       el.textContent = left(ms);
@@ -56,6 +69,45 @@ export const UI_JS = String.raw`(function () {
         ],
         series: [{}, { label: "borrows", paths: window.uPlot.paths.bars({ size: [0.8] }), points: { show: false }, fill: "#4a6fa5", stroke: "#1d3557" }]
       }, [xs, d.counts], box);
+    });
+  }
+  /**
+   * The history charts: time on x (the browser's local time), drawn from the
+   * page's JSON; each uPlot instance is kept in window.berthCharts by its
+   * element's id (its data is what the page shows).
+   */
+  window.berthCharts = window.berthCharts || {};
+  function history(root) {
+    if (!window.uPlot) return;
+    root.querySelectorAll("script[data-history]").forEach(function (s) {
+      var d = JSON.parse(s.textContent);
+      var defs = [
+        { id: "history-borrows", y: "borrows", series: [["served", d.started, "#1d3557"], ["returned", d.returned, "#2a9d8f"]], bars: true },
+        { id: "history-latency", y: "ms", series: [["p50", d.p50, "#1d3557"], ["p95", d.p95, "#e76f51"]] },
+        { id: "history-machines", y: "machines", series: [["ready", d.ready, "#2a9d8f"], ["lent", d.lent, "#b08a1e"], ["cleanup", d.cleanup, "#8d99ae"], ["quarantined", d.quarantined, "#9b2226"]] }
+      ];
+      defs.forEach(function (c) {
+        var box = document.getElementById(c.id);
+        if (!box || box.getAttribute("data-drawn")) return;
+        box.setAttribute("data-drawn", "1");
+        box.textContent = "";
+        var width = Math.max(240, Math.min(640, box.clientWidth || 480));
+        var series = [{}].concat(c.series.map(function (x, i) {
+          var o = { label: x[0], stroke: x[2], width: 2, spanGaps: true, points: { show: !c.bars, size: 5, fill: x[2] } };
+          // Bars side by side in their bucket (served left, returned right).
+          if (c.bars) { o.paths = window.uPlot.paths.bars({ size: [0.45, 8], align: i ? 1 : -1 }); o.fill = x[2]; }
+          return o;
+        }));
+        var u = new window.uPlot({
+          width: width,
+          height: 180,
+          scales: { x: { time: true }, y: { range: function (u, min, max) { return [0, Math.max(1, max || 0)]; } } },
+          cursor: { drag: { x: false, y: false } },
+          axes: [{ space: 70 }, { label: c.y, size: 50 }],
+          series: series
+        }, [d.x].concat(c.series.map(function (x) { return x[1]; })), box);
+        window.berthCharts[c.id] = u;
+      });
     });
   }
   /** Each cell carries its column's heading, shown before it where tables collapse to cards (narrow windows). */
@@ -140,7 +192,7 @@ export const UI_JS = String.raw`(function () {
     refresh();
   }
   setInterval(function () { if (live.es && Date.now() - live.heard > 12000) broken(live.es); }, 2000);
-  document.addEventListener("htmx:after:swap", function () { live.fresh = Date.now(); labels(document); charts(document); tick(); });
-  document.addEventListener("DOMContentLoaded", function () { labels(document); charts(document); tick(); setInterval(tick, 1000); connect(); });
+  document.addEventListener("htmx:after:swap", function () { live.fresh = Date.now(); labels(document); charts(document); history(document); tick(); });
+  document.addEventListener("DOMContentLoaded", function () { labels(document); charts(document); history(document); tick(); setInterval(tick, 1000); connect(); });
 })();
 `;

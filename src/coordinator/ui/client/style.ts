@@ -13,8 +13,9 @@ a { color: #1d3557; }
 a:focus, button:focus, input:focus, summary:focus { outline: 3px solid #f4a261; outline-offset: 2px; }
 .skip { position: absolute; left: -9999px; } .skip:focus { left: 8px; top: 8px; background: #fff; padding: 4px; }
 header { display: flex; flex-wrap: wrap; gap: 12px; align-items: center; justify-content: space-between; padding: 8px 16px; border-bottom: 2px solid var(--fg); }
-header nav a { margin-right: 14px; font-weight: 600; text-decoration: none; } header nav a[aria-current=page] { text-decoration: underline; }
-header form { display: flex; gap: 8px; align-items: center; margin: 0; } .who { color: var(--muted); font-size: 13px; }
+header nav { display: flex; flex-wrap: wrap; gap: 4px 14px; } header nav a { font-weight: 600; text-decoration: none; } header nav a[aria-current=page] { text-decoration: underline; }
+header form { display: flex; flex-wrap: wrap; gap: 8px; align-items: center; margin: 0; min-width: 0; } .who { color: var(--muted); font-size: 13px; overflow-wrap: anywhere; }
+.filters { display: flex; flex-wrap: wrap; gap: 8px 16px; align-items: center; } .filters input, .filters select { font: inherit; max-width: 100%; }
 main { padding: 12px 16px 40px; max-width: 1400px; }
 h1 { font-size: 22px; margin: 8px 0 12px; } h2 { font-size: 18px; margin: 24px 0 8px; border-bottom: 1px solid var(--line); }
 table { border-collapse: collapse; width: 100%; margin: 6px 0; } th, td { text-align: left; padding: 4px 8px; border-bottom: 1px solid var(--line); vertical-align: top; }
@@ -31,7 +32,7 @@ form.inline { display: inline; margin: 0; } .actions { margin: 8px 0; }
 .stale { opacity: 0.5; filter: grayscale(1); } #outage { position: sticky; top: 0; background: #fff4f0; z-index: 2; font-weight: 600; }
 td { overflow-wrap: anywhere; }
 @media (max-width: 700px) {
-  header { padding: 6px 10px; } main { padding: 8px 10px 32px; } header nav a { margin-right: 10px; }
+  header { padding: 6px 10px; } main { padding: 8px 10px 32px; } header nav { gap: 4px 10px; }
   table, thead, tbody, tr, th, td { display: block; width: 100%; } thead { position: absolute; left: -9999px; }
   tr { border: 1px solid var(--line); margin: 8px 0; padding: 4px 0; } td { border: 0; padding: 2px 8px; text-align: left; }
   td.num { text-align: left; } td[data-label]::before { content: attr(data-label) ": "; color: var(--muted); font-size: 13px; }

@@ -12,33 +12,36 @@ import { ownersOf } from "../../actions/alloc-owners.js";
 import type { AllocationRecord } from "../../../store/allocations.js";
 import type { OwnerRecord } from "../../../store/alloc-owners.js";
 import { html, type Html } from "../html.js";
-import { action, ago, capacity, gib, deadline, type View } from "../layout.js";
+import { action, capacity, gib, deadline, since, tokenName, type View } from "../layout.js";
+import { listApiTokensOfOrg } from "../../../store/api-tokens.js";
 
 export interface AllocationsData {
   allocations: AllocationRecord[];
   owners: OwnerRecord[] | null;
+  /** Token id → label, for owners. */
+  labels: Map<string, string | null>;
 }
 
 export async function loadAllocations(ctx: AllocCtx, p: Principal): Promise<AllocationsData> {
   const operator = allows(p, "operator");
   // Live allocations only (as `GET /v1/allocations` without `all`); an operator's cover every owner.
   const allocations = await listAllocationsFor(ctx, { org: p.org, principal: p.tokenId, operator }, false);
-  return { allocations, owners: operator ? await ownersOf(ctx, p.org) : null };
+  return { allocations, owners: operator ? await ownersOf(ctx, p.org) : null, labels: new Map((await listApiTokensOfOrg(ctx.store, p.org)).map((t) => [t.id, t.label])) };
 }
 
-function row(v: View, a: AllocationRecord): Html {
+function row(v: View, a: AllocationRecord, labels: Map<string, string | null>): Html {
   const mayRelease = (a.owner === v.principal.tokenId || allows(v.principal, "operator")) && a.state !== "released" && a.state !== "releasing";
-  return html`<tr data-allocation="${a.id}"><td>${a.id}</td><td class="state">${a.state}${a.state === "failed" || a.state === "quarantined" ? html`<br><span class="muted reason">${a.reason ?? ""}</span>` : ""}</td><td><code>${a.owner}</code></td><td>${a.size} (${a.vcpu} vCPU, ${gib(a.memoryMib)} GiB)</td><td>${a.plan.hostName}</td>
-<td>${ago(v.now, a.createdAt)}</td><td>${deadline(v.now, a.expiresAt)}</td><td>${mayRelease && a.state === "failed" ? action({ action: `/ui/allocations/${a.id}/restart`, label: "Restart", confirm: `Restart allocation ${a.id}? Its sandbox starts again on the same volume.` }) : ""}${mayRelease ? action({ action: `/ui/allocations/${a.id}/release`, label: "Release", confirm: `Release allocation ${a.id}? Its workspace is torn down.` }) : ""}</td></tr>`;
+  return html`<tr data-allocation="${a.id}"><td>${a.id}</td><td class="state">${a.state}${a.state === "failed" || a.state === "quarantined" ? html`<br><span class="muted reason">${a.reason ?? ""}</span>` : ""}</td><td>${tokenName(a.owner, labels)}</td><td>${a.size} (${a.vcpu} vCPU, ${gib(a.memoryMib)} GiB)</td><td>${a.plan.hostName}</td>
+<td>${since(v.now, a.createdAt)}</td><td>${deadline(v.now, a.expiresAt)}</td><td>${mayRelease && a.state === "failed" ? action({ action: `/ui/allocations/${a.id}/restart`, label: "Restart", confirm: `Restart allocation ${a.id}? Its sandbox starts again on the same volume.` }) : ""}${mayRelease ? action({ action: `/ui/allocations/${a.id}/release`, label: "Release", confirm: `Release allocation ${a.id}? Its workspace is torn down.` }) : ""}</td></tr>`;
 }
 
 export function renderAllocations(v: View, d: AllocationsData): Html {
   return html`<h2 id="allocs">Allocations (${d.allocations.length})</h2>
 ${d.allocations.length === 0 ? html`<p class="muted">No live allocation.</p>` : html`<table aria-labelledby="allocs"><thead><tr><th>Allocation</th><th>State</th><th>Owner</th><th>Size</th><th>Host</th><th>Age</th><th>Expires</th><th>Action</th></tr></thead>
-<tbody>${d.allocations.map((a) => row(v, a))}</tbody></table>`}
+<tbody>${d.allocations.map((a) => row(v, a, d.labels))}</tbody></table>`}
 ${d.owners === null ? html`<p class="muted">Owners' budgets are shown to operators.</p>` : html`<h2 id="owners">Owners' budgets (${d.owners.length})</h2>
 ${d.owners.length === 0 ? html`<p class="muted">No owner admitted.</p>` : html`<table aria-labelledby="owners"><thead><tr><th>Owner</th><th>vCPU</th><th>Memory</th><th>Allocations</th></tr></thead>
 <tbody>${d.owners.map(
-    (o) => html`<tr data-owner="${o.owner}"><td><code>${o.owner}</code></td><td>${capacity("vCPU", o.used.vcpu, o.budget.vcpu)}</td><td>${capacity("memory", gib(o.used.memoryMib), gib(o.budget.memoryMib), " GiB")}</td><td>${capacity("allocations", o.used.count, o.budget.count)}</td></tr>`,
+    (o) => html`<tr data-owner="${o.owner}"><td>${tokenName(o.owner, d.labels)}</td><td>${capacity("vCPU", o.used.vcpu, o.budget.vcpu)}</td><td>${capacity("memory", gib(o.used.memoryMib), gib(o.budget.memoryMib), " GiB")}</td><td>${capacity("allocations", o.used.count, o.budget.count)}</td></tr>`,
   )}</tbody></table>`}`}`;
 }

@@ -14,7 +14,7 @@ import { listHosts, runtimeDetailOf, type HostRow } from "../../../store/hosts.j
 import { listHostAccounts } from "../../../store/host-accounts.js";
 import type { HostAccount } from "../../../core/allocation-placement.js";
 import { html, type Html } from "../html.js";
-import { action, ago, bar, capacity, gib, stateClass, type View } from "../layout.js";
+import { action, since, bar, capacity, gib, stateClass, type View } from "../layout.js";
 import { allows } from "../../auth.js";
 
 export interface OverviewData {
@@ -64,7 +64,7 @@ function runtimeCell(host: HostRow): Html {
 }
 
 function hostRow(host: HostRow, a: HostAccount | undefined): Html {
-  return html`<tr data-host="${host.name}"><td>${host.name}</td>${runtimeCell(host)}<td>${a?.standing ?? "—"}</td><td class="muted">not reported</td>
+  return html`<tr data-host="${host.name}" id="host-${host.name}"><td>${host.name}</td>${runtimeCell(host)}<td>${a?.standing ?? "—"}</td><td>${host.agent_version ?? html`<span class="muted">not reported</span>`}</td>
 <td>${capacity("machine slots", host.used_slots, host.slots)}</td>
 <td>${a ? html`${capacity("vCPU", a.used.vcpu, a.capacity.vcpu)}<br>${capacity("memory", gib(a.used.memoryMib), gib(a.capacity.memoryMib), " GiB")}<br>${capacity("allocation slots", a.used.slots, a.capacity.slots)}` : html`<span class="muted">no account</span>`}</td></tr>`;
 }
@@ -78,5 +78,5 @@ ${d.hosts.length === 0 ? html`<p class="muted">No hosts enrolled in this organis
 <tbody>${d.hosts.map((x) => hostRow(x.host, x.account))}</tbody></table>`}
 <h2 id="quarantine">Quarantine (${d.quarantined.length})</h2>
 ${d.quarantined.length === 0 ? html`<p class="muted">No machine is quarantined.</p>` : html`<table aria-labelledby="quarantine"><thead><tr><th>Machine</th><th>Pool</th><th>Reason</th><th>Quarantined for</th><th>Generation</th></tr></thead>
-<tbody>${d.quarantined.map((m) => html`<tr><td><a href="/ui/machines/${m.id}">${m.id}</a></td><td>${m.pool}</td><td>${m.reason ?? "—"}</td><td>${ago(v.now, m.state_since)}</td><td class="num">${m.generation}</td></tr>`)}</tbody></table>`}`;
+<tbody>${d.quarantined.map((m) => html`<tr><td><a href="/ui/machines/${m.id}">${m.id}</a></td><td>${m.pool}</td><td>${m.reason ?? "—"}</td><td>${since(v.now, m.state_since)}</td><td class="num">${m.generation}</td></tr>`)}</tbody></table>`}`;
 }

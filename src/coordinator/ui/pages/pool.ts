@@ -16,7 +16,8 @@ import type { HistogramFigures, Metrics } from "../../metrics.js";
 import { readPool } from "../../../store/pools.js";
 import { countMachinesByState, listLiveMachinesOfPool, type MachineRow } from "../../../store/machines.js";
 import { html, jsonScript, type Html } from "../html.js";
-import { action, actionForm, ago, bar, iso, stateClass, type View } from "../layout.js";
+import { loadHistory, renderHistory, type HistoryData, type Window } from "./history.js";
+import { action, actionForm, bar, iso, lentTo, since, stateClass, type View } from "../layout.js";
 
 export interface PoolData {
   pool: PoolRecord;
@@ -24,15 +25,17 @@ export interface PoolData {
   destroyed: number;
   latency: HistogramFigures;
   readyAge: HistogramFigures;
+  history: HistoryData;
 }
 
-export async function loadPool(store: Store, metrics: Metrics, p: Principal, name: string): Promise<PoolData> {
+export async function loadPool(store: Store, metrics: Metrics, p: Principal, name: string, window: Window, now: number): Promise<PoolData> {
   return store.transaction(async (tx) => {
     const pool = await readPool(tx, p.org, name);
     if (!pool) throw new BerthError("not_found", `not_found: no pool named ${name} in this organisation`);
     const machines = await listLiveMachinesOfPool(tx, p.org, name);
     const destroyed = (await countMachinesByState(tx, p.org, name)).find((r) => r.state === "destroyed")?.n ?? 0;
-    return { pool, machines, destroyed, latency: metrics.poolLatency.figures(p.org, name), readyAge: metrics.poolReadyAge.figures(p.org, name) };
+    const history = await loadHistory(tx, metrics, p, name, window, now);
+    return { pool, machines, destroyed, latency: metrics.poolLatency.figures(p.org, name), readyAge: metrics.poolReadyAge.figures(p.org, name), history };
   }, { name: "ui_pool" });
 }
 
@@ -65,7 +68,7 @@ function chart(id: string, title: string, h: HistogramFigures): Html {
 function machineRow(v: View, m: MachineRow): Html {
   const canDrain = allows(v.principal, "operator") && ["ready", "busy", "reserved", "installing", "provisioning", "quarantined"].includes(m.state);
   return html`<tr data-machine="${m.id}" data-state="${m.state}"><td><a href="/ui/machines/${m.id}">${m.id}</a></td><td class="state">${m.state}</td><td class="num">${m.generation}</td><td><code>${m.incarnation ?? "—"}</code></td>
-<td>${ago(v.now, m.created_at)}</td><td>${ago(v.now, m.state_since)}</td><td>${m.lent_to ?? "—"}</td><td>${iso(m.hard_expires_at)}</td><td>${m.reason ?? ""}</td>
+<td>${since(v.now, m.created_at)}</td><td>${since(v.now, m.state_since)}</td><td>${lentTo(m.lent_to)}</td><td>${iso(m.hard_expires_at)}</td><td>${m.reason ?? ""}</td>
 <td>${canDrain ? action({ action: `/ui/machines/${m.id}/drain`, label: "Drain", confirm: `Drain ${m.id}?${m.state === "ready" ? "" : " Its borrower loses access."} It is destroyed.` }) : ""}</td></tr>`;
 }
 
@@ -95,7 +98,8 @@ ${allows(v.principal, "operator") && pool.maxReady > 0 ? html`<div class="action
     confirmChecked: `Drain pool ${pool.name} and end its borrows? Its capacity drops to zero, its ready machines are destroyed, and its live borrows are ended now (their borrowers lose access at once).`,
     extra: html`<label><input type="checkbox" name="force" value="true"> also end live borrows now</label> `,
   })}</div>` : ""}
-<h2 id="charts">Latency</h2><div class="charts">${chart("chart-latency", "Borrow latency", d.latency)}${chart("chart-ready-age", "Ready-queue age", d.readyAge)}</div>
+${renderHistory(d.history, `/ui/pools/${pool.name}`)}
+<h2 id="charts">Latency since this coordinator started</h2><div class="charts">${chart("chart-latency", "Borrow latency", d.latency)}${chart("chart-ready-age", "Ready-queue age", d.readyAge)}</div>
 <h2 id="machines">Machines (${d.machines.length} live, ${d.destroyed} destroyed kept for retention)</h2>
 ${MACHINE_STATES.filter((s) => byState.has(s)).map(
     (s) => html`<h3 id="state-${s}">${s} (${byState.get(s)!.length})</h3><table aria-labelledby="state-${s}" data-group="${s}"><thead><tr><th>Machine</th><th>State</th><th class="num">Generation</th><th>Incarnation</th><th>Age</th><th>In state</th><th>Lent to</th><th>Hard expiry</th><th>Reason</th><th>Action</th></tr></thead>
