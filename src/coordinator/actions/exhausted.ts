@@ -39,7 +39,8 @@ export async function whyShort(tx: Tx, pool: PoolRecord, c: CapacityCounts, prov
   const name = `pool ${pool.name}`;
   const held = c.lent + c.cleanup + c.openClaims;
   if (held >= pool.maxReady && c.openClaims === 0) {
-    return `${name} is at its maximum of ${pool.maxReady} machine(s) and none is ready: ${c.lent} lent, ${c.cleanup} being cleaned after a return; one is ready again when a borrow ends (or raise the pool's --max-ready)`;
+    const ends = c.lent === 0 ? "a cleanup ends" : c.cleanup === 0 ? "a borrow ends" : "a borrow or a cleanup ends";
+    return `${name} is at its maximum of ${pool.maxReady} machine(s) and none is ready: ${c.lent} lent, ${c.cleanup} being cleaned after a return; one is ready again when ${ends} (or raise the pool's --max-ready)`;
   }
   if (c.openClaims > 0) return `${name} has no ready machine: ${c.openClaims} being made; try again shortly`;
   if (pool.minReady === 0) return `${name} keeps no machine ready (min-ready 0); raise its --min-ready`;
