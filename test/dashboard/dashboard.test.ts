@@ -328,7 +328,7 @@ describe("dashboard in chromium", { skip: BROWSER_SKIP }, () => {
           const box = (await button.boundingBox())!;
           assert.ok(box && box.x >= 0 && box.x + box.width <= 390 && box.width > 0, `${path}: button ${await button.innerText()} lies outside the 390 px width (${JSON.stringify(box)})`);
         }
-        await shot(page, `phone${path.replaceAll("/", "-")}`);
+        await shot(page, `phone${path.replace(machine, "machine").replaceAll("/", "-")}`);
       }
     } finally {
       await page.setViewportSize({ width: 1280, height: 900 });

@@ -33,8 +33,9 @@ form.inline { display: inline; margin: 0; } .actions { margin: 8px 0; }
 td { overflow-wrap: anywhere; }
 @media (max-width: 700px) {
   header { padding: 6px 10px; } main { padding: 8px 10px 32px; } header nav { gap: 4px 10px; }
-  table, thead, tbody, tr, th, td { display: block; width: 100%; } thead { position: absolute; left: -9999px; }
-  tr { border: 1px solid var(--line); margin: 8px 0; padding: 4px 0; } td { border: 0; padding: 2px 8px; text-align: left; }
+  table:not(.u-legend), table:not(.u-legend) > * > tr, table:not(.u-legend) > * > tr > th, table:not(.u-legend) > * > tr > td,
+  table:not(.u-legend) > thead, table:not(.u-legend) > tbody { display: block; width: 100%; } table:not(.u-legend) > thead { position: absolute; left: -9999px; }
+  table:not(.u-legend) > * > tr { border: 1px solid var(--line); margin: 8px 0; padding: 4px 0; } table:not(.u-legend) > * > tr > td { border: 0; padding: 2px 8px; text-align: left; }
   td.num { text-align: left; } td[data-label]::before { content: attr(data-label) ": "; color: var(--muted); font-size: 13px; }
   .bar { min-width: 0; flex-wrap: wrap; } .bar svg { flex: 0 1 160px; } .bar .txt { white-space: normal; }
   .chart { min-width: 0; flex-basis: 100%; } .charts { gap: 12px; }
