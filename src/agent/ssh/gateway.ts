@@ -295,16 +295,24 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         log.info({ machine: c.machineId, subsystem: String(info.name) }, "subsystem refused");
         reject?.();
       };
-      if (session || pending || info.name !== "sftp") return refuse();
+      if (session || pending || info.name !== "sftp" || c.ended || closing) return refuse();
       pending = true;
+      // Accepted at once, before the files scope is read: a client sends its first SFTP packet
+      // without waiting for the reply, and only an accepted channel keeps it (data on a channel
+      // not yet accepted is dropped, and the client then waits for an answer forever).
+      const channel = (accept as unknown as () => ServerChannel)();
+      const unserved = (why: string) => {
+        log.info({ machine: c.machineId, subsystem: "sftp", why }, "subsystem not served");
+        channel.close();
+      };
       void runtime.filesScope(c.machineId!).then(
         (scope) => {
           // Never on a PTY: the SFTP protocol is binary.
-          const s = startSession(c, key, sftpArgv(scope), { ...env }, null, accept as unknown as () => ServerChannel);
+          const s = startSession(c, key, sftpArgv(scope), { ...env }, null, () => channel);
           session = s;
-          if (!s) refuse();
+          if (!s) unserved("the connection is ending or its key is no longer valid");
         },
-        () => refuse(),
+        (e: unknown) => unserved(e instanceof Error ? e.message : String(e)),
       );
     });
   }
