@@ -14,23 +14,16 @@
  * Usage: node scripts/contract-casts.mjs [--json] [DIR (default src)]
  * Exit status 1 when any cast is found.
  */
-import { readdirSync, readFileSync, statSync } from "node:fs";
-import { join, relative, sep } from "node:path";
+import { readFileSync } from "node:fs";
+import { relative, sep } from "node:path";
+import { tsFiles } from "./ts-files.mjs";
 
 const BOUNDARY = /from "[./\w-]*\/(?:agent-call|allocation-agent|provider|operations|agent-api)\.js"/;
 const AGENT_CALLERS = ["agent/enroll.ts", "agent/identity/coordinator.ts", "providers/hosts/agent-call.ts"];
 const CAST = /\bas\s+(?!const\b)(?:unknown\b|object\b|string\b|number\b|boolean\b|"|[A-Z][\w.]*|\{|\(|Record<|Array<)/g;
 
 export function contractCasts(dir) {
-  const files = [];
-  const walk = (d) => {
-    for (const f of readdirSync(d)) {
-      const p = join(d, f);
-      if (statSync(p).isDirectory()) walk(p);
-      else if (p.endsWith(".ts")) files.push(p);
-    }
-  };
-  walk(dir);
+  const files = tsFiles(dir);
   const found = [];
   let seen = 0;
   for (const f of files.sort()) {

@@ -15,8 +15,9 @@
  * Usage: node scripts/house-counts.mjs [--json] [--list] [DIR (default src)]
  * Informational: exit status 0.
  */
-import { readdirSync, readFileSync, statSync } from "node:fs";
-import { join, relative, sep } from "node:path";
+import { readFileSync } from "node:fs";
+import { relative, sep } from "node:path";
+import { tsFiles } from "./ts-files.mjs";
 import ts from "typescript";
 
 const FILE_LINES = 300;
@@ -24,16 +25,7 @@ const FUNCTION_LINES = 80;
 const DUP_LINES = Number(process.env.BERTH_DUP_LINES ?? 5);
 
 export function houseCounts(dir) {
-  const files = [];
-  const walk = (d) => {
-    for (const f of readdirSync(d)) {
-      const p = join(d, f);
-      if (statSync(p).isDirectory()) walk(p);
-      else if (p.endsWith(".ts")) files.push(p);
-    }
-  };
-  walk(dir);
-  files.sort();
+  const files = tsFiles(dir);
   const longFiles = [];
   const longFunctions = [];
   const code = []; // per file: [{line, text}] of significant lines

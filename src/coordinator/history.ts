@@ -9,14 +9,8 @@
 import type { Store } from "../store/store.js";
 import { allPools, HISTORY_BUCKET_MS, machineStatesOfAllPools, writeHistory, type HistoryRow } from "../store/history.js";
 
-interface Counts {
-  org: string;
-  pool: string;
-  at: number;
-  started: number;
-  returned: number;
-  latency: number[];
-}
+/** A bucket's counts as this process keeps them until written (the state counts are taken at the write). */
+type Counts = Pick<HistoryRow, "org" | "pool" | "at" | "started" | "returned" | "latency">;
 
 /** Buckets kept in memory while the store cannot be written (the oldest are dropped past it). */
 const MAX_PENDING = 10_000;

@@ -12,37 +12,17 @@ import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { AgentHarness, type GatewayRig } from "../helpers/agent.js";
+import { AgentHarness } from "../helpers/agent.js";
 import { run } from "../helpers/ssh-testkit.js";
+import { gatewaySshOpts, runClient } from "../helpers/openssh.js";
 import { gvisorAvailability } from "../../src/agent/runtime/index.js";
 import { sftpArgv } from "../../src/agent/ssh/channels.js";
 
 const harness = new AgentHarness("berth-confine-");
 after(() => harness.close());
 
-function sshOpts(rig: GatewayRig, dir: string): string[] {
-  const key = join(dir, "id");
-  writeFileSync(key, rig.pair.privateKey, { mode: 0o600 });
-  writeFileSync(join(dir, "known_hosts"), `[127.0.0.1]:${rig.gw.port} ${rig.gw.hostKey}\n`);
-  return ["-i", key, "-o", `UserKnownHostsFile=${join(dir, "known_hosts")}`, "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR"];
-}
-
-function tool(cmd: string, args: string[], input = ""): Promise<{ status: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    const child = spawn(cmd, args, { stdio: ["pipe", "pipe", "pipe"] });
-    let stdout = "";
-    let stderr = "";
-    child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
-    child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
-    const timer = setTimeout(() => child.kill("SIGKILL"), 30_000);
-    child.once("close", (status) => {
-      clearTimeout(timer);
-      resolve({ status, stdout, stderr });
-    });
-    child.stdin.on("error", () => {});
-    child.stdin.end(input);
-  });
-}
+const sshOpts = gatewaySshOpts;
+const tool = (cmd: string, args: string[], input = "") => runClient(cmd, args, input, 30_000);
 
 test("a machine that cannot start the server confined refuses the session (never serves the whole machine), and says why", () => {
   const [sh, ...args] = sftpArgv("workspace");

@@ -16,6 +16,7 @@ import { createServer, connect as netConnect, type AddressInfo } from "node:net"
 import { join } from "node:path";
 import { AgentHarness, until, type GatewayRig } from "../helpers/agent.js";
 import { run } from "../helpers/ssh-testkit.js";
+import { gatewaySshOpts, runClient } from "../helpers/openssh.js";
 import { gvisorAvailability } from "../../src/agent/runtime/index.js";
 import { forwardDecision, sftpArgv } from "../../src/agent/ssh/channels.js";
 
@@ -45,33 +46,8 @@ function sha(path: string): Promise<string> {
   });
 }
 
-/** The OpenSSH options that reach the rig's machine with its borrow key and pinned host key. */
-function sshOpts(rig: GatewayRig, dir: string): string[] {
-  const key = join(dir, "id");
-  if (!existsSync(key)) {
-    writeFileSync(key, rig.pair.privateKey, { mode: 0o600 });
-    writeFileSync(join(dir, "known_hosts"), `[127.0.0.1]:${rig.gw.port} ${rig.gw.hostKey}\n`);
-  }
-  return ["-i", key, "-o", `UserKnownHostsFile=${join(dir, "known_hosts")}`, "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR"];
-}
-
-/** Run an OpenSSH client asynchronously (the gateway lives in this process: a synchronous spawn would starve it). */
-function tool(cmd: string, args: string[], input?: string, timeoutMs = 300_000): Promise<{ status: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    const child = spawn(cmd, args, { stdio: ["pipe", "pipe", "pipe"] });
-    let stdout = "";
-    let stderr = "";
-    child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
-    child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
-    const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs);
-    child.once("close", (status) => {
-      clearTimeout(timer);
-      resolve({ status, stdout, stderr });
-    });
-    child.stdin.on("error", () => {});
-    child.stdin.end(input ?? "");
-  });
-}
+const sshOpts = gatewaySshOpts;
+const tool = runClient;
 
 /** Where the machine's workspace is on the host, and how a path inside it is spelled inside the machine. */
 function workspaceOf(rig: GatewayRig, kind: "process" | "gvisor"): { host: string; inside: string } {

@@ -17,18 +17,11 @@ import assert from "node:assert/strict";
 import { startTestCoordinator } from "../helpers/env.js";
 import { awsWorld, machine, op } from "../helpers/aws.js";
 import { ackBody, borrowPortable, tokens } from "../helpers/portable.js";
+import { until as waitUntil } from "../helpers/portable-e2e.js";
 
 type PoolShown = { counts: { ready: number }; provisionBreaker: { failures: number; trips: number; openUntil: number | null; cause: string | null } | null };
 
-async function until<T>(what: string, fn: () => Promise<T | null | undefined | false>, timeoutMs = 120_000): Promise<T> {
-  const end = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
+const until = <T>(what: string, fn: () => Promise<T | null | undefined | false>, timeoutMs = 120_000) => waitUntil(what, fn, timeoutMs);
 
 test("a pool whose instances never register stops launching after N failed provisions and says why", { timeout: 240_000 }, async () => {
   const w = await awsWorld({ stepBudgetMs: 400, pollMs: 50 });

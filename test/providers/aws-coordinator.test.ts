@@ -18,18 +18,11 @@ import { awsWorld } from "../helpers/aws.js";
 import { ssh } from "./contract.js";
 import { sweepOrphans } from "../../src/providers/aws/sweep.js";
 import { Writable } from "node:stream";
+import { until as waitUntil } from "../helpers/portable-e2e.js";
 
 type Shown = { state: string; reason: string | null; machine: { id: string; state: string; ssh: { host: string; port: number; user: string; hostKey: string } } };
 
-async function until<T>(what: string, fn: () => Promise<T | null | undefined | false>, timeoutMs = 60_000): Promise<T> {
-  const end = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
+const until = <T>(what: string, fn: () => Promise<T | null | undefined | false>, timeoutMs = 60_000) => waitUntil(what, fn, timeoutMs);
 
 const quiet = () =>
   new Writable({

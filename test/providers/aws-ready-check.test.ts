@@ -15,19 +15,12 @@ import { startTestCoordinator } from "../helpers/env.js";
 import { ackBody, borrowPortable, tokens } from "../helpers/portable.js";
 import { awsWorld } from "../helpers/aws.js";
 import { ApiError } from "../../src/cli/api.js";
+import { until as waitUntil } from "../helpers/portable-e2e.js";
 
 type PoolShown = { counts: { ready: number } };
 type Shown = { state: string; reason: string | null; machine: { id: string; state: string } };
 
-async function until<T>(what: string, fn: () => Promise<T | null | undefined | false>, timeoutMs = 90_000): Promise<T> {
-  const end = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
+const until = <T>(what: string, fn: () => Promise<T | null | undefined | false>, timeoutMs = 90_000) => waitUntil(what, fn, timeoutMs);
 
 const ENSURE = { compatibilityKey: "aws-linux", access: "portable", provider: "aws", heartbeatMs: 30_000 };
 
