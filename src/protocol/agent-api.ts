@@ -45,7 +45,9 @@ export const AGENT_API = {
     o({ ok: z.literal(true), digest: s, reprobed: z.boolean(), tookMs: n.min(0).optional() }),
     o({ ok: z.literal(false), why: s, diff: z.array(s) }),
   ]),
-  "POST /v1/agent/identity/prepare": o({ publicKey: s, signature: s, callProof: s, step: s }),
+  // callProof may be absent (an agent built before the proof): the switch then refuses it as
+  // `unauthorized`, naming why, rather than as an answer off contract.
+  "POST /v1/agent/identity/prepare": o({ publicKey: s, signature: s, callProof: s.optional(), step: s }),
 } as const satisfies Record<string, z.ZodType>;
 
 export type AgentRoute = keyof typeof AGENT_API;
