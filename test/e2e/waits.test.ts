@@ -80,18 +80,25 @@ describe("waits say why; berth borrow --wait", { timeout: 240_000 }, () => {
   });
 
   test("pool ensure --wait says why it waits, without a borrower's 'try again' advice", async () => {
-    // Free one of the host's two slots, then ask for a machine in a new pool: the first progress
-    // line comes while that machine is being made.
-    await c.api.call("POST", "/v1/pools/ci/ensure", { minReady: 1, maxReady: 1, compatibilityKey: "e2e", access: "keeper", provider: "hosts", keeperKey: c.keeper.publicKey });
+    // ci holds both of the host's slots (the test before): a new pool's wait has nothing to make, and
+    // says why. Once its first line is out, one slot is freed and the wait ends with the machine.
     await c.api.call("POST", "/v1/pools/other/ensure", { minReady: 0, maxReady: 0, compatibilityKey: "e2e", access: "keeper", provider: "hosts", keeperKey: c.keeper.publicKey });
-    const held = async (pool: string) => {
-      const p = await c.api.call<{ counts: { ready: number; lent: number; cleanup: number; openClaims?: number } }>("GET", `/v1/pools/${pool}`);
-      return p.counts.ready + p.counts.lent + p.counts.cleanup + (p.counts.openClaims ?? 0);
-    };
-    await c.waitFor("a free host slot", async () => (await held("ci")) + (await held("other")) <= 1, 60_000);
-    const e = await berth(["pool", "ensure", "third", "--min-ready", "1", "--max-ready", "1", "--compatibility-key", "e2e", "--keeper-key", join(c.dir.path, "keeper_ed25519.pub"), "--wait", "--timeout", "30s", "--config", c.clientConfig]);
+    let seen = "";
+    let saidWhy: () => void = () => {};
+    const said = new Promise<void>((r) => (saidWhy = r));
+    const waiting = berth(["pool", "ensure", "third", "--min-ready", "1", "--max-ready", "1", "--compatibility-key", "e2e", "--keeper-key", join(c.dir.path, "keeper_ed25519.pub"), "--wait", "--timeout", "60s", "--config", c.clientConfig], {
+      onSpawn: (child) =>
+        child.stderr!.on("data", (d: Buffer) => {
+          seen += d.toString();
+          if (/^pool third: 0 ready \(waiting for 1\), 0 provisioning: .*every host slot \(2\) is taken/m.test(seen)) saidWhy();
+        }),
+    });
+    await said;
+    await c.api.call("POST", "/v1/pools/ci/ensure", { minReady: 1, maxReady: 1, compatibilityKey: "e2e", access: "keeper", provider: "hosts", keeperKey: c.keeper.publicKey });
+    const e = await waiting;
     assert.equal(e.status, 0, e.stderr);
-    assert.match(e.stderr, /pool third: 0 ready \(waiting for 1\), 1 provisioning: pool third has no ready machine: 1 being made$/m);
+    assert.match(e.stderr, /^pool third: 0 ready \(waiting for 1\), 0 provisioning: pool third has no ready machine: every host slot \(2\) is taken \(machines by pool: ci 2\); free slots by draining/m);
+    assert.match(e.stderr, /^pool third: 1 ready \(waiting for 1\)/m);
     assert.doesNotMatch(e.stderr, /try again/);
   });
 
