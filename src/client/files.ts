@@ -13,14 +13,19 @@
  *   failed or cut download removes it; nothing is left under the local name.
  * - Modes are kept (`upload`/`download` set the source's permission bits on
  *   the copy), recursively with `recursive: true`.
+ * - `abort()` (a Ctrl-C in `berth cp`) stops every transfer of this session
+ *   and removes its partial files on both sides before it resolves.
  * - Refusals are BerthErrors with stable codes: `not_found` (no such file),
  *   `forbidden` (permission denied), `conflict` (a directory where a file was
- *   meant, or the reverse), `sftp_unavailable` (the machine has no SFTP
- *   server), `transfer_cut` (the connection or session ended mid-transfer:
- *   returned, expired or lost), `operation_failed` (anything else).
+ *   meant, or the reverse), `disk_full` (a write failed and the file system it
+ *   goes to has less free space than the file needs), `sftp_unavailable` (the
+ *   machine has no SFTP server), `transfer_cut` (the connection or session
+ *   ended mid-transfer: returned, expired or lost), `aborted` (abort() was
+ *   called), `operation_failed` (anything else).
  */
 import { randomBytes } from "node:crypto";
-import { chmodSync, lstatSync, mkdirSync, readdirSync, renameSync, rmSync, statSync } from "node:fs";
+import { setTimeout as sleep } from "node:timers/promises";
+import { chmodSync, existsSync, lstatSync, mkdirSync, readdirSync, renameSync, rmSync, statSync } from "node:fs";
 import { basename, join } from "node:path";
 import { posix } from "node:path";
 import type { SFTPWrapper, Stats as SftpStats } from "ssh2";
@@ -46,11 +51,13 @@ export interface TransferOptions {
 
 const SFTP_NO_SUCH_FILE = 2;
 const SFTP_PERMISSION_DENIED = 3;
+const SFTP_FAILURE = 4;
 
 /** A BerthError for an SFTP failure on `path`, with a code a script can match. */
 export function sftpError(e: unknown, what: string, path: string): BerthError {
   if (e instanceof BerthError) return e;
   const err = e as { code?: unknown; message?: string };
+  if (err?.code === "aborted") return new BerthError("aborted", `aborted: ${what} ${path}: the copy was interrupted`);
   const msg = err?.message ?? String(e);
   if (err?.code === SFTP_NO_SUCH_FILE) return new BerthError("not_found", `not_found: ${what} ${path}: no such file or directory on the machine`);
   if (err?.code === SFTP_PERMISSION_DENIED) return new BerthError("forbidden", `forbidden: ${what} ${path}: permission denied on the machine`);
@@ -88,6 +95,12 @@ export class MachineFiles {
   readonly #sftp: SFTPWrapper;
   /** Rejects once the SFTP channel closed (return, expiry, connection lost, close()). */
   readonly #gone: Promise<never>;
+  /** Temporary names being written on the machine, and `.partial` files being written here. */
+  readonly #remotePartials = new Set<string>();
+  readonly #localPartials = new Set<string>();
+  /** Transfers under way (abort() waits for them to unwind). */
+  readonly #inflight = new Set<Promise<unknown>>();
+  #aborted = false;
   constructor(sftp: SFTPWrapper) {
     this.#sftp = sftp;
     // ssh2 leaves a fastGet/fastPut in flight unanswered when the channel goes away: every call races this.
@@ -113,14 +126,10 @@ export class MachineFiles {
   /** Write the whole file (created or replaced whole: never seen half-written under its name). */
   async write(path: string, data: Buffer | string, o: { mode?: number } = {}): Promise<void> {
     const tmp = partialName(path);
-    try {
+    await this.#remoteTransfer(tmp, path, "write", Buffer.byteLength(data), async () => {
       await this.#call<void>((cb) => this.#sftp.writeFile(tmp, data, { mode: o.mode ?? 0o644 }, cb as (e?: Error | null) => void));
       if (o.mode !== undefined) await this.#call<void>((cb) => this.#sftp.chmod(tmp, o.mode!, cb as (e?: Error | null) => void));
-      await this.#replace(tmp, path);
-    } catch (e) {
-      this.#sftp.unlink(tmp, () => undefined);
-      throw sftpError(e, "write", path);
-    }
+    });
   }
 
   /** The entries of a directory (without `.` and `..`), sorted by name. */
@@ -176,16 +185,12 @@ export class MachineFiles {
       return;
     }
     const tmp = partialName(remote);
-    try {
+    await this.#remoteTransfer(tmp, remote, "upload to", st.size, async () => {
       await this.#call<void>((cb) =>
         this.#sftp.fastPut(local, tmp, { mode: st.mode & 0o7777, step: (done, _c, total) => o.onProgress?.(done, total, local) }, cb as (e?: Error | null) => void),
       );
       await this.#call<void>((cb) => this.#sftp.chmod(tmp, st.mode & 0o7777, cb as (e?: Error | null) => void));
-      await this.#replace(tmp, remote);
-    } catch (e) {
-      this.#sftp.unlink(tmp, () => undefined);
-      throw sftpError(e, "upload to", remote);
-    }
+    });
   }
 
   /** Copy `remote` (a file, or with `recursive` a directory) to a local path, keeping permission bits; `LOCAL.partial` until complete. */
@@ -212,14 +217,54 @@ export class MachineFiles {
     }
     if (!st.isFile()) throw new BerthError("conflict", `conflict: download ${remote}: not a regular file`);
     const part = `${local}.partial`;
-    try {
-      await this.#call<void>((cb) => this.#sftp.fastGet(remote, part, { step: (done, _c, total) => o.onProgress?.(done, total, remote) }, cb as (e?: Error | null) => void));
-      chmodSync(part, st.mode & 0o7777);
-      renameSync(part, local);
-    } catch (e) {
-      rmSync(part, { force: true });
-      throw sftpError(e, "download", remote);
+    this.#localPartials.add(part);
+    const work = (async () => {
+      try {
+        await this.#call<void>((cb) => this.#sftp.fastGet(remote, part, { step: (done, _c, total) => o.onProgress?.(done, total, remote) }, cb as (e?: Error | null) => void));
+        if (this.#aborted) throw Object.assign(new Error("aborted"), { code: "aborted" });
+        chmodSync(part, st.mode & 0o7777);
+        renameSync(part, local);
+      } catch (e) {
+        rmSync(part, { force: true });
+        throw sftpError(e, "download", remote);
+      } finally {
+        this.#localPartials.delete(part);
+      }
+    })();
+    await this.#track(work);
+  }
+
+  /**
+   * Stop every transfer of this session and remove its partial files: the temporary names on the
+   * machine first (no new file is opened on the machine from here on, so none can appear after its
+   * removal), then the SFTP session ends, the transfers unwind (at most `waitMs`), and the local
+   * `.partial` files go. Resolves with what could not be removed (empty when nothing is left).
+   */
+  async abort(waitMs = 5000): Promise<string[]> {
+    this.#aborted = true;
+    // A transfer between its local open and its remote open would otherwise create the temporary file after it was removed.
+    (this.#sftp as unknown as { open: (...a: unknown[]) => void }).open = (...a: unknown[]) => {
+      const cb = a[a.length - 1];
+      if (typeof cb === "function") process.nextTick(cb, Object.assign(new Error("aborted"), { code: "aborted" }));
+    };
+    const left: string[] = [];
+    for (const tmp of [...this.#remotePartials]) {
+      const removed = await Promise.race([
+        call<void>((cb) => this.#sftp.unlink(tmp, cb as (e?: Error | null) => void)).then(
+          () => true,
+          (e: { code?: unknown }) => e?.code === SFTP_NO_SUCH_FILE,
+        ),
+        this.#gone.catch(() => false),
+        sleep(waitMs, undefined, { ref: false }).then(() => false),
+      ]);
+      if (removed) this.#remotePartials.delete(tmp);
+      else left.push(`${tmp} on the machine`);
     }
+    this.close();
+    await Promise.race([Promise.allSettled([...this.#inflight]), sleep(waitMs, undefined, { ref: false })]);
+    for (const part of this.#localPartials) rmSync(part, { force: true });
+    for (const part of this.#localPartials) if (existsSync(part)) left.push(part);
+    return left;
   }
 
   /** End this SFTP session (the connection stays for the borrow's other uses). */
@@ -232,7 +277,62 @@ export class MachineFiles {
   }
 
   #call<T>(fn: (cb: (err: Error | undefined | null, v: T) => void) => void): Promise<T> {
+    if (this.#aborted) return Promise.reject(Object.assign(new Error("aborted"), { code: "aborted" }));
     return Promise.race([call(fn), this.#gone]);
+  }
+
+  async #track<T>(p: Promise<T>): Promise<T> {
+    this.#inflight.add(p);
+    try {
+      return await p;
+    } finally {
+      this.#inflight.delete(p);
+    }
+  }
+
+  /**
+   * Write `tmp` with `fill`, then rename it over `target`. On failure the temporary file is removed
+   * (after abort(), abort() removes it); a failure on a file system with less free space than
+   * `size` is `disk_full`.
+   */
+  async #remoteTransfer(tmp: string, target: string, what: string, size: number, fill: () => Promise<void>): Promise<void> {
+    this.#remotePartials.add(tmp);
+    const work = (async () => {
+      try {
+        await fill();
+        await this.#replace(tmp, target);
+        this.#remotePartials.delete(tmp);
+      } catch (e) {
+        if (this.#aborted) throw sftpError(Object.assign(new Error("aborted"), { code: "aborted" }), what, target);
+        const removed = await this.#call<void>((cb) => this.#sftp.unlink(tmp, cb as (e?: Error | null) => void)).then(
+          () => true,
+          (u: { code?: unknown }) => u?.code === SFTP_NO_SUCH_FILE,
+        );
+        if (removed) this.#remotePartials.delete(tmp);
+        if ((e as { code?: unknown })?.code === SFTP_FAILURE) {
+          const free = await this.#freeBytes(posix.dirname(target));
+          if (free !== null && free < size) {
+            throw new BerthError(
+              "disk_full",
+              `disk_full: ${what} ${target}: no space left on the machine's disk (${mb(free)} free where it goes, the file is ${mb(size)}); nothing was written under its name`,
+            );
+          }
+        }
+        throw sftpError(e, what, target);
+      }
+    })();
+    await this.#track(work);
+  }
+
+  /** Free bytes for the machine's user on the file system holding `dir` (OpenSSH's statvfs extension), or null. */
+  async #freeBytes(dir: string): Promise<number | null> {
+    try {
+      const v = await this.#call<{ f_bavail: number | bigint; f_frsize: number | bigint; f_bsize: number | bigint }>((cb) => this.#sftp.ext_openssh_statvfs(dir, cb));
+      const free = Number(v.f_bavail) * Number(v.f_frsize || v.f_bsize);
+      return Number.isFinite(free) ? free : null;
+    } catch {
+      return null;
+    }
   }
 
   async #mkdir(path: string, mode: number): Promise<void> {
@@ -252,6 +352,10 @@ export class MachineFiles {
     if (target?.isDirectory()) throw new BerthError("conflict", `conflict: ${path} is a directory on the machine`);
     await this.#call<void>((cb) => this.#sftp.ext_openssh_rename(tmp, path, cb as (e?: Error | null) => void));
   }
+}
+
+function mb(n: number): string {
+  return `${(n / 1e6).toFixed(1)} MB`;
 }
 
 /** `dir/NAME.berth-partial-XXXXXXXX` beside the target. */

@@ -47,6 +47,8 @@ export type ErrorCode =
   | "network_tampered"
   | "sftp_unavailable"
   | "transfer_cut"
+  | "disk_full"
+  | "aborted"
   | "invalid_agent_reply"
   | "internal";
 
@@ -104,6 +106,10 @@ const STATUS: Record<ErrorCode, number> = {
   sftp_unavailable: 422,
   /** A file transfer ended before it was complete: the borrow was returned or expired, or the connection was lost. */
   transfer_cut: 502,
+  /** A write on the machine failed and its file system has less free space than the file needs. */
+  disk_full: 507,
+  /** The caller stopped the transfer (MachineFiles.abort, Ctrl-C in `berth cp`). */
+  aborted: 499,
   /** An agent answered the coordinator with a body off the coordinator↔agent contract (src/protocol/agent-api.ts). */
   invalid_agent_reply: 502,
   internal: 500,

@@ -31,6 +31,8 @@ const STATUS: Record<ErrorCode, number> = {
   image_too_large: 413,
   sftp_unavailable: 422,
   transfer_cut: 502,
+  disk_full: 507,
+  aborted: 499,
   borrow_not_active: 409,
   borrow_expired: 409,
   generation_mismatch: 409,

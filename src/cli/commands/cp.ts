@@ -7,6 +7,9 @@
  * (src/client/files.ts): modes kept, directories with -r, a file is written
  * under a temporary name and renamed only once complete on either side
  * (locally `NAME.partial`), progress on stderr when it is a terminal.
+ * SIGINT/SIGTERM/SIGHUP (Ctrl-C) stop the copy, remove the partial files on
+ * both sides (MachineFiles.abort) and exit 130/143/129; a second signal
+ * exits at once.
  */
 import type { Command } from "commander";
 import { existsSync, readFileSync, statSync } from "node:fs";
@@ -17,6 +20,8 @@ import { MachineFiles, openSftp } from "../../client/files.js";
 import { connect, type SshConnection } from "../../client/ssh.js";
 import { exitCodeOf, reportError, UsageError } from "../common.js";
 import { planFromReceipt } from "./ssh.js";
+
+const SIGNAL_EXIT = { SIGINT: 130, SIGTERM: 143, SIGHUP: 129 } as const;
 
 interface CpOptions {
   receipt?: string;
@@ -64,8 +69,7 @@ function progress(quiet: boolean): { onProgress?: (done: number, total: number, 
   };
 }
 
-async function run(files: MachineFiles, plan: CpPlan, o: CpOptions): Promise<void> {
-  const p = progress(o.quiet);
+async function run(files: MachineFiles, plan: CpPlan, o: CpOptions, p: ReturnType<typeof progress>): Promise<void> {
   try {
     await copy(files, plan, o, p.onProgress);
   } finally {
@@ -113,9 +117,11 @@ export function register(program: Command): void {
       `
 Modes are kept. A file is written under a temporary name and renamed once it is
 complete (locally NAME.partial), so a cut copy (the borrow returned or expired,
-the connection lost) leaves nothing under the target name.
+the connection lost) leaves nothing under the target name. Ctrl-C stops the
+copy and removes its partial file on both sides.
 Exit status: 0 copied; 1 refused or failed (the message starts with its code:
-not_found, forbidden, conflict, sftp_unavailable, transfer_cut, …); 2 usage.
+not_found, forbidden, conflict, disk_full, sftp_unavailable, transfer_cut, …);
+2 usage; 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP.
 
 Examples:
   berth cp --receipt b.json ./build.tar.gz :
@@ -127,6 +133,25 @@ Examples:
       let status = 0;
       let conn: SshConnection | null = null;
       let closeApi: (() => Promise<void>) | null = null;
+      let files: MachineFiles | null = null;
+      const p = progress(o.quiet);
+      let stopping = false;
+      const stop = (sig: keyof typeof SIGNAL_EXIT) => {
+        if (stopping) process.exit(SIGNAL_EXIT[sig]);
+        stopping = true;
+        p.end();
+        void (async () => {
+          const left = (await files?.abort().catch(() => ["(unknown)"])) ?? [];
+          process.stderr.write(
+            left.length === 0
+              ? `berth: interrupted by ${sig}; the copy was stopped and its partial files removed\n`
+              : `berth: interrupted by ${sig}; the copy was stopped, but could not remove: ${left.join(", ")}\n`,
+          );
+          conn?.end();
+          process.exit(SIGNAL_EXIT[sig]);
+        })();
+      };
+      for (const sig of Object.keys(SIGNAL_EXIT) as (keyof typeof SIGNAL_EXIT)[]) process.on(sig, () => stop(sig));
       try {
         let rest = args;
         let target: { host: string; port: number; user: string; hostKey: string; keyFile: string };
@@ -142,13 +167,15 @@ Examples:
         }
         const plan = cpPlan(rest);
         conn = await connect({ host: target.host, port: target.port, user: target.user, hostKey: target.hostKey, privateKey: readKey(target.keyFile) });
-        const files = new MachineFiles(await openSftp(conn));
+        files = new MachineFiles(await openSftp(conn));
         try {
-          await run(files, plan, o);
+          await run(files, plan, o, p);
         } finally {
           files.close();
         }
       } catch (e) {
+        // Interrupted: the signal handler removes the partial files, reports and exits.
+        if (stopping) return;
         reportError(e);
         status = exitCodeOf(e);
       }
