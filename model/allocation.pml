@@ -11,10 +11,17 @@
  * the standing epoch, the sandbox), and an environment: the launch actor's
  * lease lapses (the actor never starts another call, but its calls in
  * flight still arrive), the owner releases, the operator withdraws the
- * host. Calls to the agent (hold, launch, release, standing) travel in a
- * bag: delayed, reordered, delivered twice (bounded). Replies are the
- * agent's durable records, read by a later step (a lost reply is a read that
- * never happens).
+ * host, the sandbox dies (killed from outside). A ready allocation whose
+ * sandbox died is `failed` (src/coordinator/actions/allocation-watch.ts);
+ * the owner may restart it: the request and then its drive each check the
+ * host's standing, and the drive sends a launch again at the actor's
+ * generation with the standing epoch it was decided under (the agent moves
+ * to a newer epoch as ready, src/agent/standing.ts). Calls to the agent
+ * (hold, launch, restart, release, standing) travel in a bag: delayed,
+ * reordered, delivered twice (bounded); an agent operation answers a
+ * repeated delivery from its record. Replies are the agent's durable
+ * records, read by a later step (a lost reply is a read that never
+ * happens).
  *
  * Invariants, as assertions (named through a `hidden` bit that is always 0,
  * so SPIN's report says which one broke):
@@ -22,8 +29,11 @@
  *   inv_fenced          once a replacement decided a new generation on an
  *                       observation that saw no hold, no hold below that
  *                       generation is ever taken (whichever arrives first);
- *   inv_no_launch_after_withdraw  no launch starts on the host after its
- *                       withdrawal was acknowledged (reported `withdrawn`);
+ *   inv_no_launch_after_withdraw  no launch (or restart) starts on the
+ *                       host after its withdrawal was acknowledged (reported
+ *                       `withdrawn`), and a withdrawal is acknowledged only
+ *                       while the agent stores it (so it refuses every later
+ *                       launch decided under that epoch or an older one);
  *   inv_budget          the budget is charged exactly while the allocation
  *                       is not released, and it is returned only once the
  *                       agent proved the cleanup (no sandbox, no hold);
@@ -45,19 +55,33 @@
  *   MUTANT_ACK_UNPUSHED  the coordinator reports a withdrawal before the
  *                        agent stored it (issue item 2);
  *   MUTANT_REFUND_EARLY  the reservation is returned when the release is
- *                        sent, not when it is proven.
- * Witness (-DWITNESS_READY_AFTER_TAKEOVER): ready after a lapsed actor's
- * hold was fenced, so the checked space is not vacuous.
+ *                        sent, not when it is proven;
+ *   MUTANT_RESTART_UNGATED  the restart's drive sends the host's current
+ *                        standing epoch without checking the standing again
+ *                        (the code before 3a62216: a host withdrawn between
+ *                        the request and the drive is moved back to ready by
+ *                        the restart, the withdrawal push is then not newer,
+ *                        and the withdrawal is acknowledged while the agent
+ *                        would still launch).
+ * Witnesses, so the checked space is not vacuous:
+ * -DWITNESS_READY_AFTER_TAKEOVER ready after a lapsed actor's hold was
+ * fenced; -DWITNESS_RESTARTED ready again after the sandbox died and a
+ * restart ran.
  *
  * Not modelled: an unreadable agent (retain, quarantine after five tries:
- * unit- and end-to-end tested), several allocations on one host, expiry
- * (a release by another cause).
+ * unit- and end-to-end tested), an agent restart that leaves the machine
+ * not matching its record (the agent refuses the restart: end-to-end
+ * tested), several allocations on one host, expiry (a release by another
+ * cause).
  */
 #ifndef MAXLAPSE
 #define MAXLAPSE 1          /* lapses of a launch actor while launching (-DMAXLAPSE=2: a bigger, slower check) */
 #endif
 #define G (MAXLAPSE + 3)    /* generations 0..G-1 (0 = none): 1, one per takeover, one for the tombstone */
 #define MAXDUP 1            /* deliveries of a call more than once */
+#ifndef MAXDEATH
+#define MAXDEATH 1          /* deaths of the sandbox (-DMAXDEATH=2: a bigger, slower check) */
+#endif
 
 /* The code before the fix as a whole: no floor, and a stale hold retained. inv_fenced is silenced so
    that what it leads to, the wedge, is what is caught. */
@@ -74,8 +98,12 @@
 #define READY 3
 #define RELEASING 4
 #define RELEASED 5
+#define FAILED 6
 
 bit inv_one_hold, inv_fenced, inv_no_launch_after_withdraw, inv_budget, inv_ends, witness;
+
+/* a restart (one per death, 1..MAXDEATH): requested, sent, with the generation and epoch it carries */
+#define R (MAXDEATH + 1)
 
 /* ---- coordinator store ---- */
 byte alloc = PLACED;
@@ -92,6 +120,9 @@ byte fencedBelow = 0;       /* highest generation decided on an "absent" observa
 bool sentHold[6];
 bool sentLaunch[6];
 bool sentRelease;
+byte restarts = 0;          /* restarts requested so far (the current one's index) */
+bool restartWanted;         /* the current restart requested, its drive not yet run */
+bool restartSent[R];
 
 /* ---- agent store ---- */
 byte heldMask = 0;          /* generations whose hold is live (bit g) */
@@ -103,25 +134,37 @@ bool sandbox;               /* the allocation's sandbox runs */
 bool launched[6];
 bool launchRefused[6];
 bool relDone;
+bool restarted[R];          /* the agent's record of each restart operation: started ... */
+bool restartRefused[R];     /* ... or refused */
 
 /* ---- calls in flight (a bag: any order, any delay) ---- */
 byte holdMsg[6];
 byte launchMsg[6];
 byte launchEpoch[6];
 byte relMsg;
+byte restartMsg[R];
+byte restartGen[R];
+byte restartEpoch[R];
 byte standMsg;              /* the epoch a standing push carries (0: none in flight) */
-byte dups, lapses;
+byte dups, lapses, deaths;
 bool wantRelease;
 bool sawFencedLateHold;
 
 #ifdef MUTANT_NO_EPOCH
-#define EPOCH_OK(g) (1)
+#define EPOCH_OK(e) (1)
 #else
-#define EPOCH_OK(g) (!(launchEpoch[g] < aEpoch || (launchEpoch[g] == aEpoch && aWithdrawn)))
+#define EPOCH_OK(e) (!((e) < aEpoch || ((e) == aEpoch && aWithdrawn)))
 #endif
+/* a launch decided under a newer epoch moves the agent to it, as ready (src/agent/standing.ts) */
+#define RAISE(e) if :: (e) > aEpoch -> aEpoch = (e); aWithdrawn = false :: else -> skip fi
 #define HELD(g) (((heldMask >> (g)) & 1) == 1)
 #define HOLDOF(h) h = 0; if :: HELD(1) -> h = 1 :: HELD(2) -> h = 2 :: HELD(3) -> h = 3 :: HELD(4) -> h = 4 :: else -> skip fi
-#define INFLIGHT (holdMsg[1] + holdMsg[2] + holdMsg[3] + holdMsg[4] + launchMsg[1] + launchMsg[2] + launchMsg[3] + launchMsg[4] + relMsg > 0)
+#if MAXDEATH >= 2
+#define RESTARTS_INFLIGHT (restartMsg[1] + restartMsg[2])
+#else
+#define RESTARTS_INFLIGHT (restartMsg[1])
+#endif
+#define INFLIGHT (holdMsg[1] + holdMsg[2] + holdMsg[3] + holdMsg[4] + launchMsg[1] + launchMsg[2] + launchMsg[3] + launchMsg[4] + relMsg + RESTARTS_INFLIGHT > 0)
 #define QUIET (!alive && !INFLIGHT)
 
 inline refund() {
@@ -173,6 +216,32 @@ proctype coordinator(byte me) {
 #endif
      }
   :: atomic { alloc == LAUNCHING && owner == me && !recTomb && launchRefused[recGen] -> alloc = RELEASING }
+  /* the watch: the agent says the sandbox is not running -> failed (one observation, then one transaction
+     under the owner's lock that moves only a ready allocation; nothing in between moves a ready one back) */
+  :: atomic { alloc == READY && !sandbox -> alloc = FAILED }
+  /* restart requested (the owner; only from failed): refused while the host is not ready */
+  :: atomic { alloc == FAILED && !restartWanted && !restartSent[restarts] && restarts < MAXDEATH ->
+       if
+       :: cWithdrawn -> skip                                                           /* conflict: nothing changed */
+       :: else -> restarts++; restartWanted = true
+       fi }
+  /* its drive: under the owner then host locks, the standing again, then the launch at the actor's generation */
+  :: atomic { alloc == FAILED && restartWanted && !recTomb ->
+       restartWanted = false;
+       if
+#ifndef MUTANT_RESTART_UNGATED
+       :: cWithdrawn -> skip                                                           /* restart not done: stays failed */
+#endif
+       :: else -> restartSent[restarts] = true; restartMsg[restarts]++; restartGen[restarts] = recGen; restartEpoch[restarts] = cEpoch
+       fi }
+  /* its result recorded: a refusal leaves it failed (reason: the refusal), a start makes it ready again */
+  :: atomic { alloc == FAILED && restartSent[restarts] && restartRefused[restarts] -> restartSent[restarts] = false }
+  :: atomic { alloc == FAILED && restartSent[restarts] && restarted[restarts] ->
+       restartSent[restarts] = false; alloc = READY;
+#ifdef WITNESS_RESTARTED
+       assert(witness)
+#endif
+     }
   /* takeover of a lapsed actor (desire: launched) */
   :: alloc == LAUNCHING && !alive && !recTomb && recGen < G - 1 ->
        observe(obs, seenGen, wasAlive);
@@ -217,7 +286,7 @@ proctype coordinator(byte me) {
        }
   :: atomic { alloc == RELEASING && relDone -> refund() }
   /* the standing push: acknowledged once the agent stored it (a lost push is sent again) */
-  :: atomic { cAcked < cEpoch && aEpoch >= cEpoch -> cAcked = cEpoch }
+  :: atomic { cAcked < cEpoch && aEpoch >= cEpoch -> cAcked = cEpoch; assert(inv_no_launch_after_withdraw || aWithdrawn) }
   :: atomic { cAcked < cEpoch && aEpoch < cEpoch && standMsg == 0 -> standMsg = cEpoch }
   od
 }
@@ -243,11 +312,37 @@ active proctype agent() {
        if :: launchMsg[1] > 0 -> g = 1 :: launchMsg[2] > 0 -> g = 2 :: launchMsg[3] > 0 -> g = 3 :: launchMsg[4] > 0 -> g = 4 fi;
        if :: dups < MAXDUP -> dups++ :: launchMsg[g]-- fi;
        if
-       :: HELD(g) && !released && EPOCH_OK(g) ->
-            assert(inv_no_launch_after_withdraw || !(wEpoch > 0 && cAcked >= wEpoch));
-            assert(inv_budget || charged);
-            sandbox = true; launched[g] = true
-       :: else -> if :: !launched[g] -> launchRefused[g] = true :: else -> skip fi
+       :: launched[g] || launchRefused[g] -> skip                                       /* answered from its record */
+       :: else ->
+            if
+            :: HELD(g) && !released && EPOCH_OK(launchEpoch[g]) ->
+                 RAISE(launchEpoch[g]);
+                 assert(inv_no_launch_after_withdraw || !(wEpoch > 0 && cAcked >= wEpoch));
+                 assert(inv_budget || charged);
+                 sandbox = true; launched[g] = true
+            :: else -> launchRefused[g] = true
+            fi
+       fi }
+  /* the restart's alloc_launch(g, epoch) under its own operation id: the same checks as a launch */
+  :: atomic { RESTARTS_INFLIGHT > 0 ->
+       if :: restartMsg[1] > 0 -> h = 1
+#if MAXDEATH >= 2
+          :: restartMsg[2] > 0 -> h = 2
+#endif
+       fi;
+       if :: dups < MAXDUP -> dups++ :: restartMsg[h]-- fi;
+       g = restartGen[h];
+       if
+       :: restarted[h] || restartRefused[h] -> skip                                     /* answered from its record */
+       :: else ->
+            if
+            :: HELD(g) && !released && EPOCH_OK(restartEpoch[h]) ->
+                 RAISE(restartEpoch[h]);
+                 assert(inv_no_launch_after_withdraw || !(wEpoch > 0 && cAcked >= wEpoch));
+                 assert(inv_budget || charged);
+                 sandbox = true; restarted[h] = true
+            :: else -> restartRefused[h] = true
+            fi
        fi }
   /* alloc_release: sandbox destroyed, hold released for good (fences every later hold) */
   :: atomic { relMsg > 0 ->
@@ -271,9 +366,11 @@ active proctype environment() {
        wantRelease = true;
        if
        :: alloc == PLACED -> refund()
-       :: alloc == LAUNCHING || alloc == READY -> alloc = RELEASING
+       :: alloc == LAUNCHING || alloc == READY || alloc == FAILED -> alloc = RELEASING
        :: else -> skip
        fi }
+  /* the sandbox dies (killed from outside; its hold, volume and budget stay) */
+  :: atomic { sandbox && deaths < MAXDEATH -> sandbox = false; deaths++ }
   /* the operator withdraws the host (once): recorded under a new epoch, then pushed */
   :: atomic { !cWithdrawn ->
        cWithdrawn = true; cEpoch++; wEpoch = cEpoch; standMsg = cEpoch;

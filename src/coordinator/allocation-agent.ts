@@ -14,7 +14,16 @@ import { BerthError, isErrorCode } from "../core/errors.js";
 /** What the hosts provider gives: one authenticated call to a host's agent (throws when it does not answer). */
 export type AgentCall = (hostId: string, method: "GET" | "POST", path: string, body?: unknown) => Promise<{ status: number; body: unknown }>;
 
-export type SandboxObservation = { kind: "running" } | { kind: "dead"; why: string } | { kind: "unreadable"; why: string };
+/**
+ * The agent's view of an allocation's sandbox: `dead` is not running — `lost` when the agent no longer has the
+ * machine as recorded (it restarted and found it not matching: it does not start that machine again); `absent`
+ * when it has no live machine of it at all.
+ */
+export type SandboxObservation =
+  | { kind: "running" }
+  | { kind: "dead"; why: string; lost: boolean }
+  | { kind: "absent"; why: string }
+  | { kind: "unreadable"; why: string };
 
 export type AllocAnswer<K extends AllocOperationKind> =
   | { kind: "done"; result: OperationResults[K] }
@@ -86,8 +95,8 @@ export class AllocationAgent {
     if (!p.success) return { kind: "unreadable", why: agentReplyMismatch(route, p.error.issues).message };
     const body = p.data;
     if (body.sandbox === "running") return { kind: "running" };
-    if (body.sandbox === "stopped" || body.sandbox === "mismatch") return { kind: "dead", why: body.why ?? body.sandbox };
-    return { kind: "unreadable", why: `the agent has no running machine of it (${body.why ?? body.sandbox})` };
+    if (body.sandbox === "stopped" || body.sandbox === "mismatch") return { kind: "dead", why: body.why ?? body.sandbox, lost: body.sandbox === "mismatch" };
+    return { kind: "absent", why: `the agent has no running machine of it (${body.why ?? body.sandbox})` };
   }
 
   /**

@@ -125,7 +125,7 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
   });
   openConnections = () => app.connections();
   addRoutes(app, { ctx, secret: o.secret, metricsText, metricsTokenHash: o.metricsTokenHash ?? null, portable, version: VERSION, allocationAgent });
-  const ui = addUiRoutes(app, ctx, o.ui);
+  const ui = addUiRoutes(app, ctx, { ...o.ui, sandboxProbe: (h, a) => allocationAgent.sandbox(h, a) });
   const { url, port } = await app.listen(o.host ?? "127.0.0.1", o.port ?? 0);
   if (o.reconcile !== false) loop.start();
   // The dashboard's history: closed 10-second buckets are written every 10 s (the open one at the stop).

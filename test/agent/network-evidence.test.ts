@@ -25,7 +25,7 @@ import { randomBytes } from "node:crypto";
 import { after, before, describe, it } from "node:test";
 import type { RunningAgent } from "../../src/agent/agent.js";
 import { MachineNetworks } from "../../src/agent/network/manager.js";
-import { networkAvailability } from "../../src/agent/network/host.js";
+import { holdNextCommand, networkAvailability } from "../../src/agent/network/host.js";
 import { gvisorAvailability } from "../../src/agent/runtime/index.js";
 import { makePolicy } from "../../src/core/network-policy.js";
 import type { ReadinessEvidence } from "../../src/core/network-evidence.js";
@@ -190,6 +190,25 @@ describe("readiness evidence bound to the rules in force", { skip }, () => {
       assert.deepEqual(await b.network.inventory(), { netns: [], links: [], tables: [] });
     });
   }
+
+  it("process: a lend check completes while a sibling's re-probe is held starting a host command (the re-probe's nft/ip commands never hold the agent's event loop)", async () => {
+    const a = await agentFor("process");
+    const [m1, m2] = [await provision(a), await provision(a)];
+    // The returned sibling's reload (`nft -f -`) is held where its spawn would wait for the child to exec.
+    const state = new Int32Array(new SharedArrayBuffer(8));
+    holdNextCommand({ file: "nft", args: ["-f", "-"], state, boundMs: 30_000 });
+    const scrub = a.ops.run({ opId: id("op"), kind: "scrub", machineId: m2, generation: 1 });
+    while (Atomics.load(state, 0) === 0) await new Promise((r) => setTimeout(r, 5));
+    let answeredWhileHeld = 0;
+    const check = await a.guard!.lendCheck(m1);
+    if (Atomics.load(state, 0) === 1) answeredWhileHeld++;
+    Atomics.store(state, 1, 1);
+    Atomics.notify(state, 1);
+    assert.equal(check.ok, true, JSON.stringify(check));
+    assert.equal(evidenceOf((await scrub).result).result, "pass", "the held re-probe completes and passes");
+    assert.equal(answeredWhileHeld, 1, "the lend check was answered while the sibling's re-probe was still held");
+    for (const m of [m1, m2]) await a.ops.run({ opId: id("op"), kind: "destroy", machineId: m, generation: 1 });
+  });
 
   it("process: 0.0.0.0/0 means every public address: provisioned, private ranges still refused", async () => {
     const a = await agentFor("process");

@@ -10,7 +10,9 @@
  * gvisor (runsc), the sandbox SIGKILLed from outside (the way its memory
  * cgroup kills it on an overrun), the binary's own commands. Before the
  * agent restart the coordinator's watch shows the allocation `failed` with
- * the cause, and `berth alloc restart` starts it again on its volume.
+ * the cause, and `berth alloc restart` starts it again on its volume; a
+ * restart is refused, nothing changed, once the agent restarted and lost the
+ * machine, and on a withdrawn host.
  */
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
@@ -43,6 +45,14 @@ describe("a dead sandbox's quarantine ends by an operator command (gvisor, real 
   });
   after(() => rig.close());
   const cli = (args: string[]) => berth(args, { env });
+  const record = (id: string) => rig.store.transaction((tx) => tx.get("SELECT state, reason, state_since FROM allocations WHERE id = ?", [id]));
+  /** A refused restart changed nothing: the same record (state, reason, since), no restart armed, the same budget. */
+  const assertUnchanged = async (id: string, before: unknown, use: Awaited<ReturnType<AllocRig["ownerUse"]>>) => {
+    assert.deepEqual(await record(id), before);
+    const due = await rig.store.transaction((tx) => tx.all("SELECT kind FROM due WHERE kind = 'alloc_restart' AND ref = ?", [id]));
+    assert.deepEqual(due, []);
+    assert.deepEqual(await rig.ownerUse(), use);
+  };
 
   test("sandbox SIGKILLed + agent restart → release --keep-volume quarantined, budget charged → alloc resolve --keep-volume → released, budget back, volume kept", async () => {
     const idle = await rig.ownerUse();
@@ -89,6 +99,16 @@ describe("a dead sandbox's quarantine ends by an operator command (gvisor, real 
     const m = machine.machines.find((x) => x.machineId === "a-q1");
     assert.equal(m?.state, "mismatch", JSON.stringify(machine));
 
+    // The agent no longer has the machine as recorded and does not start it again: the restart is refused at
+    // once with a stable code, and nothing changed (still failed, same reason, no restart armed, budget as it was).
+    await rig.waitState("q1", "failed", 30_000);
+    const failedRec = await record("q1");
+    const lost = await cli(["alloc", "restart", "q1"]);
+    assert.equal(lost.status, 1, lost.stdout);
+    assert.match(lost.stderr, new RegExp(`conflict: allocation q1 is not restarted: the agent of host ${rig.hostId} no longer has its sandbox as recorded`));
+    assert.match(lost.stderr, /release it \(berth alloc release q1\)/);
+    await assertUnchanged("q1", failedRec, charged);
+
     // The owner's release is refused by the agent: quarantined, budget still charged.
     assert.equal((await cli(["alloc", "release", "q1", "--keep-volume"])).status, 0);
     await rig.waitState("q1", "quarantined", 60_000);
@@ -115,6 +135,17 @@ describe("a dead sandbox's quarantine ends by an operator command (gvisor, real 
     assert.equal((await cli(["alloc", "create", "--size", "small", "--id", "f1", "--wait"])).status, 0);
     for (const pid of sandboxPids(rig, "a-f1")) process.kill(pid, "SIGKILL");
     await rig.waitState("f1", "failed", 30_000);
+    const charged = await rig.ownerUse();
+
+    // A host withdrawn meanwhile: the restart is refused with a stable code, nothing changed.
+    assert.equal((await cli(["alloc", "standing", rig.hostId, "withdrawn"])).status, 0);
+    const failedRec = await record("f1");
+    const refused = await cli(["alloc", "restart", "f1"]);
+    assert.equal(refused.status, 1, refused.stdout);
+    assert.match(refused.stderr, /conflict: allocation f1 is not restarted: host is withdrawn; release it \(berth alloc release f1\)/);
+    await assertUnchanged("f1", failedRec, charged);
+    assert.deepEqual(sandboxPids(rig, "a-f1"), [], "nothing was started");
+
     assert.equal((await cli(["alloc", "release", "f1"])).status, 0);
     await rig.waitState("f1", "released", 60_000);
     assert.deepEqual(await rig.ownerUse(), idle);

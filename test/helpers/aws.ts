@@ -23,8 +23,8 @@ import { tempDir } from "./env.js";
 
 export const FAKE_CREDENTIALS = { accessKeyId: "AKIDEMULATOR", secretAccessKey: "emulator-secret-not-a-real-key" };
 
-export function awsConfigFor(emu: AwsEmulator, pools: string[] = ["ci"], o: { deployment?: string; region?: string } = {}): AwsConfig {
-  const pool = { region: o.region ?? "eu-west-1", subnetId: "subnet-0abc", securityGroupIds: ["sg-0abc"], instanceType: "t3.micro", imageId: "ami-0abc1234", instanceProfile: "berth-ssm", sshAddress: "private", sshPort: emu.sshPort };
+export function awsConfigFor(emu: AwsEmulator, pools: string[] = ["ci"], o: { deployment?: string; region?: string; pool?: Record<string, unknown> } = {}): AwsConfig {
+  const pool = { ...o.pool, region: o.region ?? "eu-west-1", subnetId: "subnet-0abc", securityGroupIds: ["sg-0abc"], instanceType: "t3.micro", imageId: "ami-0abc1234", instanceProfile: "berth-ssm", sshAddress: "private", sshPort: emu.sshPort };
   return parseAwsConfig({ deployment: o.deployment ?? "test", endpoint: emu.url, pools: Object.fromEntries(pools.map((p) => [p, pool])) });
 }
 
@@ -39,7 +39,7 @@ export interface AwsWorld {
   close(): Promise<void>;
 }
 
-export async function awsWorld(o: { stepBudgetMs?: number; pollMs?: number; pools?: string[]; store?: Store } = {}): Promise<AwsWorld> {
+export async function awsWorld(o: { stepBudgetMs?: number; pollMs?: number; pools?: string[]; store?: Store; pool?: Record<string, unknown> } = {}): Promise<AwsWorld> {
   const dir = tempDir("berth-aws-emu-");
   const emu = await new AwsEmulator(dir.path).start();
   const store = o.store ?? new SqliteStore({ path: join(dir.path, "berth.db") });
@@ -52,13 +52,13 @@ export async function awsWorld(o: { stepBudgetMs?: number; pollMs?: number; pool
     };
     return new AwsProvider({ config, records, clients, stepBudgetMs: o.stepBudgetMs ?? 8_000, pollMs: o.pollMs ?? 50 });
   };
-  const provider = build(awsConfigFor(emu, o.pools));
+  const provider = build(awsConfigFor(emu, o.pools, { pool: o.pool }));
   return {
     emu,
     provider,
     store,
     dir: dir.path,
-    providerWith: (c) => build(awsConfigFor(emu, c.pools ?? o.pools, c)),
+    providerWith: (c) => build(awsConfigFor(emu, c.pools ?? o.pools, { pool: o.pool, ...c })),
     async close() {
       await emu.stop();
       if (!o.store) await store.close();

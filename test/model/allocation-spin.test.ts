@@ -21,6 +21,7 @@ const MUTANTS: Record<string, string> = {
   MUTANT_NO_EPOCH: "inv_no_launch_after_withdraw",
   MUTANT_ACK_UNPUSHED: "inv_no_launch_after_withdraw",
   MUTANT_REFUND_EARLY: "inv_budget",
+  MUTANT_RESTART_UNGATED: "inv_no_launch_after_withdraw",
 };
 
 function missingTool(): string | null {
@@ -70,5 +71,7 @@ describe("allocation launch, takeover, withdrawal and release model (SPIN)", () 
     }
     const w = check(["-DWITNESS_READY_AFTER_TAKEOVER"]);
     assert.match(w, /assertion violated \(+witness/, `ready after a fenced late hold was not reached:\n${w}`);
+    const r = check(["-DWITNESS_RESTARTED"]);
+    assert.match(r, /assertion violated \(?witness/, `ready again after a restart was not reached:\n${r}`);
   });
 });

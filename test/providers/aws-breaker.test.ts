@@ -7,15 +7,16 @@
  * resume` (POST /v1/pools/:name/resume) ends the pause, and a pool whose
  * cause was fixed fills again. Real coordinator (SQLite, reconciler,
  * executor) against the EC2/SSM emulator. Capacity and limit errors on
- * RunInstances are refusals (failed, not ambiguous), so they reach the
- * breaker at once instead of after six attempts. Throttling is neither: a
+ * RunInstances move the launch to the next configured subnet and instance
+ * type; once every one is refused the provision fails (not ambiguous), so it
+ * reaches the breaker at once instead of after six attempts. Throttling is neither: a
  * throttled call is retried with a jittered backoff and never counts as a
  * failed attempt, so a healthy instance is not quarantined and replaced.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { startTestCoordinator } from "../helpers/env.js";
-import { awsWorld, machine, op } from "../helpers/aws.js";
+import { awsWorld, machine, op, untilSettled } from "../helpers/aws.js";
 import { ackBody, borrowPortable, tokens } from "../helpers/portable.js";
 import { until as waitUntil } from "../helpers/portable-e2e.js";
 
@@ -71,23 +72,50 @@ test("a pool whose instances never register stops launching after N failed provi
   }
 });
 
-for (const code of ["InsufficientInstanceCapacity", "InstanceLimitExceeded", "VcpuLimitExceeded"]) {
-  test(`${code} on RunInstances is a refusal: the provision fails at once, nothing launched, its record closed`, { timeout: 60_000 }, async () => {
-    const w = await awsWorld({ stepBudgetMs: 400, pollMs: 50 });
-    try {
-      w.emu.faults.runRefusals.push(code);
-      const req = op("provision", machine(`m_${code.toLowerCase()}`), 0);
-      const o = await w.provider.run(req);
-      assert.equal(o.kind, "failed", JSON.stringify(o));
-      assert.equal(o.kind === "failed" && o.retryable, false, "not retried as if the outcome were unknown");
-      assert.match(o.kind === "failed" ? o.error : "", new RegExp(code));
-      assert.equal(w.emu.instances.size, 0);
-      assert.equal((await w.provider.records.byToken(req.opId))?.endReason, `refused: ${code}`);
-    } finally {
-      await w.close();
-    }
-  });
-}
+test("capacity and limit refusals move to the next subnet, then the next instance type; when every one is refused the provision fails at once, nothing launched", { timeout: 60_000 }, async () => {
+  const w = await awsWorld({ stepBudgetMs: 8_000, pollMs: 50, pool: { fallbackSubnetIds: ["subnet-0b"], fallbackInstanceTypes: ["m7i-flex.large"] } });
+  try {
+    // No t3.micro capacity in either zone: the third candidate (m7i-flex.large in the first subnet) launches.
+    w.emu.faults.noCapacity.push("t3.micro");
+    const req = op("provision", machine("m_fallback"), 0);
+    const r = await untilSettled(w.provider, req);
+    assert.equal(r.outcome.kind, "done", JSON.stringify(r.outcome));
+    const launched = w.emu.live();
+    assert.deepEqual(
+      launched.map((i) => `${i.instanceType}@${i.subnetId}`),
+      ["m7i-flex.large@subnet-0abc"],
+    );
+    const rec = async (t: string) => {
+      const x = await w.provider.records.byToken(t);
+      return x ? { instanceId: x.instanceId, endReason: x.endReason } : null;
+    };
+    assert.deepEqual(await rec(req.opId), { instanceId: null, endReason: "refused: InsufficientInstanceCapacity" });
+    assert.deepEqual(await rec(`${req.opId}.f1`), { instanceId: null, endReason: "refused: InsufficientInstanceCapacity" });
+    assert.deepEqual(await rec(`${req.opId}.f2`), { instanceId: launched[0]!.id, endReason: null });
+    // A retry of the same operation goes straight to the launched candidate: no further RunInstances.
+    const runs = () => w.emu.calls.filter((c) => c === "RunInstances").length;
+    const before = runs();
+    assert.equal((await w.provider.run(req)).kind, "done");
+    assert.equal(runs(), before);
+
+    // Every candidate refused, each with another capacity or limit code: failed (not ambiguous), every record closed.
+    w.emu.faults.noCapacity.length = 0;
+    const codes = ["InsufficientInstanceCapacity", "InstanceLimitExceeded", "VcpuLimitExceeded", "Unsupported"];
+    w.emu.faults.runRefusals.push(...codes);
+    const req2 = op("provision", machine("m_norefill"), 0);
+    const o = await w.provider.run(req2);
+    assert.equal(o.kind, "failed", JSON.stringify(o));
+    assert.equal(o.kind === "failed" && o.retryable, false, "not retried as if the outcome were unknown");
+    for (const code of codes) assert.match(o.kind === "failed" ? o.error : "", new RegExp(code));
+    assert.equal(w.emu.instances.size, 1, "nothing more launched");
+    assert.deepEqual(
+      await Promise.all([req2.opId, `${req2.opId}.f1`, `${req2.opId}.f2`, `${req2.opId}.f3`].map(async (t) => (await w.provider.records.byToken(t))?.endReason)),
+      codes.map((c) => `refused: ${c}`),
+    );
+  } finally {
+    await w.close();
+  }
+});
 
 test("throttling is not a failed attempt: a machine returned under throttled SSM calls comes back ready, nothing replaced", { timeout: 120_000 }, async () => {
   const w = await awsWorld({ stepBudgetMs: 8_000, pollMs: 50 });

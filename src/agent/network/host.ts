@@ -4,9 +4,10 @@
  * (network namespace inode, interface index, nftables table handle).
  * No records here; manager.ts owns those and their ordering.
  */
-import { execFile } from "node:child_process";
+import { Worker } from "node:worker_threads";
 import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { BerthError } from "../../core/errors.js";
+import type { CommandAnswer, CommandRequest, HoldRequest } from "./command-worker.js";
 
 export const NETNS_DIR = "/run/netns";
 
@@ -16,14 +17,62 @@ export interface CmdResult {
   stderr: string;
 }
 
-/** Runs a command (no shell); never rejects: a failure is a non-zero code. */
+/**
+ * The commands' own thread (command-worker.ts), started at the first command
+ * and kept while commands are in flight (unref'd when idle, so it never keeps
+ * a process alive on its own). A thread that fails answers every pending
+ * command with a failure (code 1) and is started again at the next one.
+ */
+let worker: Worker | null = null;
+let nextId = 1;
+const pending = new Map<number, (r: CmdResult) => void>();
+
+function commandThread(): Worker {
+  if (worker) return worker;
+  const w = new Worker(new URL("./command-worker.js", import.meta.url));
+  w.unref();
+  w.on("message", (a: CommandAnswer) => {
+    const done = pending.get(a.id);
+    pending.delete(a.id);
+    if (pending.size === 0) w.unref();
+    done?.({ code: a.code, stdout: a.stdout, stderr: a.stderr });
+  });
+  const fail = (why: string): void => {
+    if (worker === w) worker = null;
+    for (const [id, done] of pending) {
+      pending.delete(id);
+      done({ code: 1, stdout: "", stderr: why });
+    }
+  };
+  w.on("error", (e) => fail(`the command thread failed: ${e.message}`));
+  w.on("exit", (code) => fail(`the command thread exited (${code})`));
+  worker = w;
+  return w;
+}
+
+/**
+ * Fault point (tests): the next command `file` whose arguments start with
+ * `args` is held in the thread that starts it, before its spawn — as a spawn
+ * whose child is slow to exec holds that thread. `state[0]` is 1 while held
+ * and 2 after; the hold ends when `state[1]` becomes non-zero (with
+ * Atomics.notify) or after `boundMs`.
+ */
+export function holdNextCommand(hold: HoldRequest["hold"]): void {
+  commandThread().postMessage({ hold } satisfies HoldRequest);
+}
+
+/**
+ * Runs a command (no shell) on the commands' own thread, never on the
+ * caller's: a spawn holds its thread until the child has exec'd. Never
+ * rejects: a failure is a non-zero code.
+ */
 export function cmd(file: string, args: string[], input?: string, timeoutMs = 15_000): Promise<CmdResult> {
   return new Promise((resolve) => {
-    const child = execFile(file, args, { timeout: timeoutMs, maxBuffer: 8 << 20 }, (err, stdout, stderr) => {
-      const code = err ? (typeof (err as { code?: unknown }).code === "number" ? (err as { code: number }).code : 1) : 0;
-      resolve({ code, stdout: String(stdout), stderr: String(stderr) });
-    });
-    if (input !== undefined) child.stdin?.end(input);
+    const w = commandThread();
+    const id = nextId++;
+    pending.set(id, resolve);
+    w.ref();
+    w.postMessage({ id, file, args, ...(input !== undefined ? { input } : {}), timeoutMs } satisfies CommandRequest);
   });
 }
 

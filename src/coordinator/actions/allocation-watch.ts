@@ -37,6 +37,7 @@ import { opBase, type AllocWorkerDeps } from "./allocation-launch.js";
 import type { AllocCtx } from "./allocation-create.js";
 import { lockRequested, moveLocked, type Requester } from "./allocation-release.js";
 import type { Ctx } from "../context.js";
+import type { SandboxObservation } from "../allocation-agent.js";
 
 /** The reconciler's visit of an `alloc_watch` row: re-armed while ready; true when the drive should run. */
 export async function onAllocationWatchDue(tx: Tx, ctx: Ctx, id: string, now: number): Promise<boolean> {
@@ -54,7 +55,7 @@ export async function driveWatch(d: AllocWorkerDeps, id: string): Promise<void> 
   const a = await ctx.store.transaction((tx) => getAllocation(tx, id), { name: "alloc_watch_read" });
   if (!a || a.state !== "ready") return;
   const seen = await d.agent.sandbox(a.hostId, id);
-  if (seen.kind === "unreadable") {
+  if (seen.kind === "unreadable" || seen.kind === "absent") {
     ctx.log.debug({ allocation: id, why: seen.why }, "allocation sandbox not observed; asked again at the next watch");
     return;
   }
@@ -76,24 +77,50 @@ export async function driveWatch(d: AllocWorkerDeps, id: string): Promise<void> 
   }
 }
 
-/** `POST /v1/allocations/{id}/restart`: only a failed allocation, by its owner or an operator. */
-export async function restartAllocation(ctx: AllocCtx, who: Requester, rawId: string): Promise<AllocationRecord> {
+/** Asks a host's agent what it sees of an allocation's sandbox (AllocationAgent.sandbox). */
+export type SandboxProbe = (hostId: string, allocationId: string) => Promise<SandboxObservation>;
+
+/**
+ * `POST /v1/allocations/{id}/restart`: only a failed allocation, by its owner or an operator, on a ready host
+ * whose agent still has its machine as recorded (asked first with `probe`: an agent that restarted and found the
+ * machine not matching, or has no machine of it, does not start it again — refused, nothing changed).
+ */
+export async function restartAllocation(ctx: AllocCtx, who: Requester, rawId: string, probe?: SandboxProbe): Promise<AllocationRecord> {
   const id = parseId(rawId, "allocation id");
+  const failed = await ctx.store.transaction(async (tx) => restartable(tx, who, id), { name: "alloc_restart_check" });
+  if (probe) {
+    const seen = await probe(failed.hostId, id);
+    if (seen.kind === "unreadable") {
+      throw new BerthError("provider_unavailable", `provider_unavailable: allocation ${id} is not restarted: the agent of host ${failed.hostId} did not answer (${seen.why}); nothing changed; try again`);
+    }
+    if (seen.kind === "absent" || (seen.kind === "dead" && seen.lost)) {
+      throw new BerthError(
+        "conflict",
+        `conflict: allocation ${id} is not restarted: the agent of host ${failed.hostId} no longer has its sandbox as recorded (${seen.why}); release it (berth alloc release ${id}); a quarantine that follows ends by berth alloc resolve ${id}`,
+      );
+    }
+  }
   const now = ctx.now();
   return ctx.store.transaction(async (tx) => {
-    const a = await lockRequested(tx, who, id, "restart");
-    if (a.state !== "failed") {
-      const hint = a.state === "ready" ? "its sandbox runs" : a.state === "placed" || a.state === "launching" ? "it is still being launched" : "it is being released or was released";
-      throw new BerthError("conflict", `conflict: allocation ${id} is ${a.state}; only a failed allocation is restarted (${hint})`);
-    }
+    const a = await restartable(tx, who, id);
     if (await hasDue(tx, "alloc_restart", id)) return a; // a restart is already under way: the same request
-    const host = await lockHostAccount(tx, a.hostId);
-    const gate = host ? launchGate(host.standing) : ({ kind: "release", why: "host account is gone" } as const);
-    if (gate.kind !== "launch") throw new BerthError("conflict", `conflict: allocation ${id} is not restarted: ${gate.why}; release it (berth alloc release ${id})`);
     await setDue(tx, "alloc_restart", id, now);
     tx.afterCommit(() => ctx.kick?.());
     return a;
   }, { name: "alloc_restart" });
+}
+
+/** The request's checks, under the owner then host locks: the requester's, a failed allocation, a ready host. */
+async function restartable(tx: Tx, who: Requester, id: string): Promise<AllocationRecord> {
+  const a = await lockRequested(tx, who, id, "restart");
+  if (a.state !== "failed") {
+    const hint = a.state === "ready" ? "its sandbox runs" : a.state === "placed" || a.state === "launching" ? "it is still being launched" : "it is being released or was released";
+    throw new BerthError("conflict", `conflict: allocation ${id} is ${a.state}; only a failed allocation is restarted (${hint})`);
+  }
+  const host = await lockHostAccount(tx, a.hostId);
+  const gate = host ? launchGate(host.standing) : ({ kind: "release", why: "host account is gone" } as const);
+  if (gate.kind !== "launch") throw new BerthError("conflict", `conflict: allocation ${id} is not restarted: ${gate.why}; release it (berth alloc release ${id})`);
+  return a;
 }
 
 /** The reconciler's visit of an `alloc_restart` row: true when the drive should run (pushed to the lease end first). */

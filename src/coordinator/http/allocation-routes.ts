@@ -104,7 +104,7 @@ export function registerAllocationRoutes(app: HttpServer, d: AllocationRouteDeps
     presentAllocation(await resolveAllocation(ctx, requester(req.auth), req.params.allocation!, req.body.volume)),
   );
   // A failed allocation's sandbox started again on its host with its volume (allocation-watch.ts).
-  app.post("/v1/allocations/:allocation/restart", auth("member"), async (req) => presentAllocation(await restartAllocation(ctx, requester(req.auth), req.params.allocation!)));
+  app.post("/v1/allocations/:allocation/restart", auth("member"), async (req) => presentAllocation(await restartAllocation(ctx, requester(req.auth), req.params.allocation!, d.agent ? (h, a) => d.agent!.sandbox(h, a) : undefined)));
   if (d.agent) registerVolumeRoutes(app, { ctx, auth, agent: d.agent, requester });
   app.get("/v1/owners", auth("operator"), async (req) => ({ owners: (await ownersOf(ctx, req.auth.org)).map(presentOwner) }));
   for (const [path, mustExist] of [["/v1/owners/:owner/admit", false], ["/v1/owners/:owner/budget", true]] as const) {

@@ -16,7 +16,7 @@ import { allows, requireRole, type Principal, type Role } from "../auth.js";
 import { drainMachine, drainPool } from "../actions/drain.js";
 import { endBorrowAsOperator } from "../actions/end-borrow.js";
 import { releaseAllocation } from "../actions/allocation-release.js";
-import { restartAllocation } from "../actions/allocation-watch.js";
+import { restartAllocation, type SandboxProbe } from "../actions/allocation-watch.js";
 import { listApiTokensOfOrg, revokeTokenWithGrants } from "../../store/api-tokens.js";
 import { checkCsrf, type Session } from "./session.js";
 import type { LiveChanges } from "./sse.js";
@@ -38,6 +38,7 @@ const form = z.object({ csrf: z.string().optional(), force: z.string().optional(
 interface ActionDeps {
   withSession: { auth: (req: IncomingMessage) => Promise<Session> };
   live: LiveChanges;
+  sandboxProbe?: SandboxProbe;
 }
 
 export function addUiActions(app: HttpServer, ctx: Ctx, d: ActionDeps): void {
@@ -73,7 +74,7 @@ export function addUiActions(app: HttpServer, ctx: Ctx, d: ActionDeps): void {
     return "/ui/allocations";
   });
   act("/ui/allocations/:allocation/restart", "member", "allocation-restarting", async (p, params) => {
-    await restartAllocation(ctx, { org: p.org, principal: p.tokenId, operator: allows(p, "operator") }, params.allocation!);
+    await restartAllocation(ctx, { org: p.org, principal: p.tokenId, operator: allows(p, "operator") }, params.allocation!, d.sandboxProbe);
     return "/ui/allocations";
   });
   act("/ui/tokens/:token/revoke", "admin", "token-revoked", async (p, params, _body, s) => {

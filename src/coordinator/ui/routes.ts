@@ -35,6 +35,7 @@ import { loadMachine, renderMachine } from "./pages/machine.js";
 import { loadTokens, renderTokens } from "./pages/tokens.js";
 import { auditFilterOf, loadAudit, renderAudit } from "./pages/audit.js";
 import { addUiActions, DONE, type DoneKind } from "./actions.js";
+import type { SandboxProbe } from "../actions/allocation-watch.js";
 
 export interface UiOptions {
   /** Session lifetime (default one hour; never past the token's expiry). */
@@ -43,6 +44,8 @@ export interface UiOptions {
   liveIntervalMs?: number;
   /** How often a live stream re-checks its session (default 5 s). */
   liveRecheckMs?: number;
+  /** Asks an agent about an allocation's sandbox before a restart is armed (allocation-watch.ts). */
+  sandboxProbe?: SandboxProbe;
 }
 
 export interface Ui {
@@ -173,6 +176,6 @@ export function addUiRoutes(app: HttpServer, ctx: Ctx, o: UiOptions = {}): Ui {
   pageRoute("/ui/audit", async (v, _p, q) => ({ title: "Audit trail", current: "/ui/audit", body: renderAudit(v, await loadAudit(ctx.store, v.principal, auditFilterOf(q))) }));
   pageRoute("/ui/tokens", async (v) => ({ title: "API tokens", current: "/ui/tokens", body: renderTokens(v, await loadTokens(ctx.store, v.principal)) }));
 
-  addUiActions(app, ctx, { withSession, live });
+  addUiActions(app, ctx, { withSession, live, ...(o.sandboxProbe ? { sandboxProbe: o.sandboxProbe } : {}) });
   return { live, stop: () => live.stop() };
 }

@@ -37,7 +37,7 @@ import type { MachineLoss, OperationOutcome, OperationRequest, Provider, Provide
 import type { MachineRow } from "../../store/machines.js";
 import type { OpRowArgs } from "../../protocol/operations.js";
 import { parsePublicKey } from "../../core/ssh-public-key.js";
-import { poolConfig, withImage, type AwsConfig, type AwsPoolConfig } from "./config.js";
+import { launchCandidates, poolConfig, withImage, type AwsConfig, type AwsPoolConfig } from "./config.js";
 import { boundInstances, byClientToken, byId, byInstanceId, boundTo, instanceStatuses, launch, reboot, stateOf, terminate, type Binding } from "./ec2.js";
 import type { LaunchRecord, LaunchRecords } from "./records.js";
 import { errorName, errorText, runGuest, type Clock, type GuestOutcome } from "./ssm.js";
@@ -67,7 +67,16 @@ export interface AwsProviderDeps {
 const CAPABILITIES: ProviderCapabilities = { provision: true, installKey: true, revokeKey: true, fence: true, scrub: true, destroy: true, observeIdentity: true };
 
 /** Errors after which AWS is known to have changed nothing. */
-const DEFINITE_REFUSALS = new Set(["InsufficientInstanceCapacity", "InstanceLimitExceeded", "VcpuLimitExceeded", "InvalidParameterValue", "InvalidParameterCombination", "InvalidAMIID.NotFound", "InvalidAMIID.Malformed", "InvalidSubnetID.NotFound", "InvalidGroup.NotFound", "UnauthorizedOperation", "AccessDeniedException", "InvalidInstanceId", "InvalidDocument", "ValidationException"]);
+const DEFINITE_REFUSALS = new Set(["InsufficientInstanceCapacity", "InstanceLimitExceeded", "VcpuLimitExceeded", "Unsupported", "InvalidParameterValue", "InvalidParameterCombination", "InvalidAMIID.NotFound", "InvalidAMIID.Malformed", "InvalidSubnetID.NotFound", "InvalidGroup.NotFound", "UnauthorizedOperation", "AccessDeniedException", "InvalidInstanceId", "InvalidDocument", "ValidationException"]);
+
+/** Refusals after which another instance type or availability zone may launch: the provision moves to the next configured candidate. */
+const CAPACITY_REFUSALS = new Set(["InsufficientInstanceCapacity", "InstanceLimitExceeded", "VcpuLimitExceeded", "Unsupported"]);
+
+/** The ClientToken of the launch attempt an error came from (a fallback attempt's own token). */
+function tokenOf(e: unknown): string | undefined {
+  const t = (e as { clientToken?: unknown } | null)?.clientToken;
+  return typeof t === "string" ? t : undefined;
+}
 
 /** Error codes AWS answers when a caller exceeds its request rate. */
 const THROTTLING = /\b(RequestLimitExceeded|ThrottlingException|Throttling|TooManyRequestsException|RequestThrottled)\b/;
@@ -164,7 +173,7 @@ export class AwsProvider implements Provider {
     } catch (e) {
       if (DEFINITE_REFUSALS.has(errorName(e))) {
         // Refused before anything was launched (the token was looked up first in this same call): the launch record is closed.
-        if (op.kind === "provision") await this.deps.records.ended(op.opId, this.#clock.now(), `refused: ${errorName(e)}`).catch(() => undefined);
+        if (op.kind === "provision") await this.deps.records.ended(tokenOf(e) ?? op.opId, this.#clock.now(), `refused: ${errorName(e)}`).catch(() => undefined);
         return { kind: "failed", error: `aws refused ${op.kind}: ${errorText(e)}`, retryable: false };
       }
       // Throttling, transport errors, lost replies: the request may or may not have taken effect.
@@ -215,23 +224,48 @@ export class AwsProvider implements Provider {
   }
 
   async #provision(x0: Ctx): Promise<OperationOutcome> {
-    // The launch is on record before it can cost money; a retry keeps the first attempt's region and deployment.
-    const rec = await this.deps.records.intend({ clientToken: x0.op.opId, machineId: x0.b.machineId, org: x0.b.org, pool: x0.b.pool, region: x0.pc.region, deployment: x0.b.deployment, requestedAt: this.#clock.now() });
-    const x: Ctx = { ...x0, c: this.clientsFor(rec.region), b: { ...x0.b, deployment: rec.deployment } };
-    const { ec2 } = x.c;
-    // A retry (or a lost reply) is resolved by looking the token up first, never by a blind second launch.
-    let inst = await byClientToken(ec2, x.op.opId);
-    if (inst) await this.deps.records.launched(x.op.opId, inst.InstanceId!, null);
-    else {
+    // One (instance type, subnet) after another while the launch is refused for capacity or a limit;
+    // each attempt has its own ClientToken and launch record, written before its RunInstances.
+    const candidates = launchCandidates(x0.pc);
+    const refusals: string[] = [];
+    let x: Ctx = x0;
+    let inst: Instance | undefined;
+    for (let k = 0; k < candidates.length && !inst; k++) {
+      const cand = candidates[k]!;
+      const token = k === 0 ? x0.op.opId : `${x0.op.opId}.f${k}`;
+      // The launch is on record before it can cost money; a retry keeps the first attempt's region and deployment.
+      const rec = await this.deps.records.intend({ clientToken: token, machineId: x0.b.machineId, org: x0.b.org, pool: x0.b.pool, region: x0.pc.region, deployment: x0.b.deployment, requestedAt: this.#clock.now() });
+      x = { ...x0, c: this.clientsFor(rec.region), b: { ...x0.b, deployment: rec.deployment } };
+      if (rec.endReason?.startsWith("refused: ")) {
+        // An earlier call of this operation was refused this candidate: the next one.
+        refusals.push(`${cand.instanceType} in ${cand.subnetId}: ${rec.endReason.slice("refused: ".length)}`);
+        continue;
+      }
+      // A retry (or a lost reply) is resolved by looking the token up first, never by a blind second launch.
+      inst = await byClientToken(x.c.ec2, token);
+      if (inst) {
+        await this.deps.records.launched(token, inst.InstanceId!, null);
+        break;
+      }
       if (rec.region !== x0.pc.region || rec.deployment !== x0.b.deployment) {
         return { kind: "failed", error: `aws_config_changed: provision ${x.op.opId} was recorded for region ${rec.region}, deployment ${rec.deployment}; the configuration now says ${x0.pc.region}, ${x0.b.deployment}`, retryable: false };
       }
-      const l = await launch(ec2, withImage(x.pc, provisionArgs(x.op).image), x.b, x.op.opId);
-      inst = l.instance;
-      await this.deps.records.launched(x.op.opId, inst.InstanceId!, l.account);
+      try {
+        const l = await launch(x.c.ec2, { ...withImage(x.pc, provisionArgs(x.op).image), ...cand }, x.b, x.op.opId, token);
+        inst = l.instance;
+        await this.deps.records.launched(token, inst.InstanceId!, l.account);
+      } catch (e) {
+        if (!CAPACITY_REFUSALS.has(errorName(e))) throw Object.assign(e as object, { clientToken: token });
+        await this.deps.records.ended(token, this.#clock.now(), `refused: ${errorName(e)}`);
+        refusals.push(`${cand.instanceType} in ${cand.subnetId}: ${errorName(e)}`);
+      }
+    }
+    if (!inst) {
+      return { kind: "failed", error: `aws refused provision: every configured instance type and subnet was refused (${refusals.join("; ")})`, retryable: false };
     }
     if (!boundTo(inst, x.b)) return { kind: "failed", error: `instance ${inst.InstanceId} launched under op ${x.op.opId} is not tagged for machine ${x.b.machineId}`, retryable: false };
     const id = inst.InstanceId!;
+    const { ec2 } = x.c;
     const running = await this.#waitFor(async () => {
       const now = await byId(ec2, id);
       if (now && ["shutting-down", "terminated", "stopping", "stopped"].includes(stateOf(now))) throw new Error(`instance ${id} is ${stateOf(now)}`);

@@ -10,12 +10,25 @@ import { z } from "zod";
 import { BerthError } from "../../core/errors.js";
 import { parseImageRef } from "../../core/image-ref.js";
 
+/** EC2's instance type names: family (with options after a dash, m7i-flex, u-6tb1) dot size. */
+const instanceType = z.string().regex(/^[a-z][a-z0-9]*(-[a-z0-9]+)*\.[a-z0-9]+$/, "an EC2 instance type such as t3.micro or m7i-flex.large");
+const subnetId = z.string().regex(/^subnet-[0-9a-f]+$/);
+
 const poolSchema = z
   .object({
     region: z.string().regex(/^[a-z]{2}(-[a-z]+)+-\d+$/, "an AWS region such as eu-west-1"),
-    subnetId: z.string().regex(/^subnet-[0-9a-f]+$/),
+    subnetId: subnetId,
     securityGroupIds: z.array(z.string().regex(/^sg-[0-9a-f]+$/)).min(1),
-    instanceType: z.string().regex(/^[a-z0-9]+\.[a-z0-9]+$/),
+    instanceType: instanceType,
+    /**
+     * Tried in order when a launch is refused for capacity or a limit
+     * (InsufficientInstanceCapacity, InstanceLimitExceeded, VcpuLimitExceeded,
+     * Unsupported): every subnet (`subnetId`, then these; another subnet is
+     * another availability zone) with `instanceType`, then every subnet with
+     * each fallback type. Each attempt is its own launch record and ClientToken.
+     */
+    fallbackSubnetIds: z.array(subnetId).max(8).default([]),
+    fallbackInstanceTypes: z.array(instanceType).max(8).default([]),
     imageId: z.string().regex(/^ami-[0-9a-f]+$/),
     /** Instance profile that lets the SSM agent register (AmazonSSMManagedInstanceCore). */
     instanceProfile: z.string().min(1),
@@ -76,4 +89,13 @@ export function withImage(pc: AwsPoolConfig, image: unknown): AwsPoolConfig {
     throw new BerthError("invalid_request", `invalid_request: the aws provider boots AMIs only (ami:ami-…), not ${JSON.stringify(image).slice(0, 120)}`);
   }
   return { ...pc, imageId: ref.amiId };
+}
+
+/** The (instance type, subnet) pairs a provision tries, in order: the configured pair first. */
+export function launchCandidates(pc: AwsPoolConfig): Array<{ instanceType: string; subnetId: string }> {
+  const out: Array<{ instanceType: string; subnetId: string }> = [];
+  for (const instanceType of [pc.instanceType, ...pc.fallbackInstanceTypes]) {
+    for (const subnetId of [pc.subnetId, ...pc.fallbackSubnetIds]) out.push({ instanceType, subnetId });
+  }
+  return out;
 }

@@ -81,7 +81,8 @@ export async function byId(ec2: EC2Client, instanceId: string): Promise<Instance
   return r.Reservations?.[0]?.Instances?.[0];
 }
 
-export async function launch(ec2: EC2Client, pc: AwsPoolConfig, b: Binding, opId: string): Promise<{ instance: Instance; account: string | null }> {
+/** RunInstances for the machine, tagged with the operation id; `clientToken` is the op id itself, or a fallback attempt's own token. */
+export async function launch(ec2: EC2Client, pc: AwsPoolConfig, b: Binding, opId: string, clientToken = opId): Promise<{ instance: Instance; account: string | null }> {
   const tags = [
     { Key: TAG.managed, Value: b.deployment },
     { Key: TAG.org, Value: b.org },
@@ -92,7 +93,7 @@ export async function launch(ec2: EC2Client, pc: AwsPoolConfig, b: Binding, opId
   ];
   const r = await ec2.send(
     new RunInstancesCommand({
-      ClientToken: opId,
+      ClientToken: clientToken,
       ImageId: pc.imageId,
       InstanceType: pc.instanceType as RunInstancesCommand["input"]["InstanceType"],
       MinCount: 1,

@@ -40,7 +40,7 @@ function instanceXml(i: EmulatedInstance): string {
     .map(([k, v]) => `<item><key>${esc(k)}</key><value>${esc(v)}</value></item>`)
     .join("");
   const addr = i.state === "terminated" ? "" : `<privateIpAddress>${i.ip}</privateIpAddress><ipAddress>${i.ip}</ipAddress>`;
-  return `<item><instanceId>${i.id}</instanceId><imageId>${esc(i.tags["emu:image"] ?? "")}</imageId>${stateXml("instanceState", i.state)}<instanceType>t3.micro</instanceType><launchTime>${new Date(i.launchedAt).toISOString()}</launchTime>${addr}<clientToken>${esc(i.clientToken)}</clientToken><tagSet>${tags}</tagSet></item>`;
+  return `<item><instanceId>${i.id}</instanceId><imageId>${esc(i.tags["emu:image"] ?? "")}</imageId>${stateXml("instanceState", i.state)}<instanceType>${esc(i.instanceType)}</instanceType><subnetId>${esc(i.subnetId)}</subnetId><launchTime>${new Date(i.launchedAt).toISOString()}</launchTime>${addr}<clientToken>${esc(i.clientToken)}</clientToken><tagSet>${tags}</tagSet></item>`;
 }
 
 /** One page of a list call: `MaxResults` (capped by the emulator's page size) from the offset `NextToken` names. */
@@ -67,9 +67,19 @@ export async function ec2Action(emu: AwsEmulator, action: string, p: URLSearchPa
     case "RunInstances": {
       const refusal = emu.faults.runRefusals.shift();
       if (refusal) return { status: 400, body: errorXml(refusal, `emulated ${refusal}: no instance launched`) };
+      const type = p.get("InstanceType") ?? "m1.small";
+      const subnet = p.get("SubnetId") ?? "";
       const token = p.get("ClientToken") ?? randomUUID();
-      // Idempotency: the same client token returns the instance it launched, whatever its state.
+      // Idempotency: the same client token returns the instance it launched, whatever its state;
+      // the same token with other parameters (region and zone aside) is IdempotentParameterMismatch.
       let inst = [...here.values()].find((i) => i.clientToken === token && p.get("ClientToken"));
+      if (inst && (inst.instanceType !== type || inst.subnetId !== subnet || inst.tags["emu:image"] !== (p.get("ImageId") ?? ""))) {
+        return { status: 400, body: errorXml("IdempotentParameterMismatch", "Arguments on this idempotent request are inconsistent with arguments used in previous request(s).") };
+      }
+      // No capacity for this type in this subnet's zone (InsufficientInstanceCapacity names both; nothing launched).
+      if (!inst && (emu.faults.noCapacity.includes(type) || emu.faults.noCapacity.includes(subnet) || emu.faults.noCapacity.includes(`${type}@${subnet}`))) {
+        return { status: 500, body: errorXml("InsufficientInstanceCapacity", `We currently do not have sufficient ${type} capacity in the Availability Zone of ${subnet}. Our system will be working on provisioning additional capacity.`) };
+      }
       if (!inst) {
         const tags: Record<string, string> = { "emu:image": p.get("ImageId") ?? "" };
         for (let s = 1; p.has(`TagSpecification.${s}.ResourceType`); s++) {
@@ -77,6 +87,8 @@ export async function ec2Action(emu: AwsEmulator, action: string, p: URLSearchPa
           for (let t = 1; p.has(`TagSpecification.${s}.Tag.${t}.Key`); t++) tags[p.get(`TagSpecification.${s}.Tag.${t}.Key`)!] = p.get(`TagSpecification.${s}.Tag.${t}.Value`) ?? "";
         }
         inst = emu.newInstance(tags, token, region);
+        inst.instanceType = type;
+        inst.subnetId = subnet;
       }
       return reply(action, `<reservationId>r-${inst.id.slice(2)}</reservationId><ownerId>000000000000</ownerId><instancesSet>${instanceXml(inst)}</instancesSet>`);
     }

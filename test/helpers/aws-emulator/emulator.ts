@@ -3,7 +3,8 @@
  * through an endpoint override (with fake static credentials; signatures are
  * not checked). One HTTP server speaks both wire protocols:
  *   - EC2 Query (form-encoded `Action=…`, XML answers): RunInstances (with
- *     ClientToken idempotency and TagSpecifications), DescribeInstances
+ *     ClientToken idempotency, IdempotentParameterMismatch, TagSpecifications,
+ *     capacity refusals per type/subnet), DescribeInstances
  *     (instance ids; filters client-token, instance-state-name, tag:K),
  *     RebootInstances, TerminateInstances, DescribeInstanceStatus (paged;
  *     status checks `impaired` when a test sets `instance.impaired`);
@@ -39,6 +40,8 @@ export interface Faults {
   ssmDuplicates: number[];
   /** The next RunInstances calls are refused with these EC2 error codes (InsufficientInstanceCapacity, InstanceLimitExceeded, VcpuLimitExceeded…), one per call; nothing is launched. */
   runRefusals: string[];
+  /** Instance types, subnet ids or `type@subnet` pairs with no capacity: RunInstances for them is refused InsufficientInstanceCapacity (HTTP 500, as EC2 answers it). */
+  noCapacity: string[];
   /** How many RebootInstances calls are answered true and ignored. */
   rebootsIgnored: number;
   bootMs: number;
@@ -56,7 +59,7 @@ export class AwsEmulator {
   readonly calls: string[] = [];
   /** `region:Action` of every call, in order. */
   readonly regionCalls: string[] = [];
-  readonly faults: Faults = { lose: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], runRefusals: [], rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, rebootMs: 0, terminateLagMs: 0, pageSize: 1000 };
+  readonly faults: Faults = { lose: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], runRefusals: [], noCapacity: [], rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, rebootMs: 0, terminateLagMs: 0, pageSize: 1000 };
   url = "";
   sshPort = 0;
   #server: Server | null = null;

@@ -44,6 +44,9 @@ export class EmulatedInstance {
   state: InstanceState = "pending";
   /** The region it was launched in (set by the emulator). */
   region = "us-east-1";
+  /** InstanceType and SubnetId of the RunInstances call that launched it. */
+  instanceType = "m1.small";
+  subnetId = "";
   readonly root: string;
   readonly hostKey = generateSshKeyPair("emulated-host");
   ssmOnline = false;
