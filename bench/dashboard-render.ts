@@ -162,7 +162,7 @@ async function run(engine: Engine, mode: string): Promise<Row[]> {
         if (page === "/ui") split = await timeSplit(() => loadOverview(store, p), (d) => renderOverview(v, d));
         if (page === "/ui/pools/bench") split = await timeSplit(() => loadPool(store, ctx.metrics, p, "bench", "1h", Date.now()), (d) => renderPool(v, d));
         if (page === "/ui/borrows") split = await timeSplit(() => loadBorrows(store, p), (d) => renderBorrows(v, d));
-        if (page === "/ui/allocations") split = await timeSplit(() => loadAllocations(ctx, p), (d) => renderAllocations(v, d));
+        if (page === "/ui/allocations") split = await timeSplit(() => loadAllocations(ctx, p, { metrics: ctx.metrics, window: "1h", now: Date.now() }), (d) => renderAllocations(v, d));
       }
       rows.push({ engine, mode, page, bytes: h.bytes, http: h.d, server: h.server, serverCpuMs: h.cpu, load: split?.load ?? null, render: split?.render ?? null });
     }

@@ -20,6 +20,12 @@
 export const TEARDOWN_MS = 30_000;
 export const AGENT_STOP_MS = 10_000;
 
+/** AGENT_STOP_MS, or a shorter wait set by a test (BERTH_TEST_HOOKS=1 with BERTH_TEST_AGENT_STOP_MS) that only needs it to pass. */
+export function agentStopMs(): number {
+  const t = process.env.BERTH_TEST_HOOKS === "1" ? Number(process.env.BERTH_TEST_AGENT_STOP_MS) : NaN;
+  return Number.isFinite(t) && t > 0 ? t : AGENT_STOP_MS;
+}
+
 const SIGNALS = ["SIGINT", "SIGTERM", "SIGHUP"] as const;
 export type StopSignal = (typeof SIGNALS)[number];
 export const SIGNAL_EXIT: Record<StopSignal, number> = { SIGINT: 130, SIGTERM: 143, SIGHUP: 129 };

@@ -230,7 +230,7 @@ export class OperationExecutor {
             : found
               ? await this.#deps.registerProvisioned(tx, m, found, now)
               : { ok: false as const, why: "the provider's proof lacks the machine's incarnation or SSH address" };
-      if (net.kind === "quarantine") ctx.metrics.quarantined.inc({ pool: m.pool, reason: "network_probe_failed" });
+      if (net.kind === "quarantine") ctx.metrics.machineQuarantined(m, "network_probe_failed", now);
       // The provider launched and proved a machine: the pool's provisioning works, its breaker closes.
       if (found) await closeBreaker(tx, m.org, m.pool);
       if (!r.ok && m.state === "provisioning") {
@@ -272,7 +272,7 @@ export class OperationExecutor {
           // Ready again only with passing network evidence for this generation (docs/network.md).
           const net = await this.#network(tx, m, result, m.generation);
           if (net.kind === "quarantine") {
-            ctx.metrics.quarantined.inc({ pool: m.pool, reason: "network_probe_failed" });
+            ctx.metrics.machineQuarantined(m, "network_probe_failed", now);
             grants.cleanupFailed(tx, m, "network_probe");
             await applyTransition(tx, ctx, m, { kind: "quarantine", reason: net.why }, now, { nonce });
             return;
@@ -325,6 +325,7 @@ export class OperationExecutor {
     const { ctx, grants } = this.#deps;
     if (op.kind === "provision") {
       if (m.state === "provisioning") await applyTransition(tx, ctx, m, { kind: "drain", reason: `provisioning failed: ${error}` }, now, { nonce });
+      tx.afterCommit(() => ctx.metrics.history.provision(m.org, m.pool, now, "failed"));
       // Failing capacity stops itself: after N provisions given up in a row a pool of a
       // self-placed provider (cloud instances: each attempt is paid for) stops launching for a while.
       if (!ctx.providers.get(m.provider)?.selfPlaced) return;
@@ -339,7 +340,10 @@ export class OperationExecutor {
       const c = ctx.config;
       const opened = await provisionGaveUp(tx, m.org, m.pool, error, now, { threshold: c.provisionBreakerThreshold, backoffMs: c.provisionBreakerBackoffMs, maxBackoffMs: c.provisionBreakerMaxMs });
       if (opened) {
-        tx.afterCommit(() => ctx.metrics.provisionBreakerTrips.inc({ pool: m.pool }));
+        tx.afterCommit(() => {
+          ctx.metrics.provisionBreakerTrips.inc({ pool: m.pool });
+          ctx.metrics.history.provision(m.org, m.pool, now, "breaker_open");
+        });
         await audit(tx, { at: now, machineId: m.id, subject: op.id, event: "provision_breaker_open", from: null, to: "paused", generation: m.generation, actor: ctx.actor, detail: `pool ${m.pool} stops launching until ${new Date(opened.openUntil!).toISOString()}: ${error}`.slice(0, 1000) });
       }
       return;
@@ -347,7 +351,7 @@ export class OperationExecutor {
     if (m.generation !== op.generation && op.kind !== "destroy") return;
     if (op.kind === "install_key") return grants.installFailed(tx, op, m, now, nonce, error);
     if (m.state === "quarantined" || m.state === "draining" || m.state === "destroying" || m.state === "destroyed") return;
-    ctx.metrics.quarantined.inc({ pool: m.pool, reason: `${op.kind}_failed` });
+    ctx.metrics.machineQuarantined(m, `${op.kind}_failed`, now);
     grants.cleanupFailed(tx, m, op.kind);
     await applyTransition(tx, ctx, m, { kind: "quarantine", reason: `${op.kind} could not be proven: ${error}` }, now, { nonce });
   }

@@ -5,9 +5,14 @@
  * (`src/store/history.ts`) with each pool's machines by state class counted
  * then, and rows past the retention are deleted. A page reads the stored
  * buckets and adds this process's buckets not written yet.
+ *
+ * Beside them, labelled series (`src/store/history-series.ts`): provisions
+ * given up and quarantines by reason class per pool, counted here the same
+ * way, and allocation use per host and per owner, taken at each write.
  */
 import type { Store } from "../store/store.js";
 import { allPools, HISTORY_BUCKET_MS, machineStatesOfAllPools, writeHistory, type HistoryRow } from "../store/history.js";
+import { allocationUse, writeSeries, type SeriesRow } from "../store/history-series.js";
 
 /** A bucket's counts as this process keeps them until written (the state counts are taken at the write). */
 type Counts = Pick<HistoryRow, "org" | "pool" | "at" | "started" | "returned" | "latency">;
@@ -17,6 +22,7 @@ const MAX_PENDING = 10_000;
 
 export class HistoryRecorder {
   readonly #pending = new Map<string, Counts>();
+  readonly #events = new Map<string, SeriesRow>();
   constructor(readonly latencyBounds: readonly number[]) {}
 
   #bucket(org: string, pool: string, at: number): Counts {
@@ -42,6 +48,32 @@ export class HistoryRecorder {
     this.#bucket(org, pool, at).returned++;
   }
 
+  /** A pool's provision given up (`failed`) or its provisioning breaker opening (`breaker_open`). */
+  provision(org: string, pool: string, at: number, label: "failed" | "breaker_open"): void {
+    this.#event(org, pool, at, "provision", label);
+  }
+
+  /** A machine of a pool quarantined, by reason class (`berth_machines_quarantined_total`'s). */
+  quarantined(org: string, pool: string, at: number, reason: string): void {
+    this.#event(org, pool, at, "quarantine", reason);
+  }
+
+  #event(org: string, pool: string, at: number, series: "provision" | "quarantine", label: string): void {
+    const start = at - (at % HISTORY_BUCKET_MS);
+    const key = `${org}\0${pool}\0${start}\0${series}\0${label}`;
+    const e = this.#events.get(key);
+    if (e) e.value++;
+    else {
+      if (this.#events.size >= MAX_PENDING) this.#events.delete(this.#events.keys().next().value!);
+      this.#events.set(key, { org, scope: pool, at: start, series, label, value: 1 });
+    }
+  }
+
+  /** This process's counted series of a pool not written yet. */
+  pendingSeries(org: string, pool: string): SeriesRow[] {
+    return [...this.#events.values()].filter((e) => e.org === org && e.scope === pool).map((e) => ({ ...e }));
+  }
+
   /** This process's buckets of a pool not written yet (no state counts: those are taken when a bucket is written). */
   pending(org: string, pool: string): HistoryRow[] {
     return [...this.#pending.values()].filter((c) => c.org === org && c.pool === pool).map((c) => ({ ...c, latency: [...c.latency], ready: null, lent: null, cleanup: null, quarantined: null }));
@@ -56,6 +88,8 @@ export class HistoryRecorder {
     const open = now - (now % HISTORY_BUCKET_MS);
     const closed = open - HISTORY_BUCKET_MS;
     const taken = [...this.#pending].filter(([, c]) => all || c.at < open);
+    // Counted series are written as increments (a bucket's later counts add to what was written).
+    const events = [...this.#events].filter(([, e]) => all || e.at < open).map(([key, e]) => ({ key, e, written: { ...e } }));
     const written = await store.transaction(async (tx) => {
       const states = new Map<string, { ready: number; lent: number; cleanup: number; quarantined: number }>();
       for (const p of await allPools(tx)) states.set(`${p.org}\0${p.pool}`, { ready: 0, lent: 0, cleanup: 0, quarantined: 0 });
@@ -74,9 +108,15 @@ export class HistoryRecorder {
         rows.set(key, { ...c, ...st });
       }
       await writeHistory(tx, instance, [...rows.values()], now);
+      const series = [...events.map((x) => x.written), ...(await allocationUse(tx, closed))];
+      await writeSeries(tx, instance, series, now);
       return rows.size;
     }, { name: "history" });
     for (const [key, c] of taken) if (this.#pending.get(key) === c) this.#pending.delete(key);
+    for (const { key, e, written } of events) {
+      e.value -= written.value;
+      if (e.value <= 0 && this.#events.get(key) === e) this.#events.delete(key);
+    }
     return written;
   }
 }

@@ -93,6 +93,12 @@ export class Metrics {
     registers: [this.registry],
   });
 
+  /** A machine quarantined: the exported counter (by reason class) and the pool's history. */
+  machineQuarantined(o: { org: string; pool: string }, reason: string, at: number): void {
+    this.quarantined.inc({ pool: o.pool, reason });
+    this.history.quarantined(o.org, o.pool, at, reason);
+  }
+
   /** One served borrow: the exported histograms and the pool's own. */
   observeBorrow(o: { org: string; pool: string; access: "keeper" | "portable"; latencySeconds: number; readyAgeSeconds: number | null; at: number }): void {
     this.borrowLatency.observe({ access: o.access }, o.latencySeconds);

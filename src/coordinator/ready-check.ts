@@ -71,7 +71,10 @@ async function retireLost(tx: Tx, ctx: Ctx, before: MachineRow, loss: MachineLos
     if (g) await invalidateGrant(tx, ctx, g, "machine_lost", now, nonce);
     // No live grant moved it (none at this generation): the machine is quarantined itself.
     const after = await lockMachine(tx, m.id);
-    if (after && after.state === m.state && after.generation === m.generation) await applyTransition(tx, ctx, after, { kind: "quarantine", reason }, now, { nonce });
+    if (after && after.state === m.state && after.generation === m.generation) {
+      await applyTransition(tx, ctx, after, { kind: "quarantine", reason }, now, { nonce });
+      tx.afterCommit(() => ctx.metrics.history.quarantined(m.org, m.pool, now, "machine_lost"));
+    }
   } else {
     if (m.state === "busy" && m.lent_to !== null) {
       const b = await lockBorrow(tx, m.lent_to);

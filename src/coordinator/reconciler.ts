@@ -156,7 +156,7 @@ async function onHeartbeatDue(tx: Tx, ctx: Ctx, borrowId: string, now: number, s
   tx.afterCommit(() => ctx.metrics.heartbeats.inc({ outcome: "missed" }));
   const m = await lockMachine(tx, b.machine_id);
   if (m && m.generation === b.generation && m.state === "busy") {
-    tx.afterCommit(() => ctx.metrics.quarantined.inc({ pool: m.pool, reason: d.kind === "expired" ? "expired" : "abandoned" }));
+    tx.afterCommit(() => ctx.metrics.machineQuarantined(m, d.kind === "expired" ? "expired" : "abandoned", now));
     await applyTransition(tx, ctx, m, { kind: "quarantine", reason: `borrow ${b.id}: ${reason}` }, now, { subject: b.id, nonce: nonceOf(seed) });
     await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
   }

@@ -21,6 +21,7 @@ import { FILES_SCOPE_MIGRATION } from "./files-scope.js";
 import { AWS_LAUNCHES_MIGRATION } from "./aws-launches.js";
 import { PROVISION_BREAKER_MIGRATION } from "./provision-breaker.js";
 import { HISTORY_MIGRATION } from "./history.js";
+import { HISTORY_SERIES_MIGRATION } from "./history-series.js";
 
 export const MIGRATIONS: readonly Migration[] = [
   {
@@ -202,4 +203,5 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
   PROVISION_BREAKER_MIGRATION,
   FILES_SCOPE_MIGRATION,
   HISTORY_MIGRATION,
+  HISTORY_SERIES_MIGRATION,
 ];

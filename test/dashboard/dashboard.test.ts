@@ -185,6 +185,34 @@ describe("dashboard in chromium", { skip: BROWSER_SKIP }, () => {
     await shot(page, "pool-history");
   });
 
+  test("history: a machine quarantined here (heartbeat missed) is drawn on its pool's quarantine chart under its reason", async () => {
+    const a = api("adminA");
+    const e = await a.call<{ claims: Claim[] }>("POST", "/v1/pools/quar/ensure", { minReady: 1, maxReady: 1, compatibilityKey: "linux-x64", heartbeatMs: 1_000 });
+    await a.call("POST", "/v1/pools/quar/machines", { claimToken: e.claims[0]!.token, resourceId: "quar-vm-0", ssh: { host: "10.0.0.1", port: 22, user: "ci" } });
+    const b = await api("memberA").call<{ borrowId: string; borrowToken: string }>("POST", "/v1/pools/quar/borrow", {});
+    secrets.push(b.borrowToken);
+    const t0 = Date.now();
+    for (;;) {
+      const p = await a.call<{ states: Record<string, number> }>("GET", "/v1/pools/quar");
+      if ((p.states.quarantined ?? 0) > 0) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    const t1 = Date.now();
+    await coord.ctx.metrics.history.flush(store, coord.ctx.actor, Date.now(), true);
+    await page.goto(`${coord.url}/ui/pools/quar?window=15m`);
+    await page.waitForFunction(() => Boolean((window as unknown as { berthCharts?: Record<string, unknown> }).berthCharts?.["history-quarantine"]));
+    const [data, labels] = await page.evaluate(() => {
+      const u = (window as unknown as { berthCharts: Record<string, { data: number[][]; series: Array<{ label?: string }> }> }).berthCharts["history-quarantine"]!;
+      return [u.data, u.series.map((s) => s.label ?? "")] as const;
+    });
+    assert.deepEqual(labels.slice(1), ["abandoned"]);
+    const [x, n] = data as [number[], number[]];
+    const at = x.filter((_, i) => n[i]! > 0);
+    assert.equal(n.reduce((acc, v) => acc + v, 0), 1, JSON.stringify(n));
+    assert.ok(at[0]! * 1000 >= t0 - (t0 % 10_000) && at[0]! * 1000 <= t1, `drawn at ${at[0]}, quarantined between ${t0} and ${t1}`);
+    assert.match(await page.locator('[data-figures="history-quarantine"]').innerText(), /abandoned 1/);
+  });
+
   test("drain a machine from the pool page: it leaves the ready machines, and the page when destroyed", async () => {
     const open = streaming(page);
     await page.goto(`${coord.url}/ui/pools/ci`);
@@ -267,6 +295,22 @@ describe("dashboard in chromium", { skip: BROWSER_SKIP }, () => {
     await page.goto(`${coord.url}/ui/allocations`);
     assert.match(await page.locator('tr[data-allocation="al-dash-1"]').innerText(), /placed/);
     assert.match(await page.locator(`tr[data-owner="${tok.memberA!.id}"]`).innerText(), /2 \/ 4 vCPU/);
+    // Allocation use over time: the placed allocation is drawn on its host's and its owner's lines.
+    await coord.ctx.metrics.history.flush(store, coord.ctx.actor, Date.now(), true);
+    await page.goto(`${coord.url}/ui/allocations?window=15m`);
+    await page.waitForFunction(() => Boolean((window as unknown as { berthCharts?: Record<string, unknown> }).berthCharts?.["use-owner-allocations"]));
+    const drawn = await page.evaluate(() =>
+      ["use-host-allocations", "use-owner-allocations", "use-owner-vcpu"].map((id) => {
+        const u = (window as unknown as { berthCharts: Record<string, { data: number[][]; series: Array<{ label?: string }> }> }).berthCharts[id]!;
+        return { labels: u.series.slice(1).map((s) => s.label ?? ""), max: u.data.slice(1).map((ys) => Math.max(...ys)) };
+      }),
+    );
+    const placed = await api("adminA").call<{ plan: { hostName: string } }>("GET", "/v1/allocations/al-dash-1");
+    assert.deepEqual(drawn[0], { labels: [placed.plan.hostName], max: [1] }, JSON.stringify(drawn));
+    assert.equal(drawn[1]!.labels.length, 1);
+    assert.match(drawn[1]!.labels[0]!, new RegExp(tok.memberA!.id));
+    assert.deepEqual(drawn[1]!.max, [1]);
+    assert.deepEqual(drawn[2]!.max, [2]);
     await shot(page, "allocations");
     await page.locator('tr[data-allocation="al-dash-1"] button').click();
     await page.waitForURL(`${coord.url}/ui/allocations?done=allocation-released&id=al-dash-1`);

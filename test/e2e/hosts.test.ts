@@ -3,7 +3,7 @@
  * processes, real SSH (the ssh2 client and the system `ssh` binary), on the
  * process runtime and, where runsc and root are available, on gvisor.
  */
-import { test, describe } from "node:test";
+import { test, describe, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import { writeFileSync } from "node:fs";
@@ -56,44 +56,53 @@ const gv = gvisorAvailability();
 for (const runtime of ["process", "gvisor"] as const) {
   const skip = runtime === "gvisor" && !gv.ok ? `gvisor runtime unavailable: ${(gv as { why: string }).why}` : false;
   describe(`hosts provider on the ${runtime} runtime`, { skip, timeout: 180_000 }, () => {
-    test("borrow, run over ssh2 and over the system ssh binary, return, fence and scrub back to ready", async () => {
-      const c = await new Cluster({ runtime, minReady: 1, maxReady: 1 }).start();
-      try {
-        await c.ensurePool("ci");
-        await c.waitFor("a ready machine", async () => (await c.readyCount()) >= 1);
-        const b = await c.api.call<Borrow>("POST", "/v1/pools/ci/borrow", {});
-        const r = await sshRun(c, b, "echo hello; echo oops >&2; exit 3");
-        assert.deepEqual(r, { code: 3, out: "hello\n", err: "oops\n" });
-
-        // The system ssh client, with the gateway's host key pinned in a known_hosts line.
-        const kh = join(c.dir.path, "known_hosts");
-        writeFileSync(kh, `[${b.machine.ssh.host}]:${b.machine.ssh.port} ${b.machine.ssh.hostKey}\n`);
-        const key = join(c.dir.path, "keeper_ed25519");
-        const ssh = spawnSync(
-          "ssh",
-          ["-i", key, "-p", String(b.machine.ssh.port), "-o", `UserKnownHostsFile=${kh}`, "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", `${b.machine.ssh.user}@${b.machine.ssh.host}`, "echo from-openssh; exit 5"],
-          { encoding: "utf8", timeout: 30_000 },
-        );
-        assert.equal(ssh.stdout, "from-openssh\n", ssh.stderr);
-        assert.equal(ssh.status, 5);
-
-        // A wrong host key is refused by the pinned client.
-        writeFileSync(kh, `[${b.machine.ssh.host}]:${b.machine.ssh.port} ${c.keeper.publicKey}\n`);
-        const bad = spawnSync("ssh", ["-i", key, "-p", String(b.machine.ssh.port), "-o", `UserKnownHostsFile=${kh}`, "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", `${b.machine.ssh.user}@${b.machine.ssh.host}`, "true"], { encoding: "utf8", timeout: 30_000 });
-        assert.notEqual(bad.status, 0);
-        assert.match(bad.stderr, /host key/i);
-
-        await c.api.call("POST", `/v1/borrows/${b.borrowId}/return`, { token: b.borrowToken });
-        await c.waitFor("the machine ready again", async () => (await c.machines()).find((m) => m.id === b.machine.id && m.state === "ready"));
-        const m = (await c.machines()).find((x) => x.id === b.machine.id)!;
-        assert.equal(m.generation, b.machine.generation, "generation advances on reservation only");
-      } finally {
-        await c.close();
+    // The first two tests share one cluster: each starts from the pool's one ready machine and gives it back;
+    // the second ends the cluster and checks that nothing is left.
+    let shared: Cluster | null = null;
+    let sharedClosed = false;
+    const sharedCluster = async (): Promise<Cluster> => (shared ??= await new Cluster({ runtime, minReady: 1, maxReady: 1 }).start());
+    const closeShared = async (): Promise<void> => {
+      if (shared && !sharedClosed) {
+        sharedClosed = true;
+        await shared.close();
       }
+    };
+    after(closeShared);
+
+    test("borrow, run over ssh2 and over the system ssh binary, return, fence and scrub back to ready", async () => {
+      const c = await sharedCluster();
+      await c.ensurePool("ci");
+      await c.waitFor("a ready machine", async () => (await c.readyCount()) >= 1);
+      const b = await c.api.call<Borrow>("POST", "/v1/pools/ci/borrow", {});
+      const r = await sshRun(c, b, "echo hello; echo oops >&2; exit 3");
+      assert.deepEqual(r, { code: 3, out: "hello\n", err: "oops\n" });
+
+      // The system ssh client, with the gateway's host key pinned in a known_hosts line.
+      const kh = join(c.dir.path, "known_hosts");
+      writeFileSync(kh, `[${b.machine.ssh.host}]:${b.machine.ssh.port} ${b.machine.ssh.hostKey}\n`);
+      const key = join(c.dir.path, "keeper_ed25519");
+      const ssh = spawnSync(
+        "ssh",
+        ["-i", key, "-p", String(b.machine.ssh.port), "-o", `UserKnownHostsFile=${kh}`, "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", `${b.machine.ssh.user}@${b.machine.ssh.host}`, "echo from-openssh; exit 5"],
+        { encoding: "utf8", timeout: 30_000 },
+      );
+      assert.equal(ssh.stdout, "from-openssh\n", ssh.stderr);
+      assert.equal(ssh.status, 5);
+
+      // A wrong host key is refused by the pinned client.
+      writeFileSync(kh, `[${b.machine.ssh.host}]:${b.machine.ssh.port} ${c.keeper.publicKey}\n`);
+      const bad = spawnSync("ssh", ["-i", key, "-p", String(b.machine.ssh.port), "-o", `UserKnownHostsFile=${kh}`, "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", `${b.machine.ssh.user}@${b.machine.ssh.host}`, "true"], { encoding: "utf8", timeout: 30_000 });
+      assert.notEqual(bad.status, 0);
+      assert.match(bad.stderr, /host key/i);
+
+      await c.api.call("POST", `/v1/borrows/${b.borrowId}/return`, { token: b.borrowToken });
+      await c.waitFor("the machine ready again", async () => (await c.machines()).find((m) => m.id === b.machine.id && m.state === "ready"));
+      const m = (await c.machines()).find((x) => x.id === b.machine.id)!;
+      assert.equal(m.generation, b.machine.generation, "generation advances on reservation only");
     });
 
     test("[I1][I5] borrower 2 never sees borrower 1's files, and background processes are gone before the machine is ready again", async () => {
-      const c = await new Cluster({ runtime, minReady: 1, maxReady: 1 }).start();
+      const c = await sharedCluster();
       let ids: string[] = [];
       try {
         await c.ensurePool("ci");
@@ -114,7 +123,7 @@ for (const runtime of ["process", "gvisor"] as const) {
         await c.api.call("POST", `/v1/borrows/${b2.borrowId}/return`, { token: b2.borrowToken });
         ids = (await c.machines()).map((m) => m.id);
       } finally {
-        await c.close();
+        await closeShared();
       }
       assert.deepEqual(strayProcesses(c, ids), []);
     });

@@ -1,11 +1,13 @@
 /**
  * Real processes for end-to-end tests: `berth serve` and `berth agent`
- * started from the built binary, tokens created with `berth token create`,
+ * started from the built binary, tokens created on the coordinator's database
+ * as `berth token create` creates them,
  * and an API client. Everything is torn down (SIGTERM, then SIGKILL) by close().
  */
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
+import { randomBytes } from "node:crypto";
 import { Api } from "../../src/cli/api.js";
 import { generateSshKeyPair, type SshKeyPair } from "../../src/core/ssh-keys.js";
 import { tempDir } from "./env.js";
@@ -116,9 +118,16 @@ export class Cluster {
     mkdirSync(this.coordDir, { recursive: true });
     await this.startCoordinator();
     this.adminTokenFile = join(this.dir.path, "admin.token");
-    for (const [role, file] of [["admin", this.adminTokenFile], ["agent", join(this.dir.path, "agent.token")]] as const) {
-      const r = berthSync(["token", "create", "--state-dir", this.coordDir, "--org", "e2e", "--role", role, "--out", file]);
-      if (r.status !== 0) throw new Error(`token create failed: ${r.stderr}`);
+    // Created as `berth token create` does, on the coordinator's own database, without a process per token.
+    const [{ SqliteStore }, { createToken }] = await Promise.all([import("../../src/store/sqlite/sqlite-store.js"), import("../../src/store/api-tokens.js")]);
+    const store = new SqliteStore({ path: join(this.coordDir, "berth.db") });
+    try {
+      for (const [role, file] of [["admin", this.adminTokenFile], ["agent", join(this.dir.path, "agent.token")]] as const) {
+        const t = await createToken(store, { org: "e2e", role, expiresAt: null, label: null }, Date.now(), (n) => randomBytes(n));
+        writeFileSync(file, t.token + "\n", { mode: 0o600 });
+      }
+    } finally {
+      await store.close();
     }
     this.keeper = generateSshKeyPair("e2e-keeper");
     writeFileSync(join(this.dir.path, "keeper_ed25519"), this.keeper.privateKey, { mode: 0o600 });

@@ -13,8 +13,9 @@
  */
 import { test, describe } from "node:test";
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { readFileSync } from "node:fs";
+import { availableParallelism } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { MACHINE_STATES, machineTransition, type MachineEvent, type MachineState } from "../../src/core/machine.js";
@@ -63,9 +64,33 @@ function missingTool(): string | null {
   return null;
 }
 
-function runScript(args: string[], timeoutMs: number): { status: number | null; out: string } {
-  const r = spawnSync("bash", [SCRIPT, ...args], { cwd: ROOT, encoding: "utf8", timeout: timeoutMs, maxBuffer: 16 << 20 });
-  return { status: r.status, out: `${r.stdout ?? ""}${r.stderr ?? ""}${r.error ? `\n${r.error.message}` : ""}` };
+/** Runs check-model.sh without blocking, so the full check and the mutants run side by side (each is mostly one core). */
+function runScript(args: string[], timeoutMs: number, env: Record<string, string> = {}): Promise<{ status: number | null; out: string }> {
+  return new Promise((resolveRun) => {
+    const child = spawn("bash", [SCRIPT, ...args], { cwd: ROOT, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"], detached: true });
+    let stdout = "";
+    let stderr = "";
+    let timedOut = "";
+    child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
+    child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+    // The script's whole group (spin, gcc, pan) goes on a timeout.
+    const timer = setTimeout(() => {
+      timedOut = `\ntimed out after ${timeoutMs} ms`;
+      try {
+        process.kill(-child.pid!, "SIGKILL");
+      } catch {
+        // gone already
+      }
+    }, timeoutMs);
+    child.once("error", (e) => {
+      clearTimeout(timer);
+      resolveRun({ status: null, out: `${stdout}${stderr}\n${e.message}` });
+    });
+    child.once("close", (status) => {
+      clearTimeout(timer);
+      resolveRun({ status, out: `${stdout}${stderr}${timedOut}` });
+    });
+  });
 }
 
 function eventOf(spec: string): MachineEvent {
@@ -94,6 +119,11 @@ function eventOf(spec: string): MachineEvent {
 
 describe("grant protocol model (SPIN)", () => {
   const source = readFileSync(MODEL, "utf8");
+  const missing = missingTool();
+  // Both checks start at once: the full model's runs go one at a time (each verifier is single-threaded),
+  // so the mutants take the other cores meanwhile.
+  const full = missing ? null : runScript([], 290_000);
+  const mutants = missing ? null : runScript(["--mutants"], 290_000, { CHECK_MODEL_JOBS: String(Math.max(1, availableParallelism() - 1)) });
 
   test("every machine edge of the model is one machineTransition accepts", () => {
     const edges = [...source.matchAll(/@edge\s+(\S+)\s+([a-z_]+)->([a-z_]+)/g)];
@@ -110,10 +140,9 @@ describe("grant protocol model (SPIN)", () => {
     }
   });
 
-  test("the full model: SPIN reports 0 errors at every bound configuration", { timeout: 180_000 }, (t) => {
-    const missing = missingTool();
-    if (missing) return t.skip(`spin not installed: ${missing}`);
-    const r = runScript([], 170_000);
+  test("the full model: SPIN reports 0 errors at every bound configuration", { timeout: 300_000 }, async (t) => {
+    if (!full) return t.skip(`spin not installed: ${missing}`);
+    const r = await full;
     const runs = [...r.out.matchAll(/^model \[(.+?)\]: errors (\S+), (\S+) states stored, (\S+) transitions, depth (\S+)/gm)];
     for (const [line] of runs) t.diagnostic(line);
     assert.equal(r.status, 0, `check-model.sh failed:\n${r.out}`);
@@ -125,10 +154,9 @@ describe("grant protocol model (SPIN)", () => {
     assert.match(r.out, /check-model: OK/);
   });
 
-  test("every mutant is caught by its invariant; every witness scenario is reached", { timeout: 120_000 }, (t) => {
-    const missing = missingTool();
-    if (missing) return t.skip(`spin not installed: ${missing}`);
-    const r = runScript(["--mutants"], 110_000);
+  test("every mutant is caught by its invariant; every witness scenario is reached", { timeout: 300_000 }, async (t) => {
+    if (!mutants) return t.skip(`spin not installed: ${missing}`);
+    const r = await mutants;
     assert.equal(r.status, 0, `check-model.sh --mutants failed:\n${r.out}`);
     const caught = new Map([...r.out.matchAll(/^mutant (\S+): caught by (\S+)/gm)].map((m) => [m[1]!, m[2]!]));
     for (const [mutant, allowed] of Object.entries(MUTANTS)) {

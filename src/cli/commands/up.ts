@@ -27,7 +27,7 @@ import { Api } from "../../client/http.js";
 import { BerthClient } from "../../client/client.js";
 import { describeError, EXIT, exitCodeOf, intArg, loadOrCreateSecret, reportError, UsageError } from "../common.js";
 import { StateDirLock } from "../state-lock.js";
-import { AGENT_STOP_MS, Interrupted, SIGNAL_EXIT, TEARDOWN_MS, UpSignals } from "../up-stop.js";
+import { agentStopMs, Interrupted, SIGNAL_EXIT, TEARDOWN_MS, UpSignals } from "../up-stop.js";
 import { parseListen } from "./serve.js";
 import { waitReady } from "./pool.js";
 import { DEFAULT_WAIT_MS, runOnBorrowed } from "./run.js";
@@ -124,10 +124,11 @@ async function teardown(r: Running, signals: UpSignals, say: (s: string) => void
 async function stopAgent(agent: ChildProcess, say: (s: string) => void): Promise<void> {
   const exited = new Promise((res) => agent.once("exit", res));
   agent.kill("SIGTERM");
+  const ms = agentStopMs();
   const t = setTimeout(() => {
-    say(`the agent did not stop within ${AGENT_STOP_MS / 1000} s; killing it`);
+    say(`the agent did not stop within ${ms / 1000} s; killing it`);
     agent.kill("SIGKILL");
-  }, AGENT_STOP_MS);
+  }, ms);
   await exited;
   clearTimeout(t);
 }

@@ -122,7 +122,7 @@ export async function invalidateGrant(tx: Tx, ctx: Ctx, g: GrantRow, reason: Inv
     const r = await applyTransition(tx, ctx, m, { kind: "return", mode: "portable", scrub: true }, now, { subject: g.id, nonce, opArgs: { grantId: g.id, fingerprint: g.fingerprint } satisfies RemoveKeyArgs });
     return r.opIds.length > 0;
   }
-  tx.afterCommit(() => ctx.metrics.quarantined.inc({ pool: m.pool, reason }));
+  tx.afterCommit(() => ctx.metrics.machineQuarantined(m, reason, now));
   const r = await applyTransition(tx, ctx, m, { kind: "quarantine", reason: `grant ${g.id}: ${reason}` }, now, { subject: g.id, nonce });
   await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
   return r.opIds.length > 0;
@@ -186,7 +186,7 @@ async function quarantineIfKeyMayOutliveRemoval(tx: Tx, ctx: Ctx, op: OpRow, m: 
   const removal = await firstRemovalAt(tx, m.id, op.generation);
   if (m.state === "revoking" && removal && removal.state === "pending" && removal.attempts === 0) return;
   if (m.state === "reserved" || m.state === "installing" || m.state === "busy") return;
-  tx.afterCommit(() => ctx.metrics.quarantined.inc({ pool: m.pool, reason: "late_install" }));
+  tx.afterCommit(() => ctx.metrics.machineQuarantined(m, "late_install", now));
   await applyTransition(tx, ctx, m, { kind: "quarantine", reason: `install of operation ${op.id} completed after the grant was invalidated` }, now, { subject: op.id, nonce });
   await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
 }

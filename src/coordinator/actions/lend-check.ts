@@ -51,10 +51,10 @@ export async function withdrawBorrow(ctx: Ctx, borrowId: string, machineId: stri
     if (!m || m.generation !== generation || m.state !== "busy") return null;
     await applyTransition(tx, ctx, m, { kind: "quarantine", reason: `lend-time check: ${why}`.slice(0, 4000) }, now, { subject: borrowId, nonce: `lend-${borrowId}` });
     await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
-    return m.pool;
+    return { org: m.org, pool: m.pool };
   }, { name: "borrow_withdraw" });
   if (quarantined !== null) {
-    ctx.metrics.quarantined.inc({ pool: quarantined, reason: "network_lend_check" });
+    ctx.metrics.machineQuarantined(quarantined, "network_lend_check", now);
     ctx.kick();
   }
 }

@@ -86,28 +86,39 @@ export const UI_JS = String.raw`(function () {
         { id: "history-latency", y: "ms", series: [["p50", d.p50, "#1d3557"], ["p95", d.p95, "#e76f51"]] },
         { id: "history-machines", y: "machines", series: [["ready", d.ready, "#2a9d8f"], ["lent", d.lent, "#b08a1e"], ["cleanup", d.cleanup, "#8d99ae"], ["quarantined", d.quarantined, "#9b2226"]] }
       ];
-      defs.forEach(function (c) {
-        var box = document.getElementById(c.id);
-        if (!box || box.getAttribute("data-drawn")) return;
-        box.setAttribute("data-drawn", "1");
-        box.textContent = "";
-        var width = Math.max(240, Math.min(640, box.clientWidth || 480));
-        var series = [{}].concat(c.series.map(function (x, i) {
-          var o = { label: x[0], stroke: x[2], width: 2, spanGaps: true, points: { show: !c.bars, size: 5, fill: x[2] } };
-          // Bars side by side in their bucket (served left, returned right).
-          if (c.bars) { o.paths = window.uPlot.paths.bars({ size: [0.45, 8], align: i ? 1 : -1 }); o.fill = x[2]; }
-          return o;
-        }));
-        var u = new window.uPlot({
-          width: width,
-          height: 180,
-          scales: { x: { time: true }, y: { range: function (u, min, max) { return [0, Math.max(1, max || 0)]; } } },
-          cursor: { drag: { x: false, y: false } },
-          axes: [{ space: 70 }, { label: c.y, size: 50 }],
-          series: series
-        }, [d.x].concat(c.series.map(function (x) { return x[1]; })), box);
-        window.berthCharts[c.id] = u;
-      });
+      draw(d, defs);
+    });
+    // Labelled series: one line per label (reasons, hosts, owners), drawn from their own JSON.
+    root.querySelectorAll("script[data-series]").forEach(function (s) {
+      var d = JSON.parse(s.textContent);
+      var palette = ["#1d3557", "#e76f51", "#2a9d8f", "#b08a1e", "#9b2226", "#8d99ae", "#6a4c93", "#457b9d"];
+      draw(d, d.charts.map(function (c) {
+        return { id: c.id, y: c.y, series: c.series.map(function (x, i) { return [x[0], x[1], palette[i % palette.length]]; }) };
+      }));
+    });
+  }
+  function draw(d, defs) {
+    defs.forEach(function (c) {
+      var box = document.getElementById(c.id);
+      if (!box || box.getAttribute("data-drawn")) return;
+      box.setAttribute("data-drawn", "1");
+      box.textContent = "";
+      var width = Math.max(240, Math.min(640, box.clientWidth || 480));
+      var series = [{}].concat(c.series.map(function (x, i) {
+        var o = { label: x[0], stroke: x[2], width: 2, spanGaps: true, points: { show: !c.bars, size: 5, fill: x[2] } };
+        // Bars side by side in their bucket (served left, returned right).
+        if (c.bars) { o.paths = window.uPlot.paths.bars({ size: [0.45, 8], align: i ? 1 : -1 }); o.fill = x[2]; }
+        return o;
+      }));
+      var u = new window.uPlot({
+        width: width,
+        height: 180,
+        scales: { x: { time: true }, y: { range: function (u, min, max) { return [0, Math.max(1, max || 0)]; } } },
+        cursor: { drag: { x: false, y: false } },
+        axes: [{ space: 70 }, { label: c.y, size: 50 }],
+        series: series
+      }, [d.x].concat(c.series.map(function (x) { return x[1]; })), box);
+      window.berthCharts[c.id] = u;
     });
   }
   /** Each cell carries its column's heading, shown before it where tables collapse to cards (narrow windows). */
