@@ -19,5 +19,5 @@ if (files.length === 0) {
   console.error("no test files matched");
   process.exit(1);
 }
-const r = spawnSync(process.execPath, ["--test", "--test-concurrency=1", "--test-reporter=spec", ...files], { stdio: "inherit" });
+const r = spawnSync(process.execPath, ["--test", `--test-concurrency=${process.env.BERTH_TEST_CONCURRENCY ?? 2}`, "--test-reporter=spec", ...files], { stdio: "inherit" });
 process.exit(r.status ?? 1);

@@ -1,5 +1,6 @@
 /** The `pools` table: desired capacity and settings of each pool, keyed by (org, name). */
-import { filesScopeColumn } from "./files-scope.js";
+import { filesScopeColumn, filesScopeOf } from "./files-scope.js";
+import { forwardingColumn, forwardingOf } from "./forwarding.js";
 import type { Tx } from "./store.js";
 import type { PoolRecord } from "../core/pool.js";
 import { parsePolicy } from "../core/network-policy.js";
@@ -42,8 +43,8 @@ export function poolFromRow(r: PoolRow): PoolRecord {
     keeperKey: r.keeper_key,
     network: parsePolicy(r.network ? JSON.parse(r.network) : null),
     image: r.image ?? null,
-    forwarding: r.forwarding === "off" ? "off" : "on",
-    files: r.files_scope === "workspace" ? "workspace" : "machine",
+    forwarding: forwardingOf(r),
+    files: filesScopeOf(r),
     createdAt: r.created_at,
     updatedAt: r.updated_at,
   };
@@ -101,11 +102,6 @@ export async function updatePool(tx: Tx, org: string, name: string, s: PoolSetti
     "UPDATE pools SET access = ?, provider = ?, compatibility_key = ?, identity = ?, min_ready = ?, max_ready = ?, hard_ttl_ms = ?, heartbeat_ms = ?, keeper_key = ?, network = ?, image = ?, forwarding = ?, files_scope = ?, updated_at = ? WHERE org = ? AND name = ?",
     [s.access, s.provider, s.compatibilityKey, s.identity ? JSON.stringify(s.identity) : null, s.minReady, s.maxReady, s.hardTtlMs, s.heartbeatMs, s.keeperKey, networkColumn(s.network), s.image, forwardingColumn(s.forwarding), filesScopeColumn(s.files), now, org, name],
   );
-}
-
-/** The stored form of the forwarding switch: NULL for on (rows written before migration 13 read the same). */
-export function forwardingColumn(f: PoolSettings["forwarding"] | undefined): string | null {
-  return f === "off" ? "off" : null;
 }
 
 /** The stored form of a policy: NULL for `none` (rows written before migration 5 read the same). */

@@ -8,7 +8,8 @@
 import { strict as assert } from "node:assert";
 import { spawn, execFileSync, type ChildProcess } from "node:child_process";
 import { writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { join, resolve } from "node:path";
+import { createHash } from "node:crypto";
 import { after, describe, it } from "node:test";
 import { networkAvailability, listLinks, listNetns, listTables } from "../../src/agent/network/host.js";
 import { makePolicy } from "../../src/core/network-policy.js";
@@ -45,11 +46,13 @@ function agentChild(stateDir: string, coordinator: string, tokenFile: string, ta
   return { child, stderr: () => err, url };
 }
 
-async function ours(before: { netns: Set<string>; links: Set<string>; tables: Set<string> }) {
+/** The kernel objects of the agent whose state directory is `stateDir` (named by its tag), so other agents on the host are not counted. */
+async function ours(stateDir: string) {
+  const tag = createHash("sha256").update(resolve(stateDir)).digest("hex").slice(0, 4);
   return {
-    netns: listNetns().filter((n) => n.startsWith("berth-") && !n.startsWith("berth-test-") && !before.netns.has(n)),
-    links: listLinks().filter((l) => l.startsWith("bm") && !before.links.has(l)),
-    tables: [...(await listTables()).keys()].filter((t) => t.startsWith("berth_") && !before.tables.has(t)),
+    netns: listNetns().filter((n) => n.startsWith(`berth-${tag}-`)),
+    links: listLinks().filter((l) => l.startsWith(`bm${tag}`)),
+    tables: [...(await listTables()).keys()].filter((t) => t.startsWith(`berth_${tag}_`)),
   };
 }
 
@@ -66,7 +69,6 @@ describe("machine network recovery", { skip: avail.ok ? false : `network policie
     target = await startNetnsTarget();
     // Packets to port 7777 vanish in the target namespace: each probe waits on it (bounded, 2 s).
     execFileSync("ip", ["netns", "exec", target.netns, "nft", "-f", "-"], { input: "table inet t {\n chain i {\n type filter hook input priority 0;\n tcp dport 7777 drop\n }\n}\n" });
-    const before = { netns: new Set(listNetns()), links: new Set(listLinks()), tables: new Set((await listTables()).keys()) };
     const enroller = await harness.enroller();
     const stateDir = harness.dir();
     const tokenFile = join(harness.dir(), "enroll.token");
@@ -86,13 +88,13 @@ describe("machine network recovery", { skip: avail.ok ? false : `network policie
       }).catch(() => null),
     );
     await until(async () => {
-      const o = await ours(before);
+      const o = await ours(stateDir);
       return o.netns.length === 3 && o.links.length === 3 && o.tables.length === 3;
     }, "three machine networks up");
     first.child.kill("SIGKILL");
     await new Promise((r) => first.child.once("exit", r));
     await Promise.all(inflight);
-    const stale = await ours(before);
+    const stale = await ours(stateDir);
     assert.deepEqual([stale.netns.length, stale.links.length, stale.tables.length], [3, 3, 3], "the dead agent left three of each");
 
     const second = agentChild(stateDir, enroller.url, tokenFile, target);
@@ -102,7 +104,7 @@ describe("machine network recovery", { skip: avail.ok ? false : `network policie
     assert.ok(line, `the restart reports what it removed; stderr: ${second.stderr()}`);
     const report = JSON.parse(line) as { records: number; netns: number; links: number; tables: number; leases: number };
     assert.deepEqual({ records: report.records, netns: report.netns, links: report.links, tables: report.tables }, { records: 3, netns: 3, links: 3, tables: 3 });
-    assert.deepEqual(await ours(before), { netns: [], links: [], tables: [] }, "nothing of the dead agent is left in the kernel");
+    assert.deepEqual(await ours(stateDir), { netns: [], links: [], tables: [] }, "nothing of the dead agent is left in the kernel");
     second.child.kill("SIGTERM");
     await new Promise((r) => second.child.once("exit", r));
   });

@@ -89,17 +89,18 @@ describe("agent crash recovery", () => {
       opId: "op_i1", kind: "install_key", machineId: "m_kept", generation: 1,
       args: { publicKey: live.line, mode: "grant", grantId: "grant_live", expiresAt: Date.now() + 600_000 },
     };
-    const shortExpiry = Date.now() + 1500;
-    const installShort = {
+    // Its expiry is set when it is installed (below), so a slow first life cannot make it expired already.
+    let shortExpiry = 0;
+    const installShort = () => ({
       opId: "op_i2", kind: "install_key", machineId: "m_kept", generation: 1,
-      args: { publicKey: short.line, mode: "keeper", grantId: "keeper_short", expiresAt: shortExpiry },
-    };
+      args: { publicKey: short.line, mode: "keeper", grantId: "keeper_short", expiresAt: (shortExpiry = Date.now() + 1500) },
+    });
     const createM2 = { opId: "op_c2", kind: "provision", machineId: "m_forged", generation: 1 };
     const c1 = await call(agent, "/v1/agent/ops", createM1);
     assert.equal(c1.status, 200, JSON.stringify(c1.json));
     const i1 = await call(agent, "/v1/agent/ops", installLive);
     assert.equal(i1.status, 200, JSON.stringify(i1.json));
-    assert.equal((await call(agent, "/v1/agent/ops", installShort)).status, 200);
+    assert.equal((await call(agent, "/v1/agent/ops", installShort())).status, 200);
     assert.equal((await call(agent, "/v1/agent/ops", createM2)).status, 200);
 
     agent.child.kill("SIGKILL");

@@ -23,7 +23,8 @@ import { errorMessage, type AgentLog } from "../log.js";
 import type { AgentKeys } from "../keys.js";
 import type { Runtime } from "../runtime/types.js";
 import type { AgentStore } from "../store/store.js";
-import type { MachineNetworks, RulesVerdict } from "./manager.js";
+import type { MachineNetworks } from "./manager.js";
+import type { RulesVerdict } from "./live-rules.js";
 
 export const DEFAULT_CHECK_INTERVAL_MS = 10_000;
 export const DEFAULT_EVIDENCE_MAX_AGE_MS = 15 * 60_000;

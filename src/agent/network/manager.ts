@@ -19,14 +19,13 @@
  * agents on one host never share one, and a restarted agent finds what its
  * previous process left (`sweep`).
  */
-import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, rmSync, unlinkSync, writeFileSync, writeSync } from "node:fs";
-import { lookup } from "node:dns/promises";
+import { rmSync, writeFileSync } from "node:fs";
 import { createHash } from "node:crypto";
 import { createServer, type Server } from "node:net";
 import { join, resolve as resolvePath } from "node:path";
 import { BerthError } from "../../core/errors.js";
-import { cidrRange, intToIp, parseAllowEntry, policyFingerprint, allowOverlaps, DEFAULT_MACHINE_RANGE, type NetworkPolicy } from "../../core/network-policy.js";
-import { linesDiff, type ReadinessEvidence, type RulesWitness } from "../../core/network-evidence.js";
+import { cidrRange, intToIp, policyFingerprint, allowOverlaps, DEFAULT_MACHINE_RANGE, type NetworkPolicy } from "../../core/network-policy.js";
+import type { ReadinessEvidence, RulesWitness } from "../../core/network-evidence.js";
 import type { AgentLog } from "../log.js";
 import { errorMessage } from "../log.js";
 import type { Runtime } from "../runtime/types.js";
@@ -36,9 +35,9 @@ import { machineRuleset } from "./ruleset.js";
 import type { NetRecord, NetworkTable } from "../store/networks.js";
 import { checksFromSteps, evidenceOf, probePlan, runInside, type ProbeSettings } from "./probe.js";
 import { NftSession } from "./nft-session.js";
-
-export { DEFAULT_MACHINE_RANGE };
-export const DEFAULT_LEASE_DIR = "/run/berth/net-leases";
+import { compareRules, liveTable, readBack, tampered, type RulesVerdict } from "./live-rules.js";
+import { DEFAULT_LEASE_DIR, SlotLeases } from "./slot-leases.js";
+import { netnsFiles, resolveNames, writeNetnsFiles } from "./pinned-names.js";
 
 export interface NetworkOptions {
   /** Machine address range (a /30 per machine). */
@@ -72,13 +71,8 @@ export interface SweepReport {
   leases: number;
 }
 
-/** The outcome of comparing a machine's live rules with the recorded ones. */
 /** First uid of machines' own uids (process runtime under a policy); far above any account a host has. */
 export const MACHINE_UID_BASE = 1_000_000_000;
-
-export type RulesVerdict =
-  | { ok: true; digest: string; evidenceAt: number | null }
-  | { ok: false; why: string; diff: string[] };
 
 export interface NetworkCounters {
   setUp: number;
@@ -87,18 +81,6 @@ export interface NetworkCounters {
   /** Comparisons of live rules with the recorded ones (lend checks, returns, the periodic check, recovery). */
   checks: { match: number; mismatch: number };
   stale: SweepReport;
-}
-
-function digestOf(lines: readonly string[]): string {
-  return "sha256:" + createHash("sha256").update(lines.join("\n")).digest("hex");
-}
-
-/** The refusal of a machine whose rules are not the recorded ones: what changed, for the audit timeline. */
-export function tampered(machineId: string, v: Extract<RulesVerdict, { ok: false }>): BerthError {
-  return new BerthError(
-    "network_tampered",
-    `network_tampered: the network rules of machine ${machineId} are not the ones recorded with its evidence: ${v.why}${v.diff.length > 0 ? `; diff: ${v.diff.join(" | ")}` : ""}; the machine is not lent again (quarantine and destroy it)`,
-  );
 }
 
 function hex(s: string, n: number): string {
@@ -113,7 +95,7 @@ export class MachineNetworks {
   readonly #deps: NetworkDeps;
   readonly #opts: NetworkOptions;
   readonly #stateDir: string;
-  readonly #leaseDir: string;
+  readonly #leases: SlotLeases;
   readonly #etc: string;
   readonly #rangeFirst: number;
   readonly #slots: number;
@@ -134,7 +116,7 @@ export class MachineNetworks {
     if (!r || r[1] - r[0] + 1 < 4) throw new BerthError("invalid_request", `invalid_request: machine network range ${this.range} is not an IPv4 CIDR of /30 or larger`);
     this.#rangeFirst = r[0];
     this.#slots = (r[1] - r[0] + 1) / 4;
-    this.#leaseDir = opts.leaseDir ?? DEFAULT_LEASE_DIR;
+    this.#leases = new SlotLeases(opts.leaseDir ?? DEFAULT_LEASE_DIR, this.range, this.#stateDir, this.#slots);
     this.#etc = opts.etcNetns ?? "/etc/netns";
   }
 
@@ -190,11 +172,11 @@ export class MachineNetworks {
       this.store.put(rec); // intent, before anything exists
     }
     if (rec.slot === null) {
-      rec = { ...rec, slot: this.#lease(machineId), updatedAt: this.#deps.now() };
+      rec = { ...rec, slot: this.#leases.lease(machineId, parseInt(hex(`${this.#stateDir}\0${machineId}`, 8), 16) % this.#slots), updatedAt: this.#deps.now() };
       this.store.put(rec);
     }
     const { host, guest } = this.addresses(rec.slot as number);
-    const resolved = await this.#resolveNames(policy);
+    const resolved = await resolveNames(policy, this.#opts.resolve);
 
     if (netnsInode(names.netns) === null) await must("ip", ["netns", "add", names.netns], `creating network namespace ${names.netns}`);
     if (ifindex(names.hostIf) !== null) await must("ip", ["link", "del", names.hostIf], `removing a half-made veth ${names.hostIf}`);
@@ -205,12 +187,12 @@ export class MachineNetworks {
     await must("nft", ["-f", "-"], `loading nftables table ${names.table}`, this.#ruleset(rec, guest, resolved));
     writeFileSync(`/proc/sys/net/ipv4/conf/${names.hostIf}/forwarding`, "1");
     await must("ip", ["-batch", "-"], `configuring veth ${names.hostIf}`, `addr add ${host}/30 dev ${names.hostIf}\nlink set ${names.hostIf} up\n`);
-    this.#writeFiles(names.netns, policy, resolved);
+    writeNetnsFiles(this.#etc, names.netns, policy, resolved);
 
     const handle = (await listTables()).get(names.table) ?? null;
     const up: NetRecord = {
       ...rec, state: "up", resolved, netnsInode: netnsInode(names.netns), hostIfindex: ifindex(names.hostIf), nftHandle: handle, updatedAt: this.#deps.now(),
-      rules: await this.#readBack(names.table, names.netns),
+      rules: await readBack(this.#nft, names.table, names.netns),
     };
     if (up.netnsInode === null || up.hostIfindex === null || up.nftHandle === null) {
       throw new BerthError("operation_failed", `operation_failed: the network of machine ${machineId} is not complete after set-up`);
@@ -238,82 +220,9 @@ export class MachineNetworks {
     return rec.state === "up" && this.#matches(rec);
   }
 
-  async #resolveNames(policy: NetworkPolicy): Promise<Record<string, string[]>> {
-    if (policy.mode !== "egress") return {};
-    const out: Record<string, string[]> = {};
-    const resolve = this.#opts.resolve ?? (async (n: string) => (await lookup(n, { all: true, family: 4 })).map((a) => a.address));
-    for (const e of policy.allow.map(parseAllowEntry)) {
-      if (e.name === null || out[e.name]) continue;
-      let ips: string[];
-      try {
-        ips = [...new Set(await resolve(e.name))].sort();
-      } catch (err) {
-        throw new BerthError("operation_failed", `operation_failed: allow entry ${e.text}: name ${e.name} could not be resolved (${errorMessage(err)})`);
-      }
-      if (ips.length === 0) throw new BerthError("operation_failed", `operation_failed: allow entry ${e.text}: name ${e.name} has no IPv4 address`);
-      out[e.name] = ips;
-    }
-    return out;
-  }
-
-  #writeFiles(netns: string, policy: NetworkPolicy, resolved: Record<string, string[]>): void {
-    if (policy.mode !== "egress") return;
-    const dir = join(this.#etc, netns);
-    mkdirSync(dir, { recursive: true, mode: 0o755 });
-    const hosts = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"];
-    for (const [name, ips] of Object.entries(resolved)) for (const ip of ips) hosts.push(`${ip} ${name}`);
-    writeFileSync(join(dir, "hosts"), "# berth: names pinned by the machine's network policy\n" + hosts.join("\n") + "\n", { mode: 0o644 });
-    const resolv = policy.dns.length > 0 ? policy.dns.map((d) => `nameserver ${d}`).join("\n") : "# berth: no DNS resolver by policy (pinned names only)\nnameserver 127.0.0.1";
-    writeFileSync(join(dir, "resolv.conf"), resolv + "\noptions timeout:1 attempts:1\n", { mode: 0o644 });
-  }
-
   /** The files a runtime binds over /etc/hosts and /etc/resolv.conf (gvisor). */
   files(netns: string): { hosts: string; resolvConf: string } {
-    return { hosts: join(this.#etc, netns, "hosts"), resolvConf: join(this.#etc, netns, "resolv.conf") };
-  }
-
-  // ---- address-slot leases (host-wide) ------------------------------------
-
-  #lease(machineId: string): number {
-    mkdirSync(this.#leaseDir, { recursive: true, mode: 0o700 });
-    const start = parseInt(hex(`${this.#stateDir}\0${machineId}`, 8), 16) % this.#slots;
-    const owner = JSON.stringify({ stateDir: this.#stateDir, machineId }) + "\n";
-    for (let i = 0; i < this.#slots; i++) {
-      const slot = (start + i) % this.#slots;
-      const path = join(this.#leaseDir, `${this.range.replace("/", "_")}-${slot}`);
-      let fd: number;
-      try {
-        fd = openSync(path, "wx", 0o600);
-      } catch (e) {
-        if ((e as NodeJS.ErrnoException).code === "EEXIST") {
-          if (this.#leaseOwner(path)?.machineId === machineId && this.#leaseOwner(path)?.stateDir === this.#stateDir) return slot;
-          continue;
-        }
-        throw e;
-      }
-      writeSync(fd, owner);
-      closeSync(fd);
-      return slot;
-    }
-    throw new BerthError("no_capacity", `no_capacity: every address slot of ${this.range} is leased on this host`);
-  }
-
-  #leasePath(slot: number): string {
-    return join(this.#leaseDir, `${this.range.replace("/", "_")}-${slot}`);
-  }
-
-  #leaseOwner(path: string): { stateDir: string; machineId: string } | null {
-    try {
-      return JSON.parse(readFileSync(path, "utf8")) as { stateDir: string; machineId: string };
-    } catch {
-      return null;
-    }
-  }
-
-  #release(slot: number, machineId: string): void {
-    const path = this.#leasePath(slot);
-    const o = this.#leaseOwner(path);
-    if (o && o.stateDir === this.#stateDir && o.machineId === machineId) unlinkSync(path);
+    return netnsFiles(this.#etc, netns);
   }
 
   // ---- tear down ----------------------------------------------------------
@@ -347,7 +256,7 @@ export class MachineNetworks {
       removed.push(`netns ${rec.netns}`);
     }
     rmSync(join(this.#etc, rec.netns), { recursive: true, force: true });
-    if (rec.slot !== null) this.#release(rec.slot, machineId);
+    if (rec.slot !== null) this.#leases.release(rec.slot, machineId);
     if (ifindex(rec.hostIf) !== null || netnsInode(rec.netns) !== null) {
       throw new BerthError("operation_failed", `operation_failed: the network of machine ${machineId} is still present after removal`);
     }
@@ -374,80 +283,14 @@ export class MachineNetworks {
       if (!v.ok) throw tampered(machineId, v);
       await must("nft", ["-f", "-"], `reloading nftables table ${rec.table}`, this.#ruleset(rec, this.addresses(rec.slot).guest, rec.resolved));
       const handle = (await listTables()).get(rec.table) ?? null;
-      this.store.put({ ...rec, nftHandle: handle, rules: await this.#readBack(rec.table, rec.netns), updatedAt: this.#deps.now() });
+      this.store.put({ ...rec, nftHandle: handle, rules: await readBack(this.#nft, rec.table, rec.netns), updatedAt: this.#deps.now() });
     });
   }
 
-  // ---- the rules as they are ----------------------------------------------
-
-  /** The machine's table read back from the kernel: normalised lines (handles kept, packet counts zeroed) and the refuse chain's packet count. */
-  async #liveTable(table: string, session: NftSession = this.#nft): Promise<{ lines: string[]; refused: number | null } | null> {
-    let parsed: unknown;
-    try {
-      parsed = await session.ask(`list table inet ${table}`);
-    } catch {
-      return null;
-    }
-    const items = ((parsed as { nftables?: unknown[] }).nftables ?? []) as Array<Record<string, Record<string, unknown>>>;
-    const lines: string[] = [];
-    let refused: number | null = null;
-    for (const item of items) {
-      const [kind, body] = Object.entries(item)[0] ?? [];
-      if (!kind || !body || kind === "metainfo") continue;
-      if (kind === "rule" && body.chain === "refuse" && refused === null) {
-        for (const x of (body.expr as Array<Record<string, { packets?: number }>>) ?? []) if (x.counter && typeof x.counter.packets === "number") refused = x.counter.packets;
-      }
-      lines.push(`${kind} ${JSON.stringify(body, (k, v: unknown) => (k === "counter" ? "counter" : v))}`);
-    }
-    return { lines, refused };
-  }
-
-  async #liveNamespace(netns: string): Promise<string[]> {
-    const r = await cmd("ip", ["-n", netns, "-j", "-b", "-"], "addr show\nroute show\n");
-    if (r.code !== 0) return [`unreadable: ${r.stderr.trim().slice(0, 200)}`];
-    const out: string[] = [];
-    for (const chunk of r.stdout.split("\n").filter((l) => l.trim().startsWith("["))) {
-      for (const o of JSON.parse(chunk) as Array<Record<string, unknown>>) {
-        if ("addr_info" in o) {
-          out.push(`link ${String(o.ifname)} ${JSON.stringify(o.flags)}`);
-          for (const a of (o.addr_info as Array<Record<string, unknown>>) ?? []) out.push(`addr ${String(o.ifname)} ${String(a.family)} ${String(a.local)}/${String(a.prefixlen)}`);
-        } else {
-          out.push(`route ${String(o.dst)} via ${String(o.gateway ?? "-")} dev ${String(o.dev)} ${String(o.protocol ?? "")} ${String(o.scope ?? "")}`);
-        }
-      }
-    }
-    return out;
-  }
-
-  async #readBack(table: string, netns: string): Promise<RulesWitness> {
-    const t = await this.#liveTable(table);
-    if (!t) throw new BerthError("operation_failed", `operation_failed: nftables table ${table} could not be read back after loading it`);
-    const ns = await this.#liveNamespace(netns);
-    return { digest: digestOf(t.lines), namespaceDigest: digestOf(ns), lines: t.lines, namespaceLines: ns };
-  }
-
-  async #verify(rec: NetRecord, namespace: boolean, session?: NftSession): Promise<RulesVerdict> {
-    const v = await this.#compare(rec, namespace, session);
+  async #verify(rec: NetRecord, namespace: boolean, session: NftSession = this.#nft): Promise<RulesVerdict> {
+    const v = await compareRules(rec, namespace, session);
     this.counters.checks[v.ok ? "match" : "mismatch"]++;
     return v;
-  }
-
-  async #compare(rec: NetRecord, namespace: boolean, session?: NftSession): Promise<RulesVerdict> {
-    if (rec.state !== "up") return { ok: false, why: `the network of machine ${rec.machineId} is ${rec.state}, not up`, diff: [] };
-    if (!rec.rules) return { ok: false, why: `no rules were recorded for machine ${rec.machineId}'s network`, diff: [] };
-    const ino = netnsInode(rec.netns);
-    if (ino !== rec.netnsInode) return { ok: false, why: `namespace ${rec.netns} is ${ino === null ? "gone" : `inode ${ino}`}, recorded inode ${rec.netnsInode}`, diff: [] };
-    const idx = ifindex(rec.hostIf);
-    if (idx !== rec.hostIfindex) return { ok: false, why: `veth ${rec.hostIf} is ${idx === null ? "gone" : `ifindex ${idx}`}, recorded ${rec.hostIfindex}`, diff: [] };
-    const live = await this.#liveTable(rec.table, session);
-    if (!live) return { ok: false, why: `nftables table ${rec.table} is gone`, diff: (rec.rules.lines ?? []).slice(0, 5).map((l) => `- ${l}`) };
-    const digest = digestOf(live.lines);
-    if (digest !== rec.rules.digest) return { ok: false, why: `the rules of table ${rec.table} changed (${rec.rules.digest.slice(0, 19)} recorded, ${digest.slice(0, 19)} now)`, diff: linesDiff(rec.rules.lines ?? [], live.lines) };
-    if (namespace) {
-      const ns = await this.#liveNamespace(rec.netns);
-      if (digestOf(ns) !== rec.rules.namespaceDigest) return { ok: false, why: `the addresses or routes of namespace ${rec.netns} changed`, diff: linesDiff(rec.rules.namespaceLines ?? [], ns) };
-    }
-    return { ok: true, digest, evidenceAt: rec.evidence?.at ?? null };
   }
 
   /**
@@ -507,7 +350,7 @@ export class MachineNetworks {
     try {
       const before = await this.verify(machineId, { namespace: true });
       if (!before.ok) throw new Error(`the rules are not the recorded ones: ${before.why}${before.diff.length > 0 ? `: ${before.diff.join("; ")}` : ""}`);
-      const counter = async (): Promise<number | null> => (await this.#liveTable(rec.table))?.refused ?? null;
+      const counter = async (): Promise<number | null> => (await liveTable(this.#nft, rec.table))?.refused ?? null;
       const steps = await runInside(runtime, machineId, plan, this.#opts.probe?.dnsName ?? Object.keys(rec.resolved)[0] ?? "berth-probe.invalid", process.execPath, counter);
       const after = await this.verify(machineId);
       if (!after.ok) throw new Error(`the rules changed during the probe: ${after.why}`);
@@ -556,17 +399,7 @@ export class MachineNetworks {
     for (const [t, handle] of await listTables()) {
       if (t.startsWith(`berth_${this.tag}_`) && !known.has(t) && (await cmd("nft", ["delete", "table", "inet", "handle", String(handle)])).code === 0) report.tables++;
     }
-    const slots = new Set(this.store.list().map((r) => r.slot));
-    if (existsSync(this.#leaseDir)) {
-      for (const f of readdirSync(this.#leaseDir)) {
-        const o = this.#leaseOwner(join(this.#leaseDir, f));
-        const slot = Number(f.slice(f.lastIndexOf("-") + 1));
-        if (o && o.stateDir === this.#stateDir && !slots.has(slot)) {
-          unlinkSync(join(this.#leaseDir, f));
-          report.leases++;
-        }
-      }
-    }
+    report.leases += this.#leases.sweepOrphans(new Set(this.store.list().map((r) => r.slot)));
     for (const k of Object.keys(report) as Array<keyof SweepReport>) this.counters.stale[k] += report[k];
     if (Object.values(report).some((n) => n > 0)) this.#deps.log.warn({ ...report }, "removed machine networks a previous agent process left");
     return report;

@@ -10,7 +10,8 @@ import type { NormalizedArgs, OperationKind, OperationResult, OperationResults }
 import type { SessionRegistry } from "../contracts.js";
 import type { AgentKeys } from "../keys.js";
 import { errorMessage, type AgentLog } from "../log.js";
-import type { MachineNetworks, RulesVerdict } from "../network/manager.js";
+import type { MachineNetworks } from "../network/manager.js";
+import type { RulesVerdict } from "../network/live-rules.js";
 import type { LendCheck } from "../network/guard.js";
 import type { Runtime } from "../runtime/types.js";
 import type { MachineRecord } from "../store/machines.js";

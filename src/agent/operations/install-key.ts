@@ -14,7 +14,7 @@ import type { InstallKeyResult } from "../../protocol/operations.js";
 import { supersededAt } from "../keys.js";
 import type { StoredKey } from "../store/keys.js";
 import { attachIfNeeded, commit, machineOf, networkOf, type ArgsOf, type OpCall } from "./context.js";
-import { tampered } from "../network/manager.js";
+import { tampered } from "../network/live-rules.js";
 
 export async function installKey(op: OpCall, a: ArgsOf<"install_key">): Promise<void> {
   const { deps } = op;

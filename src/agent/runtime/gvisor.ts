@@ -53,60 +53,27 @@
  * otherwise kills/deletes by container id under its private root, never by a
  * bare pid.
  */
-import { spawn } from "node:child_process";
-import { chmodSync, chownSync, copyFileSync, existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, chownSync, copyFileSync, existsSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { createHash, randomBytes } from "node:crypto";
-import pty from "node-pty";
+import { createHash } from "node:crypto";
 import { BerthError } from "../../core/errors.js";
-import { isId, parseId } from "../../core/ids.js";
-import { readRecord, wipeDirectory, writeRecord } from "./durable.js";
+import { wipeDirectory } from "./durable.js";
 import { isDead, matches, readStat, signalExact, sleep, waitUntil } from "./procfs.js";
-import { fromChild, fromPty, type Plumbing } from "./streams.js";
-import { COUNT_SCRIPT, PATH_IN, SIGNAL_SCRIPT, execProcessSpec, sandboxSpec } from "./gvisor-oci.js";
+import { COUNT_SCRIPT, SIGNAL_SCRIPT, sandboxSpec } from "./gvisor-oci.js";
 import { awaitExecIdentity } from "./gvisor-identity.js";
 import { Runsc, findRunsc, probeRunsc } from "./gvisor-runsc.js";
 import type { PlatformChoice, RunscInfo } from "./gvisor-platform.js";
 import { gvisorExecHandle } from "./gvisor-handle.js";
-import type { BootImage, CreateOptions, ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeDetail, RuntimeMachine } from "./types.js";
+import type { CreateOptions, ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeDetail, RuntimeMachine } from "./types.js";
 import { forwardingOff } from "./types.js";
-import { cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
+import { newIncarnation, validatePty } from "./common.js";
+import { GvisorRecords, imagesInUseIn, type ContainerRecord, type GvisorMachineRecord } from "./gvisor-records.js";
+import { spawnExecClient } from "./gvisor-exec.js";
 import { KeyedLock } from "../keyed-lock.js";
 
 /** The static relay built by scripts/build-pty-relay.mjs (absent where it could not be built). */
 const PTY_RELAY = fileURLToPath(new URL("../../../berth-pty-relay", import.meta.url));
-/** Where the relay is inside the sandbox (the /run/berth bind). */
-const PTY_RELAY_IN = "/run/berth/berth-pty-relay";
-
-interface ContainerRecord {
-  id: string;
-  bundle: string;
-  /** Host pid and start time of runsc-sandbox; 0 while `runsc run` is in flight (intent). */
-  sandboxPid: number;
-  sandboxStart: number;
-  /** Inode of the network namespace the sandbox was started in (network policy `egress`). */
-  netnsInode?: string;
-}
-
-interface GvisorMachineRecord {
-  v: 1;
-  machineId: string;
-  createdAt: string;
-  incarnation: string | null;
-  container: ContainerRecord | null;
-  /** Limits applied on every start (allocations); absent: cgroups ignored. */
-  resources?: { vcpu: number; memoryMib: number } | null;
-  /** The machine's network namespace and the files bound over /etc/hosts and /etc/resolv.conf; absent: no network. */
-  network?: NonNullable<CreateOptions["network"]>;
-  /** The image it boots; absent: the host's root. */
-  image?: BootImage;
-  /** "off": its pool refuses forwards (CreateOptions.forwarding); absent: allowed. */
-  forwarding?: "off";
-  /** "workspace": its pool confines SFTP to the workspace (CreateOptions.files); absent: the machine's view. */
-  files?: "workspace";
-}
-
 export interface GvisorRuntimeOptions {
   stateDir: string;
   /** runsc binary; default: found on PATH. */
@@ -120,7 +87,7 @@ export class GvisorRuntime implements Runtime {
   /** The runsc release, its platforms and the one new sandboxes use. */
   readonly runscInfo: RunscInfo;
   private readonly stateDir: string;
-  private readonly machinesDir: string;
+  private readonly records: GvisorRecords;
   private readonly runsc: Runsc;
   private readonly lock = new KeyedLock();
   /** Background deletion of retired containers, per machine. */
@@ -137,9 +104,9 @@ export class GvisorRuntime implements Runtime {
 
   constructor(opts: GvisorRuntimeOptions) {
     this.stateDir = resolve(opts.stateDir);
-    this.machinesDir = join(this.stateDir, "machines");
+    this.records = new GvisorRecords(join(this.stateDir, "machines"));
     const runscRoot = join(this.stateDir, "runsc");
-    mkdirSync(this.machinesDir, { recursive: true, mode: 0o700 });
+    mkdirSync(this.records.machinesDir, { recursive: true, mode: 0o700 });
     mkdirSync(runscRoot, { recursive: true, mode: 0o700 });
     const bin = opts.runsc ?? findRunsc();
     if (!bin) throw new BerthError("provider_unavailable", "provider_unavailable: runsc is not installed; install the runsc package or use --runtime process");
@@ -154,29 +121,12 @@ export class GvisorRuntime implements Runtime {
 
   // ---- records -------------------------------------------------------------
 
-  private dir(id: string): string {
-    return join(this.machinesDir, parseId(id, "machine id"));
-  }
-  private recordPath(id: string): string {
-    return join(this.dir(id), "machine.json");
-  }
-  private record(id: string): GvisorMachineRecord | null {
-    return readRecord<GvisorMachineRecord>(this.recordPath(id));
-  }
-  private mustRecord(id: string): GvisorMachineRecord {
-    const rec = this.record(id);
-    if (!rec) throw new BerthError("not_found", `not_found: machine ${id} does not exist on this host; create it first`);
-    return rec;
-  }
-  private save(rec: GvisorMachineRecord): void {
-    writeRecord(this.recordPath(rec.machineId), rec);
-  }
   private view(rec: GvisorMachineRecord): RuntimeMachine {
     const c = rec.container as ContainerRecord;
     return {
       machineId: rec.machineId,
       incarnation: rec.incarnation as string,
-      workspace: join(this.dir(rec.machineId), "workspace"),
+      workspace: join(this.records.dir(rec.machineId), "workspace"),
       identity: { runtime: "gvisor", container: c.id, sandboxPid: c.sandboxPid, sandboxStart: c.sandboxStart, ...(rec.image ? { image: rec.image.ref, imageId: rec.image.id ?? "dir" } : {}) },
     };
   }
@@ -193,11 +143,11 @@ export class GvisorRuntime implements Runtime {
   private async start(rec: GvisorMachineRecord): Promise<GvisorMachineRecord> {
     const inc = newIncarnation();
     const cid = `${this.containerPrefix(rec.machineId)}.${inc.slice(0, 12)}`;
-    const bundle = join(this.dir(rec.machineId), `bundle-${inc.slice(0, 12)}`);
+    const bundle = join(this.records.dir(rec.machineId), `bundle-${inc.slice(0, 12)}`);
     mkdirSync(bundle, { recursive: true, mode: 0o700 });
     // /run/berth inside: readable by an image's non-root user too (it holds only the boot id).
     mkdirSync(join(bundle, "run"), { mode: 0o755 });
-    mkdirSync(join(this.dir(rec.machineId), "workspace"), { recursive: true, mode: 0o700 });
+    mkdirSync(join(this.records.dir(rec.machineId), "workspace"), { recursive: true, mode: 0o700 });
     writeFileSync(join(bundle, "run", "incarnation"), inc + "\n", { mode: 0o644 });
     if (existsSync(PTY_RELAY)) {
       copyFileSync(PTY_RELAY, join(bundle, "run", "berth-pty-relay"));
@@ -208,10 +158,10 @@ export class GvisorRuntime implements Runtime {
     const image = rec.image;
     if (image && image.user.uid !== 0) {
       // The image's user owns its workspace (inside, /workspace), as root owns it otherwise.
-      chownSync(join(this.dir(rec.machineId), "workspace"), image.user.uid, image.user.gid);
+      chownSync(join(this.records.dir(rec.machineId), "workspace"), image.user.uid, image.user.gid);
     }
     const spec = sandboxSpec({
-      machineId: rec.machineId, incarnation: inc, workspace: join(this.dir(rec.machineId), "workspace"), runDir: join(bundle, "run"), stateDir: this.stateDir,
+      machineId: rec.machineId, incarnation: inc, workspace: join(this.records.dir(rec.machineId), "workspace"), runDir: join(bundle, "run"), stateDir: this.stateDir,
       ...(image ? { root: image.rootfs } : {}),
       ...(res ? { resources: res } : {}),
       ...(net ? { network: { hosts: net.hosts, resolvConf: net.resolvConf } } : {}),
@@ -219,13 +169,13 @@ export class GvisorRuntime implements Runtime {
     writeFileSync(join(bundle, "config.json"), JSON.stringify(spec), { mode: 0o600 });
     const netnsInode = net ? { netnsInode: net.inode } : {};
     const intent: GvisorMachineRecord = { ...rec, incarnation: inc, container: { id: cid, bundle, sandboxPid: 0, sandboxStart: 0, ...netnsInode } };
-    this.save(intent);
+    this.records.save(intent);
 
     const pid = await this.runsc.runDetached(bundle, cid, `machine ${rec.machineId}`, { limits: res !== undefined, netns: net?.netns ?? null });
     const st = Number.isInteger(pid) && pid > 0 ? readStat(pid) : null;
     if (!st || isDead(st)) throw new BerthError("operation_failed", `operation_failed: sandbox of machine ${rec.machineId} is not running after runsc run`);
     const started: GvisorMachineRecord = { ...intent, container: { id: cid, bundle, sandboxPid: pid, sandboxStart: st.startTime, ...netnsInode } };
-    this.save(started);
+    this.records.save(started);
     return started;
   }
 
@@ -266,7 +216,7 @@ export class GvisorRuntime implements Runtime {
       await waitUntil(() => [...clients].every((id) => !matches(id)), 5_000, 2);
     }
     const stopped: GvisorMachineRecord = { ...rec, container: null };
-    this.save(stopped);
+    this.records.save(stopped);
     this.collect(rec.machineId, c, this.netnsOf(rec));
     return { rec: stopped, evidence: `${how}; ${others} other host processes of ${c.id} killed; 0 remain` };
   }
@@ -291,15 +241,15 @@ export class GvisorRuntime implements Runtime {
   }
 
   create(machineId: string, opts: CreateOptions = {}): Promise<RuntimeMachine> {
-    const dir = this.dir(machineId);
+    const dir = this.records.dir(machineId);
     return this.lock.run(machineId, async () => {
-      let rec = this.record(machineId);
+      let rec = this.records.get(machineId);
       const sameNet = (r: GvisorMachineRecord): boolean => (r.container?.netnsInode ?? null) === (opts.network?.inode ?? null);
       const sameImage = (r: GvisorMachineRecord): boolean => (r.image?.rootfs ?? null) === (opts.image?.rootfs ?? null);
       if (rec && (rec.forwarding !== opts.forwarding || rec.files !== opts.files)) {
         const { forwarding: _old, files: _oldFiles, ...rest } = rec;
         rec = { ...rest, ...(opts.forwarding ? { forwarding: opts.forwarding } : {}), ...(opts.files ? { files: opts.files } : {}) };
-        this.save(rec);
+        this.records.save(rec);
       }
       if (rec && this.isRunning(rec.container) && sameNet(rec) && sameImage(rec)) return this.view(rec);
       if (!rec) {
@@ -312,7 +262,7 @@ export class GvisorRuntime implements Runtime {
           ...(opts.forwarding ? { forwarding: opts.forwarding } : {}),
           ...(opts.files ? { files: opts.files } : {}),
         };
-        this.save(rec);
+        this.records.save(rec);
       } else if (rec.container) {
         // Recorded but not running as recorded (or in another network
         // namespace than the machine's): clean what is left, then start fresh.
@@ -321,85 +271,33 @@ export class GvisorRuntime implements Runtime {
       if (opts.network || rec.network || opts.image || rec.image) {
         const { network: _old, image: _oldImage, ...rest } = rec;
         rec = { ...rest, ...(opts.network ? { network: opts.network } : {}), ...(opts.image ? { image: opts.image } : {}) };
-        this.save(rec);
+        this.records.save(rec);
       }
       return this.view(await this.start(rec));
     });
   }
 
   async filesScope(machineId: string): Promise<"machine" | "workspace"> {
-    return this.mustRecord(machineId).files === "workspace" ? "workspace" : "machine";
+    return this.records.must(machineId).files === "workspace" ? "workspace" : "machine";
   }
 
   async forwardRefusal(machineId: string): Promise<string | null> {
     // The sandbox has its own network stack (loopback only, or its own namespace with a policy).
-    if (this.mustRecord(machineId).forwarding === "off") return forwardingOff(machineId);
+    if (this.records.must(machineId).forwarding === "off") return forwardingOff(machineId);
     return null;
   }
 
   exec(machineId: string, req: ExecRequest): Promise<ExecHandle> {
     return this.lock
       .run(machineId, async () => {
-        const rec = this.mustRecord(machineId);
+        const rec = this.records.must(machineId);
         const c = rec.container;
         if (!this.isRunning(c)) {
           throw new BerthError("conflict", `conflict: machine ${machineId} has no running sandbox; fence or create it again`);
         }
         this.untouched.delete(machineId);
         if (req.pty) validatePty(req.pty.cols, req.pty.rows);
-        const image = rec.image;
-        const shell = image ? image.shell : loginShell();
-        // An image's Env is the base: the request may override it, never PATH/HOME/USER/SHELL/BERTH_* (PATH and HOME come from it).
-        const env = cleanEnv(
-          req.env,
-          {
-            PATH: image?.env.PATH ?? PATH_IN,
-            HOME: image?.env.HOME ?? "/workspace",
-            USER: image ? image.user.name : "root",
-            SHELL: shell,
-            TERM: req.pty ? req.pty.term || "xterm" : "dumb",
-            BERTH_MACHINE: machineId,
-            BERTH_INCARNATION: rec.incarnation as string,
-          },
-          image?.env ?? null,
-        );
-        const command = req.argv && req.argv.length > 0 ? req.argv : [shell, "-l"];
-        // A PTY session gets a /dev/pts terminal of the sandbox's own (the relay), where this incarnation has it.
-        const relayed = Boolean(req.pty) && existsSync(join(c.bundle, "run", "berth-pty-relay"));
-        const argv = relayed ? [PTY_RELAY_IN, ...command] : command;
-        const execDir = join(this.dir(machineId), "exec");
-        mkdirSync(execDir, { recursive: true, mode: 0o700 });
-        const tag = randomBytes(8).toString("hex");
-        const specPath = join(execDir, `${tag}.json`);
-        const ipidPath = join(execDir, `${tag}.pid`);
-        // The spec file keeps the environment out of argv (visible in ps).
-        const as = image ? { uid: image.user.uid, gid: image.user.gid, additionalGids: image.user.additionalGids, cwd: image.workingDir ?? "/workspace" } : undefined;
-        writeFileSync(specPath, JSON.stringify(execProcessSpec(argv, env, Boolean(req.pty), as)), { mode: 0o600 });
-        const { file: execFile, args } = this.runsc.command(this.runsc.execArgs(c.id, specPath, ipidPath), this.netnsOf(rec));
-        let setLine!: (l: string | null) => void;
-        const line = new Promise<string | null>((r) => (setLine = r));
-        let plumbing: Plumbing;
-        let clientPid: number;
-        let p: pty.IPty | null = null;
-        if (req.pty) {
-          p = pty.spawn(execFile, args, {
-            name: env.TERM,
-            cols: req.pty.cols,
-            rows: req.pty.rows,
-            cwd: "/",
-            env: { PATH: process.env.PATH ?? PATH_IN },
-            encoding: null,
-          });
-          clientPid = p.pid;
-          plumbing = fromPty(p, setLine);
-        } else {
-          const child = spawn(execFile, args, { detached: true, stdio: ["pipe", "pipe", "pipe"] });
-          if (child.pid === undefined) throw new BerthError("operation_failed", "operation_failed: could not start runsc exec");
-          clientPid = child.pid;
-          plumbing = fromChild(child, setLine);
-        }
-        const cst = readStat(clientPid);
-        const client: ProcessIdentity = { pid: clientPid, startTime: cst ? cst.startTime : -1, pgid: cst ? cst.pgid : clientPid };
+        const { client, plumbing, p, line, specPath, ipidPath, relayed } = spawnExecClient(this.runsc, join(this.records.dir(machineId), "exec"), rec, c, req, this.netnsOf(rec));
         let set = this.clients.get(machineId);
         if (!set) this.clients.set(machineId, (set = new Set()));
         set.add(client);
@@ -431,7 +329,7 @@ export class GvisorRuntime implements Runtime {
   /** kill -SIG -PGID inside the sandbox, only if the leader is still exactly `leader` in the same container. */
   /** `signal` "0": only check (the group exists and its leader matches); nothing is sent. */
   private async signalLeaderGroup(machineId: string, cid: string, leader: ProcessIdentity, signal: NodeJS.Signals | "0"): Promise<boolean> {
-    const rec = this.record(machineId);
+    const rec = this.records.get(machineId);
     if (!rec || !rec.container || rec.container.id !== cid || !this.isRunning(rec.container)) return false;
     if (leader.pid !== leader.pgid || leader.pgid <= 1) return false;
     const name = signal.replace(/^SIG/, "");
@@ -440,17 +338,17 @@ export class GvisorRuntime implements Runtime {
     if (r.code === 0) return true;
     if (r.code === 3 || r.code === 4) return false;
     // The sandbox went away in the meantime: nothing of the group can remain.
-    if (!this.isRunning(this.record(machineId)?.container ?? null)) return false;
+    if (!this.isRunning(this.records.get(machineId)?.container ?? null)) return false;
     throw new BerthError("operation_failed", `operation_failed: signalling group ${leader.pgid} in machine ${machineId} failed (exit ${r.code}): ${r.stderr.trim().slice(0, 200)}`);
   }
 
   private async restart(machineId: string, wipe: boolean): Promise<FenceProof> {
-    const rec = this.mustRecord(machineId);
+    const rec = this.records.must(machineId);
     const before = rec.incarnation;
     const { rec: stopped, evidence } = await this.stop(rec);
     let wiped = "";
     if (wipe) {
-      const ws = join(this.dir(machineId), "workspace");
+      const ws = join(this.records.dir(machineId), "workspace");
       mkdirSync(ws, { recursive: true, mode: 0o700 });
       wiped = `; workspace wiped (${wipeDirectory(ws)} entries), writable layer discarded`;
     }
@@ -475,9 +373,9 @@ export class GvisorRuntime implements Runtime {
    */
   scrub(machineId: string): Promise<void> {
     return this.lock.run(machineId, async () => {
-      const rec = this.mustRecord(machineId);
+      const rec = this.records.must(machineId);
       if (this.untouched.has(machineId) && this.isRunning(rec.container)) {
-        const ws = join(this.dir(machineId), "workspace");
+        const ws = join(this.records.dir(machineId), "workspace");
         mkdirSync(ws, { recursive: true, mode: 0o700 });
         wipeDirectory(ws);
         return;
@@ -491,9 +389,9 @@ export class GvisorRuntime implements Runtime {
   }
 
   destroy(machineId: string): Promise<void> {
-    const dir = this.dir(machineId);
+    const dir = this.records.dir(machineId);
     return this.lock.run(machineId, async () => {
-      const rec = this.record(machineId);
+      const rec = this.records.get(machineId);
       if (rec) await this.stop(rec);
       await this.garbage.get(machineId);
       this.garbage.delete(machineId);
@@ -514,7 +412,7 @@ export class GvisorRuntime implements Runtime {
   }
 
   async inspect(machineId: string): Promise<{ exists: boolean; incarnation: string | null; liveProcesses: number }> {
-    const rec = this.record(machineId);
+    const rec = this.records.get(machineId);
     if (!rec) return { exists: false, incarnation: null, liveProcesses: 0 };
     if (!this.isRunning(rec.container)) return { exists: true, incarnation: null, liveProcesses: 0 };
     const r = await this.runsc.run(["exec", rec.container.id, "/bin/sh", "-c", COUNT_SCRIPT], 10_000, this.netnsOf(rec));
@@ -526,12 +424,12 @@ export class GvisorRuntime implements Runtime {
   }
 
   async incarnation(machineId: string): Promise<string | null> {
-    const rec = this.record(machineId);
+    const rec = this.records.get(machineId);
     return rec && this.isRunning(rec.container) ? rec.incarnation : null;
   }
 
   async list(): Promise<string[]> {
-    return readdirSync(this.machinesDir).filter((n) => isId(n) && existsSync(join(this.machinesDir, n, "machine.json"))).sort();
+    return this.records.list();
   }
 
   /** Machines per cached image id (what the image cache must keep). */
@@ -546,27 +444,3 @@ export class GvisorRuntime implements Runtime {
 }
 
 export { findRunsc };
-
-/**
- * Machines per cached image id under an agent's state directory, from the
- * gvisor machine records (what the image cache must keep; also read by
- * `berth image rm --state-dir` while no agent runs there). A record that
- * cannot be read counts as using nothing here: recovery reports it.
- */
-export function imagesInUseIn(stateDir: string): Map<string, number> {
-  const used = new Map<string, number>();
-  const dir = join(resolve(stateDir), "machines");
-  if (!existsSync(dir)) return used;
-  for (const id of readdirSync(dir)) {
-    if (!isId(id)) continue;
-    let rec: GvisorMachineRecord | null = null;
-    try {
-      rec = readRecord<GvisorMachineRecord>(join(dir, id, "machine.json"));
-    } catch {
-      continue;
-    }
-    const img = rec?.image?.id;
-    if (img) used.set(img, (used.get(img) ?? 0) + 1);
-  }
-  return used;
-}

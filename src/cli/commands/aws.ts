@@ -30,6 +30,7 @@ export function register(program: Command): void {
     .option("--state-dir <dir>", "coordinator state directory", ".berth")
     .option("--db <file>", "SQLite database file (or set BERTH_PG_URL)")
     .option("--terminate", "terminate the listed instances no live machine claims and close the listed records of machines no longer live", false)
+    .option("--including-live", "count every instance as unclaimed, a live machine's too (tearing a deployment down with its coordinator stopped)", false)
     .option("--yes", "with --terminate: do not ask for confirmation", false)
     .option("--json", "print JSON", false)
     .addHelpText(
@@ -40,9 +41,11 @@ record ever named. Credentials come from the AWS SDK's default chain.
 
 Example:
   berth aws orphans --aws-config /etc/berth/aws.json --state-dir /var/lib/berth
-  berth aws orphans --aws-config /etc/berth/aws.json --state-dir /var/lib/berth --terminate --yes`,
+  berth aws orphans --aws-config /etc/berth/aws.json --state-dir /var/lib/berth --terminate --yes
+  # tearing a deployment down, its coordinator stopped: end every instance, live machines' too
+  berth aws orphans --aws-config aws.json --state-dir .berth --including-live --terminate --yes`,
     )
-    .action((o: { awsConfig: string; stateDir: string; db?: string; terminate: boolean; yes: boolean; json: boolean }) =>
+    .action((o: { awsConfig: string; stateDir: string; db?: string; terminate: boolean; includingLive: boolean; yes: boolean; json: boolean }) =>
       runCommand(async () => {
         if (o.terminate && !o.yes && !(process.stdin.isTTY && process.stderr.isTTY)) {
           throw new UsageError("--terminate ends paid instances: confirm with --yes (no terminal to ask on)");
@@ -56,7 +59,8 @@ Example:
         const store = await openStoreFromFlags({ stateDir: o.stateDir, db: o.db });
         try {
           const provider = new AwsProvider({ config, records: storeLaunchRecords(store) });
-          const report = await findOrphans(provider, liveMachinesIn(store));
+          // --including-live: no machine counts as live, so every tagged instance is listed and --terminate ends it.
+          const report = await findOrphans(provider, o.includingLive ? async () => new Set<string>() : liveMachinesIn(store));
           const toEnd = report.instances.filter((i) => i.terminate).length + report.records.filter((r) => r.close).length;
           let ended: { terminated: string[]; closed: string[] } | null = null;
           if (o.terminate && toEnd > 0) {

@@ -61,7 +61,7 @@ function print(hosts: HostImages[], json: boolean): void {
 
 /** The agent's cache in `stateDir`, opened here (loaded only for --state-dir). */
 async function localCache(stateDir: string) {
-  const [{ ImageCache }, { imagesInUseIn }, { silentLog }] = await Promise.all([import("../../agent/images/cache.js"), import("../../agent/runtime/gvisor.js"), import("../../agent/log.js")]);
+  const [{ ImageCache }, { imagesInUseIn }, { silentLog }] = await Promise.all([import("../../agent/images/cache.js"), import("../../agent/runtime/gvisor-records.js"), import("../../agent/log.js")]);
   // The limit only matters to pulls, which this command never makes.
   return new ImageCache({ stateDir, maxBytes: Number.MAX_SAFE_INTEGER, inUse: () => imagesInUseIn(stateDir), log: silentLog });
 }

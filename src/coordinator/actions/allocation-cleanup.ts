@@ -39,6 +39,7 @@ import { lockHostAccount, setHostUsage } from "../../store/host-accounts.js";
 import { clearDue, setDue } from "../../store/due.js";
 import type { AllocReleaseResult } from "../../protocol/operations.js";
 import { opBase, type AllocWorkerDeps } from "./allocation-launch.js";
+import { moveLocked } from "./allocation-release.js";
 
 /** Attempts with an unknown outcome before the allocation is quarantined (it keeps being retried). */
 export const CLEANUP_ATTEMPTS_BEFORE_QUARANTINE = 5;
@@ -120,7 +121,7 @@ async function finish(tx: Tx, d: AllocWorkerDeps, a0: AllocationRecord, result: 
     await appendLedger(tx, { at: now, event: "refund", org: a.org, allocation_id: a.id, owner: a.owner, host_id: a.hostId, vcpu: a.vcpu, memory_mib: a.memoryMib, detail: `cleanup proven: ${result.processesRemaining} processes, volume ${result.volume}${resolve ? `; quarantine resolved by operator ${resolve.by}` : ""}`, actor: ctx.actor });
   }
   const reason = resolve && a.state === "quarantined" ? `quarantine resolved by an operator (${resolve.by}); volume ${result.volume}` : (t.reason ?? `cleanup proven; volume ${result.volume}`);
-  if (!(await casAllocationState(tx, a.id, a.state, t.state, now, reason))) throw new Error(`allocation ${a.id} changed under the owner's lock`);
+  await moveLocked(tx, a.id, a.state, t.state, now, reason);
   await clearDue(tx, "alloc_cleanup", a.id);
 }
 

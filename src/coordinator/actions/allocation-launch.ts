@@ -48,7 +48,7 @@ import { getLaunch, noteLaunchError, setLaunched, type LaunchRecord } from "../.
 import { lockHostAccount } from "../../store/host-accounts.js";
 import { clearDue, setDue } from "../../store/due.js";
 import { applyTakeover } from "./allocation-takeover.js";
-import { releaseIn } from "./allocation-release.js";
+import { moveLocked, releaseIn } from "./allocation-release.js";
 import type { Ctx } from "../context.js";
 import type { AllocationAgent } from "../allocation-agent.js";
 
@@ -102,7 +102,7 @@ async function decide(tx: Tx, d: AllocWorkerDeps, id: string, now: number): Prom
     const prior = await readActor(tx, id);
     if (prior) return { kind: "takeover", a, launch, prior };
     if (!(await casActor(tx, null, first, now))) return { kind: "none" };
-    if (!(await casAllocationState(tx, id, "placed", "launching", now, null))) throw new Error(`allocation ${id} changed under the owner's lock`);
+    await moveLocked(tx, id, "placed", "launching", now, null);
     return { kind: "act", a: { ...a, state: "launching" }, launch, actor: first };
   }
   const prior = await readActor(tx, id);
@@ -204,7 +204,7 @@ async function act(d: AllocWorkerDeps, a: AllocationRecord, launch: LaunchRecord
       return;
     }
     await setLaunched(tx, a.id, res.result, now);
-    if (!(await casAllocationState(tx, a.id, "launching", "ready", now, null))) throw new Error(`allocation ${a.id} changed under the owner's lock`);
+    await moveLocked(tx, a.id, "launching", "ready", now, null);
     await clearDue(tx, "alloc_launch", a.id);
     await setDue(tx, "alloc_watch", a.id, now + ctx.config.allocationWatchMs);
     tx.afterCommit(() => ctx.metrics.allocationReady.observe((now - a.createdAt) / 1000));

@@ -15,7 +15,7 @@
 import { BerthError } from "../../core/errors.js";
 import { parseId } from "../../core/ids.js";
 import { refund } from "../../core/allocation-budget.js";
-import { allocationTransition, expired, type ReleaseCause } from "../../core/allocation.js";
+import { allocationTransition, expired, type AllocationState, type ReleaseCause } from "../../core/allocation.js";
 import type { Tx } from "../../store/store.js";
 import { lockOwner, setOwnerUsage } from "../../store/alloc-owners.js";
 import { lockHostAccount, setHostUsage } from "../../store/host-accounts.js";
@@ -30,6 +30,25 @@ export interface Requester {
   /** The principal asking; an owner may release only its own allocations. */
   principal: string;
   operator: boolean;
+}
+
+/**
+ * An allocation the requester may act on, re-read under its owner's lock
+ * (every change of a reservation-holding allocation takes that lock first):
+ * `not_found` outside the requester's organisation; with `act`, only its
+ * owner or an operator may (`forbidden` for another owner).
+ */
+export async function lockRequested(tx: Tx, who: Requester, id: string, act?: string): Promise<AllocationRecord> {
+  const a0 = await getAllocation(tx, id);
+  if (!a0 || a0.org !== who.org) throw new BerthError("not_found", `not_found: no allocation ${id} in this organisation`);
+  if (act && !who.operator && a0.owner !== who.principal) throw new BerthError("forbidden", `forbidden: allocation ${id} belongs to another owner; only it or an operator may ${act} it`);
+  await lockOwner(tx, a0.org, a0.owner);
+  return (await getAllocation(tx, id, true))!;
+}
+
+/** Moves an allocation read under its owner's lock out of `from`: that it moved meanwhile is a broken invariant, not a refusal. */
+export async function moveLocked(tx: Tx, id: string, from: AllocationState, to: AllocationState, since: number, reason: string | null): Promise<void> {
+  if (!(await casAllocationState(tx, id, from, to, since, reason))) throw new Error(`allocation ${id} changed under the owner's lock`);
 }
 
 /** Applies a release inside `tx`; returns the allocation as it now is. */
@@ -49,7 +68,7 @@ export async function releaseIn(tx: Tx, ctx: AllocCtx, a0: AllocationRecord, cau
     await setHostUsage(tx, a.hostId, { vcpu: host.used.vcpu - a.vcpu, memoryMib: host.used.memoryMib - a.memoryMib, slots: host.used.slots - 1 });
     await appendLedger(tx, { at: now, event: "refund", org: a.org, allocation_id: a.id, owner: a.owner, host_id: a.hostId, vcpu: a.vcpu, memory_mib: a.memoryMib, detail: cause, actor: ctx.actor });
   }
-  if (!(await casAllocationState(tx, a.id, a.state, t.state, now, t.reason))) throw new Error(`allocation ${a.id} changed under the owner's lock`);
+  await moveLocked(tx, a.id, a.state, t.state, now, t.reason);
   for (const e of t.effects) {
     if (e.kind !== "cleanup") continue;
     // The cleanup's durable intent: what to do with the volume, and a due row any coordinator picks up.
@@ -86,10 +105,7 @@ export async function resolveAllocation(ctx: AllocCtx, who: Requester, rawId: st
   const id = parseId(rawId, "allocation id");
   const now = ctx.now();
   return ctx.store.transaction(async (tx) => {
-    const a0 = await getAllocation(tx, id);
-    if (!a0 || a0.org !== who.org) throw new BerthError("not_found", `not_found: no allocation ${id} in this organisation`);
-    await lockOwner(tx, a0.org, a0.owner);
-    const a = (await getAllocation(tx, id, true))!;
+    const a = await lockRequested(tx, who, id);
     if (a.state !== "quarantined" && !(volume === "host_gone" && a.state === "releasing")) {
       const hint = a.state === "released" ? "there is nothing left to resolve" : a.state === "releasing" ? "its cleanup is still under way; resolve it if it ends quarantined" : `release it first (berth alloc release ${id})`;
       throw new BerthError("conflict", `conflict: allocation ${id} is ${a.state}; only a quarantined allocation is resolved (${hint})`);
@@ -102,7 +118,7 @@ export async function resolveAllocation(ctx: AllocCtx, who: Requester, rawId: st
     }
     const reason = `quarantined; resolution by an operator (${who.principal}) under way, volume ${volume === "keep" ? "kept" : "destroyed"}: ${a.reason ?? ""}`.slice(0, 2000);
     await setResolve(tx, id, volume, who.principal, now);
-    if (!(await casAllocationState(tx, id, "quarantined", "quarantined", a.stateSince, reason))) throw new Error(`allocation ${id} changed under the owner's lock`);
+    await moveLocked(tx, id, "quarantined", "quarantined", a.stateSince, reason);
     await setDue(tx, "alloc_cleanup", id, now);
     tx.afterCommit(() => ctx.kick?.());
     return { ...a, reason };
@@ -128,7 +144,7 @@ async function endOnGoneHost(tx: Tx, ctx: AllocCtx, a: AllocationRecord, who: Re
   await setOwnerUsage(tx, a.org, a.owner, refund(owner.used, { name: a.size, vcpu: a.vcpu, memoryMib: a.memoryMib }), now);
   await setHostUsage(tx, a.hostId, { vcpu: host.used.vcpu - a.vcpu, memoryMib: host.used.memoryMib - a.memoryMib, slots: host.used.slots - 1 });
   await appendLedger(tx, { at: now, event: "refund", org: a.org, allocation_id: a.id, owner: a.owner, host_id: a.hostId, vcpu: a.vcpu, memory_mib: a.memoryMib, detail: `host gone, attested by operator ${who.principal}: cleanup not proven`, actor: ctx.actor });
-  if (!(await casAllocationState(tx, a.id, a.state, t.state, now, t.reason))) throw new Error(`allocation ${a.id} changed under the owner's lock`);
+  await moveLocked(tx, a.id, a.state, t.state, now, t.reason);
   await clearDue(tx, "alloc_cleanup", a.id);
   await clearDue(tx, "alloc_launch", a.id);
   return { ...a, state: t.state, stateSince: now, reason: t.reason };

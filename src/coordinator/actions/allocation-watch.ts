@@ -35,7 +35,7 @@ import { lockHostAccount } from "../../store/host-accounts.js";
 import { clearDue, hasDue, setDue } from "../../store/due.js";
 import { opBase, type AllocWorkerDeps } from "./allocation-launch.js";
 import type { AllocCtx } from "./allocation-create.js";
-import type { Requester } from "./allocation-release.js";
+import { lockRequested, moveLocked, type Requester } from "./allocation-release.js";
 import type { Ctx } from "../context.js";
 import type { SandboxObservation } from "../allocation-agent.js";
 
@@ -67,7 +67,7 @@ export async function driveWatch(d: AllocWorkerDeps, id: string): Promise<void> 
     if (!cur || cur.state !== "ready") return false;
     const t = allocationTransition(cur.state, { kind: "sandbox_died", reason: seen.why });
     if (!t.ok || !t.changed) return false;
-    if (!(await casAllocationState(tx, id, "ready", t.state, now, t.reason))) throw new Error(`allocation ${id} changed under the owner's lock`);
+    await moveLocked(tx, id, "ready", t.state, now, t.reason);
     await clearDue(tx, "alloc_watch", id);
     return true;
   }, { name: "alloc_sandbox_died" });
@@ -112,11 +112,7 @@ export async function restartAllocation(ctx: AllocCtx, who: Requester, rawId: st
 
 /** The request's checks, under the owner then host locks: the requester's, a failed allocation, a ready host. */
 async function restartable(tx: Tx, who: Requester, id: string): Promise<AllocationRecord> {
-  const a0 = await getAllocation(tx, id);
-  if (!a0 || a0.org !== who.org) throw new BerthError("not_found", `not_found: no allocation ${id} in this organisation`);
-  if (!who.operator && a0.owner !== who.principal) throw new BerthError("forbidden", `forbidden: allocation ${id} belongs to another owner; only it or an operator may restart it`);
-  await lockOwner(tx, a0.org, a0.owner);
-  const a = (await getAllocation(tx, id, true))!;
+  const a = await lockRequested(tx, who, id, "restart");
   if (a.state !== "failed") {
     const hint = a.state === "ready" ? "its sandbox runs" : a.state === "placed" || a.state === "launching" ? "it is still being launched" : "it is being released or was released";
     throw new BerthError("conflict", `conflict: allocation ${id} is ${a.state}; only a failed allocation is restarted (${hint})`);
@@ -175,13 +171,13 @@ export async function driveRestart(d: AllocWorkerDeps, id: string): Promise<void
     if (!cur || cur.state !== "failed") return "moot";
     if (res.kind === "refused") {
       const reason = `restart refused: ${res.error}; ${cur.reason ?? ""}`.slice(0, 2000);
-      if (!(await casAllocationState(tx, id, "failed", "failed", now, reason))) throw new Error(`allocation ${id} changed under the owner's lock`);
+      await moveLocked(tx, id, "failed", "failed", now, reason);
       return "refused";
     }
     const t = allocationTransition(cur.state, { kind: "restarted" });
     if (!t.ok) throw new Error(`allocation ${id}: ${t.refusal}`);
     await setLaunched(tx, id, res.result, now);
-    if (!(await casAllocationState(tx, id, "failed", t.state, now, t.reason))) throw new Error(`allocation ${id} changed under the owner's lock`);
+    await moveLocked(tx, id, "failed", t.state, now, t.reason);
     await setDue(tx, "alloc_watch", id, now + ctx.config.allocationWatchMs);
     return "restarted";
   }, { name: "alloc_restarted" });
