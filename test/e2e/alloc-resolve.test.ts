@@ -166,7 +166,7 @@ describe("volume commands, and a quarantine on a host that is gone for good ends
   const cli = (args: string[]) => berth(args, { env });
 
   // Runs before the agent is killed for good below. Every volume state has its ending command.
-  test("volume verify --all, volume rm of a kept volume, volume quarantine ls and rm", async () => {
+  test("volume verify --all, volume reset --all|ID…, volume rm of a kept volume, volume quarantine ls and rm", async () => {
     // An unrecorded directory waits at k2's volume path: it is moved aside at k2's launch, never adopted.
     mkdirSync(join(rig.agentDir, "volumes", "k2", "data"), { recursive: true });
     writeFileSync(join(rig.agentDir, "volumes", "k2", "data", "stale.txt"), "stale\n");
@@ -182,6 +182,21 @@ describe("volume commands, and a quarantine on a host that is gone for good ends
     assert.match(bad.stdout, /volume of k2: DAMAGED\n {2}- marker/);
     assert.equal((await cli(["volume", "verify"])).status, 1, "one allocation or --all");
 
+    // Reset every volume: each on its own, the damaged one refused (and left as it is), audited.
+    writeFileSync(join(rig.agentDir, "volumes", "k2", "data", "k2.txt"), "k2\n");
+    const reset = await cli(["volume", "reset", "--all"]);
+    assert.equal(reset.status, 1, reset.stderr);
+    assert.match(reset.stdout, /volume of k1: reset \(1 entries removed\)\n/);
+    assert.match(reset.stdout, /volume of k2: REFUSED: conflict: the workspace volume of allocation k2 failed verification \(marker/);
+    assert.match(reset.stdout, /1 volume\(s\) reset, 1 refused\n$/);
+    assert.equal(existsSync(join(rig.agentDir, "volumes", "k1", "data", "keep.txt")), false);
+    assert.ok(existsSync(join(rig.agentDir, "volumes", "k2", "data", "k2.txt")), "a refused reset removes nothing");
+    assert.equal((await cli(["volume", "reset"])).status, 1, "allocations or --all");
+    const named = await cli(["volume", "reset", "k1", "nosuch"]);
+    assert.equal(named.status, 1);
+    assert.match(named.stdout, /volume of k1: reset \(0 entries removed\)\nvolume of nosuch: REFUSED: not_found/);
+    writeFileSync(join(rig.agentDir, "volumes", "k1", "data", "keep.txt"), "precious\n");
+
     // A kept volume: refused while its allocation lives, removed once released.
     const early = await cli(["volume", "rm", "k1"]);
     assert.equal(early.status, 1);
@@ -194,8 +209,8 @@ describe("volume commands, and a quarantine on a host that is gone for good ends
     assert.equal(rm.stdout, "volume of k1: removed\n");
     assert.equal(existsSync(join(rig.agentDir, "volumes", "k1")), false);
     assert.doesNotMatch((await cli(["volume", "ls"])).stdout, /k1/);
-    const trail = await rig.store.transaction((tx) => tx.all<{ event: string }>("SELECT event FROM audit WHERE machine_id = 'a-k1'"));
-    assert.deepEqual(trail.map((t) => t.event), ["volume_removed"]);
+    const trail = await rig.store.transaction((tx) => tx.all<{ event: string }>("SELECT event FROM audit WHERE machine_id = 'a-k1' ORDER BY seq"));
+    assert.deepEqual(trail.map((t) => t.event), ["volume_reset", "volume_reset", "volume_removed"]);
 
     // The moved-aside directory: listed, then removed by name.
     const moved = readdirSync(join(rig.agentDir, "volumes-quarantine"));

@@ -7,6 +7,7 @@
 import type { Command } from "commander";
 import { clientFrom, printJson, printTable, runCommand } from "../common.js";
 import { BerthError } from "../../core/errors.js";
+import { ApiError } from "../../client/http.js";
 import type { ConfigFlags } from "../config.js";
 
 interface Flags extends ConfigFlags {
@@ -81,12 +82,39 @@ export function register(program: Command): void {
       return damaged.length > 0 || r.unreachableHosts.length > 0 ? 1 : 0;
     }),
   );
-  clientOpts(volume.command("reset").description("Empty an allocation's volume (same directory, same identity); refused on a damaged volume").argument("<allocation>", "allocation id")).action((id: string, o: Flags) =>
+  clientOpts(
+    volume
+      .command("reset")
+      .description("Empty allocations' volumes (same directory, same identity); a damaged volume is refused; exits 1 when any is refused or a host does not answer")
+      .argument("[allocation...]", "allocation ids")
+      .option("--all", "every volume you can see (berth volume ls)", false),
+  ).action((ids: string[], o: Flags & { all: boolean }) =>
     withApi(o, async (api) => {
-      const r = await api.send("POST /v1/volumes/{allocation}/reset", { allocation: id });
-      if (o.json) printJson(r);
-      else process.stdout.write(`volume of ${r.allocationId}: reset (${r.removed} entries removed)\n`);
-      return 0;
+      if (o.all === ids.length > 0) throw new BerthError("invalid_request", "invalid_request: name allocations or --all");
+      let unreachable: string[] = [];
+      if (o.all) {
+        const r = await api.send("GET /v1/volumes", {});
+        ids = r.volumes.map((v) => v.allocationId);
+        unreachable = r.unreachableHosts;
+      }
+      // Each on its own: one refusal does not stop the others; every outcome is printed.
+      const results: Array<{ allocationId: string; removed: number } | { allocationId: string; error: { code: string; message: string } }> = [];
+      for (const id of ids) {
+        try {
+          results.push(await api.send("POST /v1/volumes/{allocation}/reset", { allocation: id }));
+        } catch (e) {
+          if (!(e instanceof ApiError)) throw e; // a refusal of this one; an unreachable coordinator ends the command
+          results.push({ allocationId: id, error: { code: e.code, message: e.message } });
+        }
+      }
+      const refused = results.filter((r) => "error" in r).length;
+      if (o.json) printJson({ results, unreachableHosts: unreachable });
+      else {
+        for (const r of results) process.stdout.write("error" in r ? `volume of ${r.allocationId}: REFUSED: ${r.error.message}\n` : `volume of ${r.allocationId}: reset (${r.removed} entries removed)\n`);
+        if (ids.length !== 1 || o.all) process.stdout.write(`${results.length - refused} volume(s) reset, ${refused} refused\n`);
+        if (unreachable.length > 0) process.stderr.write(`berth: hosts not answering (their volumes are not reset): ${unreachable.join(", ")}\n`);
+      }
+      return refused > 0 || unreachable.length > 0 ? 1 : 0;
     }),
   );
   clientOpts(volume.command("rm").description("Remove a kept volume (after berth alloc release ID --keep-volume); refused while the allocation is not released").argument("<allocation>", "allocation id")).action((id: string, o: Flags) =>

@@ -6,7 +6,7 @@
  *   GET  /v1/volumes                          volumes of the caller's allocations (an operator: the org's)
  *   GET  /v1/volumes/{allocation}             one volume, with a structural check
  *   POST /v1/volumes/{allocation}/verify      the structural check: record, directory identity, marker
- *   POST /v1/volumes/{allocation}/reset       empty it (owner or operator); refused on a damaged volume
+ *   POST /v1/volumes/{allocation}/reset       empty it (owner or operator); refused on a damaged volume; audited
  *   POST /v1/volumes/{allocation}/remove      remove a kept volume (owner or operator): only once the allocation is released
  *   GET  /v1/volume-quarantine                directories an agent moved aside (never adopted), per host (operators)
  *   POST /v1/volume-quarantine/{host}/{name}/remove   remove one of them (operators)
@@ -68,7 +68,9 @@ export function registerVolumeRoutes(app: HttpServer, d: VolumeRouteDeps): void 
   });
   app.post("/v1/volumes/:allocation/reset", auth("member"), async (req) => {
     const a = await one(req.auth, req.params.allocation!);
-    return { allocationId: a.id, ...(await agent.passthrough(a.hostId, "POST /v1/agent/volumes/{allocation}/reset", { allocation: a.id })) };
+    const r = await agent.passthrough(a.hostId, "POST /v1/agent/volumes/{allocation}/reset", { allocation: a.id });
+    await ctx.store.transaction((tx) => audit(tx, { at: ctx.now(), machineId: allocationMachineId(a.id), subject: req.auth.tokenId, event: "volume_reset", from: a.state, to: "reset", generation: 0, actor: ctx.actor, detail: `host ${a.hostId}; ${r.removed} entries removed` }));
+    return { allocationId: a.id, ...r };
   });
   // A kept volume (release --keep-volume) ends here: by its owner or an operator, once the allocation is released.
   app.post("/v1/volumes/:allocation/remove", auth("member"), async (req) => {
