@@ -6,6 +6,8 @@
  * a directory inside and one outside while the client reads through it never
  * yields a file from outside (the server runs chrooted into the workspace, so
  * the kernel resolves every path inside it: there is no check to race).
+ * `scp -O` and `rsync` (their server side a command) run in the same jail:
+ * the same paths out find nothing, writes out fail, inside both work.
  */
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
@@ -37,7 +39,7 @@ for (const kind of ["process", "gvisor"] as const) {
   const gv = gvisorAvailability();
   const skip = kind === "gvisor" && !gv.ok ? `gvisor runtime unavailable: ${(gv as { why: string }).why}` : null;
 
-  test(`${kind}: --files workspace confines sftp and scp to the workspace: absolute paths, .., symlinks out and a racing symlink swap reach nothing outside`, async (t) => {
+  test(`${kind}: --files workspace confines sftp, scp (both protocols) and rsync to the workspace: absolute paths, .., symlinks out and a racing symlink swap reach nothing outside`, async (t) => {
     if (skip) return t.skip(skip);
     const rig = await harness.gateway(kind, `m_conf_${kind}`, { create: { files: "workspace" } });
     const dir = harness.dir();
@@ -85,13 +87,44 @@ for (const kind of ["process", "gvisor"] as const) {
       // Nothing was written outside, seen from a command in the machine (the machine's whole view).
       const c = await rig.client();
       const seen = (await run(c, "ls /outside ../outside 2>&1; cat /etc/hostname")).stdout.toString();
-            assert.equal(seen.split("\n").filter((l) => /No such file/.test(l)).length, 2);
+      assert.equal(seen.split("\n").filter((l) => /No such file/.test(l)).length, 2);
       assert.ok(seen.endsWith(hostName), "commands still see the machine's own view");
       // scp (SFTP protocol) the same way.
       const s = await tool("scp", [...o, "-P", String(rig.gw.port), `${target}:/etc/hostname`, join(dir, "scp-out")]);
       assert.notEqual(s.status, 0);
       assert.match(s.stderr, /No such file/);
       assert.equal(existsSync(join(dir, "scp-out")), false);
+
+      // scp -O and rsync send their server side as a command (scp -t/-f, rsync --server): the same jail.
+      const port = String(rig.gw.port);
+      const rsh = ["ssh", ...o, "-p", port].join(" ");
+      const legacy = (...args: string[]) => tool("scp", [...o, "-O", "-P", port, ...args]);
+      const rsync = (...args: string[]) => tool("rsync", ["-e", rsh, ...args]);
+      for (const [i, p] of ["/etc/hostname", "esc", "up/hostname", "../../../../../../../../etc/hostname"].entries()) {
+        const out = join(dir, `legacy${i}`);
+        const a = await legacy(`${target}:${p}`, out);
+        assert.notEqual(a.status, 0, `scp -O ${p}`);
+        assert.equal(existsSync(out), false, `scp -O must not reach ${p}: ${a.stderr}`);
+        const b = await rsync("-L", `${target}:${p}`, `${out}.r`);
+        assert.notEqual(b.status, 0, `rsync ${p}`);
+        assert.equal(existsSync(`${out}.r`), false, `rsync must not reach ${p}: ${b.stderr}`);
+      }
+      for (const p of ["/outside2", "../outside2"]) {
+        assert.notEqual((await legacy(join(dir, "local"), `${target}:${p}`)).status, 0, `scp -O put ${p}`);
+        assert.notEqual((await rsync(join(dir, "local"), `${target}:${p}`)).status, 0, `rsync put ${p}`);
+      }
+      let w = await legacy(join(dir, "local"), `${target}:zO`);
+      assert.equal(w.status, 0, w.stderr);
+      w = await rsync(join(dir, "local"), `${target}:zr`);
+      assert.equal(w.status, 0, w.stderr);
+      assert.equal(readFileSync(join(ws, "zO"), "utf8") + readFileSync(join(ws, "zr"), "utf8"), "from the client\n".repeat(2), "writes inside land");
+      w = await legacy(`${target}:a`, join(dir, "aO"));
+      assert.equal(w.status, 0, w.stderr);
+      w = await rsync("-r", `${target}:d/`, join(dir, "dr"));
+      assert.equal(w.status, 0, w.stderr);
+      assert.equal(readFileSync(join(dir, "aO"), "utf8") + readFileSync(join(dir, "dr", "hostname"), "utf8"), "inside\n".repeat(2), "reads inside work");
+      const seen2 = (await run(c, "ls /outside2 ../outside2 2>&1")).stdout.toString();
+      assert.equal(seen2.split("\n").filter((l) => /No such file/.test(l)).length, 2, seen2);
       t.diagnostic(`race reads answered from inside: ${raced}/60`);
     } finally {
       flipper.kill("SIGKILL");

@@ -24,29 +24,68 @@ export const SFTP_SERVER_PATHS = [
 export type FilesScope = "machine" | "workspace";
 
 /**
- * The jail a `workspace`-scoped SFTP server runs in (sh, run inside the machine
- * as the machine's user; $1 the workspace, $2 the sftp-server). A private mount
+ * The jail a `workspace`-scoped SFTP server runs in, and the file-transfer
+ * commands of `scp -O` and `rsync` too (sh, run inside the machine as the
+ * machine's user; $1 the workspace, $2 "sftp" or "cmd", $3 the sftp-server or
+ * the command line, then the programs to copy in). A private mount
  * namespace (a user namespace too when the user is not root) in which a small
  * read-only tmpfs is mounted over the workspace's own path; into it go the
- * sftp-server and the libraries `ldd` names (copied), a one-line passwd/group
+ * programs (sftp-server; or /bin/sh and scp or rsync) and the libraries `ldd`
+ * names (copied), a one-line passwd/group
  * for the user, /dev/null, and the workspace itself bound back at its path
  * (read-write, `mount -c`: the shell's working directory, not the path that
  * the tmpfs now covers). `chroot` into the tmpfs, then exec the server in the
- * workspace. Every path — absolute, `..`, a symbolic link followed by the
+ * workspace (a command: the jail's own sh changes into the workspace and execs
+ * the command line, so only the copied programs exist for it). Every path — absolute, `..`, a symbolic link followed by the
  * kernel at open time — resolves inside that root, so there is no check to
  * race: outside the workspace there is nothing but those few read-only files,
  * and a write there fails (read-only file system). Nothing of this is visible
  * outside the session's own mount namespace; it ends with the server.
  */
 const JAIL = [
-  'ws=$1 srv=$2',
-  'mount -t tmpfs -o mode=0755,size=16m,nosuid,nodev berth-files "$ws" || exit 126',
-  'for f in "$srv" $(ldd "$srv" 2>/dev/null | sed -n "s/.*=> \\(\\/[^ ]*\\) .*/\\1/p; s/^[[:space:]]*\\(\\/[^ ]*\\) (.*/\\1/p"); do mkdir -p "$ws${f%/*}" && cp -L "$f" "$ws$f" || exit 126; done',
+  'ws=$1 run=$2 what=$3; shift 3',
+  'mount -t tmpfs -o mode=0755,size=48m,nosuid,nodev berth-files "$ws" || exit 126',
+  'for f in "$@" $(ldd "$@" 2>/dev/null | sed -n "s/.*=> \\(\\/[^ ]*\\) .*/\\1/p; s/^[[:space:]]*\\(\\/[^ ]*\\) (.*/\\1/p"); do mkdir -p "$ws${f%/*}" && cp -L "$f" "$ws$f" || exit 126; done',
   'mkdir -p "$ws/etc" "$ws/dev" "$ws$ws" || exit 126',
   'echo "$(id -un 2>/dev/null || echo user):x:$(id -u):$(id -g)::$ws:/nonexistent" > "$ws/etc/passwd" && echo "$(id -gn 2>/dev/null || echo group):x:$(id -g):" > "$ws/etc/group" || exit 126',
   ': > "$ws/dev/null" && mount --bind /dev/null "$ws/dev/null" && mount -c --bind . "$ws$ws" && mount -o remount,ro,bind "$ws" || exit 126',
-  'exec chroot "$ws" "$srv" -d "$ws"',
+  '[ "$run" = sftp ] && exec chroot "$ws" "$what" -d "$ws"',
+  `exec chroot "$ws" /bin/sh -c 'cd -- "$1" || exit 126; eval "exec $2"' berth-files "$ws" "$what"`,
 ].join("\n");
+
+/** The check for what the jail needs, then the jail in its own namespaces ($1 the jail script); `args` follow "$ws". */
+function jailed(args: string): string {
+  return (
+    `ws=$(pwd -P); u=; ` +
+    `if command -v chroot >/dev/null && command -v ldd >/dev/null && command -v mount >/dev/null; then ` +
+    `if unshare -m true 2>/dev/null; then u=-m; elif unshare -rm true 2>/dev/null; then u=-rm; fi; fi; ` +
+    `[ -n "$u" ] && { unshare $u --propagation private /bin/sh -c "$1" berth-files "$ws" ${args}; s=$?; } || s=126; ` +
+    `[ $s = 126 ] && echo "berth: files_confinement_unavailable: this pool confines files to the workspace, and this machine cannot start its file transfer confined (it needs unshare with a mount or user namespace, mount, chroot and ldd)" >&2; exit $s`
+  );
+}
+
+/**
+ * The server side of a file-transfer command a client sends as an ordinary command: legacy scp
+ * (`scp -O`: `scp … -t|-f …`) and rsync (`rsync --server …`). Null for anything else.
+ */
+export function fileTransferProgram(command: string): "scp" | "rsync" | null {
+  const words = command.trim().split(/\s+/);
+  const prog = words[0]?.split("/").pop();
+  if (prog === "scp" && words.slice(1).some((w) => /^-[A-Za-z]*[tf][A-Za-z]*$/.test(w))) return "scp";
+  if (prog === "rsync" && words.includes("--server")) return "rsync";
+  return null;
+}
+
+/**
+ * The argv of a file-transfer command (fileTransferProgram) on a machine whose pool confines files
+ * to the workspace: the command line runs in the JAIL, where only /bin/sh and the machine's own
+ * scp or rsync (with their libraries) exist besides the workspace.
+ */
+export function confinedCommandArgv(program: "scp" | "rsync", command: string): string[] {
+  const script =
+    `p=$(command -v ${program}) || { echo "berth: ${program} is not installed in this machine" >&2; exit 127; }; ` + jailed(`cmd "$2" "$p" /bin/sh`);
+  return ["/bin/sh", "-c", script, "berth-files", JAIL, command];
+}
 
 /**
  * The argv of an SFTP session: a shell loop that execs the machine's own sftp-server, or says there is
@@ -56,14 +95,7 @@ const JAIL = [
  */
 export function sftpArgv(scope: FilesScope = "machine"): string[] {
   const list = SFTP_SERVER_PATHS.join(" ");
-  const start =
-    scope === "workspace"
-      ? `ws=$(pwd -P); u=; ` +
-        `if command -v chroot >/dev/null && command -v ldd >/dev/null && command -v mount >/dev/null; then ` +
-        `if unshare -m true 2>/dev/null; then u=-m; elif unshare -rm true 2>/dev/null; then u=-rm; fi; fi; ` +
-        `[ -n "$u" ] && { unshare $u --propagation private /bin/sh -c "$1" berth-files "$ws" "$p"; s=$?; } || s=126; ` +
-        `[ $s = 126 ] && echo "berth: files_confinement_unavailable: this pool confines files to the workspace, and this machine cannot start its sftp-server confined (it needs unshare with a mount or user namespace, mount, chroot and ldd)" >&2; exit $s`
-      : 'exec "$p"';
+  const start = scope === "workspace" ? jailed(`sftp "$p" "$p"`) : 'exec "$p"';
   const script =
     `for p in ${list}; do [ -x "$p" ] && { ${start}; }; done; ` +
     `echo "berth: sftp_unavailable: this machine has no sftp-server (looked in ${list}); install openssh-sftp-server (or the distribution's equivalent) in its image" >&2; exit 127`;

@@ -36,7 +36,7 @@ import { Session } from "../sessions/session.js";
 import { DEFAULT_TIMING, type Log, type SessionTiming } from "../sessions/types.js";
 import { loadOrCreateHostKey } from "./host-key.js";
 import { SshAdmission, type SshAdmissionLimits, type SshRefusal } from "./admission.js";
-import { forwardArgv, forwardDecision, sftpArgv } from "./channels.js";
+import { confinedCommandArgv, fileTransferProgram, forwardArgv, forwardDecision, sftpArgv, type FilesScope } from "./channels.js";
 import { fingerprintOf } from "../../core/ssh-public-key.js";
 
 export interface GatewayOptions {
@@ -281,8 +281,37 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       return s !== null;
     };
 
+    /**
+     * A session whose command depends on the machine's files scope (runtime.filesScope, async). The
+     * channel is accepted at once, before the scope is read: a client sends its first bytes without
+     * waiting for the reply, and only an accepted channel keeps them (data on a channel not yet
+     * accepted is dropped, and the client then waits for an answer forever).
+     */
+    const beginScoped = (what: string, accept: () => ServerChannel, argvFor: (scope: FilesScope) => string[], ptyOf: PtyRequest | null) => {
+      pending = true;
+      const channel = accept();
+      const unserved = (why: string) => {
+        log.info({ machine: c.machineId, what, why }, "session not served");
+        channel.close();
+      };
+      void runtime.filesScope(c.machineId!).then(
+        (scope) => {
+          const s = startSession(c, key, argvFor(scope), { ...env }, ptyOf, () => channel);
+          session = s;
+          if (!s) unserved("the connection is ending or its key is no longer valid");
+        },
+        (e: unknown) => unserved(e instanceof Error ? e.message : String(e)),
+      );
+    };
+
     ss.on("exec", (accept, reject, info) => {
-      if (session || pending || !begin(["/bin/sh", "-c", String(info.command)], accept)) reject?.();
+      const command = String(info.command);
+      // scp -O and rsync send their server side as a command: under `--files workspace` it runs in the same jail as SFTP.
+      const program = fileTransferProgram(command);
+      if (program && !(session || pending || c.ended || closing)) {
+        return beginScoped(program, accept as unknown as () => ServerChannel, (scope) => (scope === "workspace" ? confinedCommandArgv(program, command) : ["/bin/sh", "-c", command]), pty);
+      }
+      if (session || pending || !begin(["/bin/sh", "-c", command], accept)) reject?.();
     });
     ss.on("shell", (accept, reject) => {
       if (session || pending || !begin(null, accept)) reject?.();
@@ -296,24 +325,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         reject?.();
       };
       if (session || pending || info.name !== "sftp" || c.ended || closing) return refuse();
-      pending = true;
-      // Accepted at once, before the files scope is read: a client sends its first SFTP packet
-      // without waiting for the reply, and only an accepted channel keeps it (data on a channel
-      // not yet accepted is dropped, and the client then waits for an answer forever).
-      const channel = (accept as unknown as () => ServerChannel)();
-      const unserved = (why: string) => {
-        log.info({ machine: c.machineId, subsystem: "sftp", why }, "subsystem not served");
-        channel.close();
-      };
-      void runtime.filesScope(c.machineId!).then(
-        (scope) => {
-          // Never on a PTY: the SFTP protocol is binary.
-          const s = startSession(c, key, sftpArgv(scope), { ...env }, null, () => channel);
-          session = s;
-          if (!s) unserved("the connection is ending or its key is no longer valid");
-        },
-        (e: unknown) => unserved(e instanceof Error ? e.message : String(e)),
-      );
+      // Never on a PTY: the SFTP protocol is binary.
+      beginScoped("sftp", accept as unknown as () => ServerChannel, sftpArgv, null);
     });
   }
 
