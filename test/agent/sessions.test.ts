@@ -201,6 +201,37 @@ for (const kind of ["process", "gvisor"] as const) {
     }
   });
 
+  maybe("a client that stops reading for a while after the command has exited still gets every byte, then the exit status", async (r) => {
+    // A little more than the client's SSH window (2 MiB): the command writes it all and exits
+    // while the last bytes wait in the agent for this client, which reads nothing for 3 s from its
+    // first chunk (longer than the agent's idle wait for a writer that holds the output open) — a
+    // slow disk or a busy client.
+    const c = await r.client();
+    const total = 2 * 1024 * 1024 + 192 * 1024;
+    const got = await new Promise<{ code: number | null; bytes: number }>((res, rej) => {
+      c.exec(`head -c ${total} /dev/zero; exit 7`, (err, ch) => {
+        if (err) return rej(err);
+        let bytes = 0;
+        let code: number | null = null;
+        let stalled = false;
+        ch.on("data", (b: Buffer) => {
+          bytes += b.length;
+          if (!stalled) {
+            // The client's process stops reading its connection (as one busy writing to a slow disk does).
+            stalled = true;
+            const sock = (c as unknown as { _sock: import("node:net").Socket })._sock;
+            sock.pause();
+            setTimeout(() => sock.resume(), 3_000);
+          }
+        });
+        ch.on("exit", (x: number | null) => (code = x));
+        ch.on("close", () => res({ code, bytes }));
+      });
+    });
+    assert.equal(got.bytes, total, "every byte arrived");
+    assert.equal(got.code, 7, "and then the exit status");
+  });
+
   maybe("disconnect leaves no process of the session; a setsid child does not block release and the fence removes it", async (r) => {
     const c = await r.client();
     const t = await Term.open(c, { ...PTY });

@@ -296,13 +296,16 @@ export class Session {
         this.sendExit();
         break;
       }
-      if (Date.now() - pump.lastProgress >= drainIdleMs) {
-        // Nothing read and nothing sent for a while: a writer holds the output open
-        // or the client stopped reading. Send what is already handed over, no more.
-        if (pump.outputFlushed) this.sendExit();
+      if (pump.outputFlushed && Date.now() - pump.lastProgress >= drainIdleMs) {
+        // Everything read has been sent and nothing more came for a while: a writer
+        // (a background child) holds the output open. The status follows what was sent.
+        this.sendExit();
         reason = "completed (output drain deadline)";
         break;
       }
+      // Output waits for a client that is slow to take it (its window is full): it is
+      // waited for, as OpenSSH does, until the client takes it or the session is closed
+      // (the connection drops, the borrow ends, a fence).
       if (pump.forwardOutput()) continue;
       await this.wait(Math.min(drainIdleMs, 100));
     }

@@ -18,7 +18,7 @@ export interface SessionTiming {
   killWaitMs: number;
   /** Wait for the exec client to be reaped once the group is gone. */
   reapWaitMs: number;
-  /** Completion: give up when no output progress (read or sent) for this long. */
+  /** Completion: once all output read has been sent, stop waiting for more after this long without any (a background writer holds it open). A client slow to take output is waited for. */
   drainIdleMs: number;
   /** Completion: stop reading output this long after exit even if bytes still flow. */
   drainMaxMs: number;

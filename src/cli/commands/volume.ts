@@ -91,6 +91,13 @@ export function register(program: Command): void {
   ).action((ids: string[], o: Flags & { all: boolean }) =>
     withApi(o, async (api) => {
       if (o.all === ids.length > 0) throw new BerthError("invalid_request", "invalid_request: name allocations or --all");
+      if (!o.all && ids.length === 1) {
+        // One volume: its refusal is the command's error (stderr, its code), as for every other command.
+        const r = await api.send("POST /v1/volumes/{allocation}/reset", { allocation: ids[0]! });
+        if (o.json) printJson(r);
+        else process.stdout.write(`volume of ${r.allocationId}: reset (${r.removed} entries removed)\n`);
+        return 0;
+      }
       let unreachable: string[] = [];
       if (o.all) {
         const r = await api.send("GET /v1/volumes", {});
@@ -111,7 +118,7 @@ export function register(program: Command): void {
       if (o.json) printJson({ results, unreachableHosts: unreachable });
       else {
         for (const r of results) process.stdout.write("error" in r ? `volume of ${r.allocationId}: REFUSED: ${r.error.message}\n` : `volume of ${r.allocationId}: reset (${r.removed} entries removed)\n`);
-        if (ids.length !== 1 || o.all) process.stdout.write(`${results.length - refused} volume(s) reset, ${refused} refused\n`);
+        process.stdout.write(`${results.length - refused} volume(s) reset, ${refused} refused\n`);
         if (unreachable.length > 0) process.stderr.write(`berth: hosts not answering (their volumes are not reset): ${unreachable.join(", ")}\n`);
       }
       return refused > 0 || unreachable.length > 0 ? 1 : 0;
