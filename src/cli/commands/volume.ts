@@ -91,13 +91,8 @@ export function register(program: Command): void {
   ).action((ids: string[], o: Flags & { all: boolean }) =>
     withApi(o, async (api) => {
       if (o.all === ids.length > 0) throw new BerthError("invalid_request", "invalid_request: name allocations or --all");
-      if (!o.all && ids.length === 1) {
-        // One volume: its refusal is the command's error (stderr, its code), as for every other command.
-        const r = await api.send("POST /v1/volumes/{allocation}/reset", { allocation: ids[0]! });
-        if (o.json) printJson(r);
-        else process.stdout.write(`volume of ${r.allocationId}: reset (${r.removed} entries removed)\n`);
-        return 0;
-      }
+      // One named volume: its refusal is the command's error (stderr, its code), as for every other command.
+      const one = !o.all && ids.length === 1;
       let unreachable: string[] = [];
       if (o.all) {
         const r = await api.send("GET /v1/volumes", {});
@@ -110,15 +105,15 @@ export function register(program: Command): void {
         try {
           results.push(await api.send("POST /v1/volumes/{allocation}/reset", { allocation: id }));
         } catch (e) {
-          if (!(e instanceof ApiError)) throw e; // a refusal of this one; an unreachable coordinator ends the command
+          if (!(e instanceof ApiError) || one) throw e; // a refusal of this one; an unreachable coordinator ends the command
           results.push({ allocationId: id, error: { code: e.code, message: e.message } });
         }
       }
       const refused = results.filter((r) => "error" in r).length;
-      if (o.json) printJson({ results, unreachableHosts: unreachable });
+      if (o.json) printJson(one ? results[0] : { results, unreachableHosts: unreachable });
       else {
         for (const r of results) process.stdout.write("error" in r ? `volume of ${r.allocationId}: REFUSED: ${r.error.message}\n` : `volume of ${r.allocationId}: reset (${r.removed} entries removed)\n`);
-        process.stdout.write(`${results.length - refused} volume(s) reset, ${refused} refused\n`);
+        if (!one) process.stdout.write(`${results.length - refused} volume(s) reset, ${refused} refused\n`);
         if (unreachable.length > 0) process.stderr.write(`berth: hosts not answering (their volumes are not reset): ${unreachable.join(", ")}\n`);
       }
       return refused > 0 || unreachable.length > 0 ? 1 : 0;
