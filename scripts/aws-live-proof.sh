@@ -38,6 +38,10 @@
 #   BERTH_PROOF_POLL (s, default 5), BERTH_PROOF_DRAIN_TIMEOUT (s, default 900),
 #   BERTH_PROOF_CALL_TIMEOUT (s per berth command, default 300).
 set -euo pipefail
+# The script's own stdout and stderr, kept on fds 3 and 4: the exit trap can run while a
+# command's output is redirected (wait_for sends its condition's output to /dev/null), and
+# its report must still reach the user.
+exec 3>&1 4>&2
 
 DRY=0; YES=0; PRICE=""
 while [ $# -gt 0 ]; do
@@ -110,7 +114,7 @@ tagged_instances() { orphans --json | jq '[.instances[] | select(.state != "term
 
 start_coordinator() { # config file
   : >"$WORK/coord.out"
-  "$BERTH" serve --portable --aws-config "$1" --state-dir "$WORK/coord" --listen "127.0.0.1:${BERTH_PROOF_PORT:-0}" >"$WORK/coord.out" 2>>"$WORK/coord.log" &
+  "$BERTH" serve --portable --aws-config "$1" --state-dir "$WORK/coord" --listen "127.0.0.1:${BERTH_PROOF_PORT:-0}" >"$WORK/coord.out" 2>>"$WORK/coord.log" 3>&- 4>&- &
   COORD_PID=$!
   echo "$COORD_PID" >"$WORK/coord.pid"
   listening() { URL="$(sed -n 's/^berth coordinator listening on \([^ ]*\).*/\1/p' "$WORK/coord.out")"; [ -n "$URL" ] && curl -sf "$URL/v1/health"; }
@@ -148,7 +152,7 @@ client() { # name
 as() { local who="$1"; shift; b "$@" --config "$WORK/$who/client.json"; }
 
 heartbeat_loop() { # who receipt
-  while sleep 20; do as "$1" heartbeat --receipt "$2" >/dev/null 2>&1 || true; done &
+  while sleep 20; do as "$1" heartbeat --receipt "$2" >/dev/null 2>&1 || true; done 3>&- 4>&- &
   HB_PIDS+=($!)
 }
 
@@ -160,6 +164,7 @@ cleanup() {
   [ "$CLEANING" = 0 ] || return 0
   CLEANING=1
   trap '' INT TERM HUP
+  exec 1>&3 2>&4
   set +e
   for p in "${HB_PIDS[@]}"; do kill "$p" 2>/dev/null; done
   if [ -n "$COORD_PID" ] && kill -0 "$COORD_PID" 2>/dev/null && [ -f "$WORK/admin.header" ]; then
