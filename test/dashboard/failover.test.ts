@@ -73,7 +73,9 @@ describe("dashboard behind one address in front of two coordinators", { skip: PG
   before(async () => {
     store = await openLocation(loc);
     token = (await createToken(store, { org: "acme", role: "admin", expiresAt: null, label: "failover" }, Date.now(), (n) => randomBytes(n))).token;
-    [a, b] = await Promise.all([startServe(loc), startServe(loc)]);
+    // One after the other: the first sets the schema up, the second finds it ready.
+    a = await startServe(loc);
+    b = await startServe(loc);
     front = await forwarder(a.url);
     const api = new Api(a.url, token);
     try {
