@@ -33,14 +33,16 @@ import { forwardingOf } from "../store/forwarding.js";
 import { filesScopeOf } from "../store/files-scope.js";
 import { failOp, finishOp, leaseHeld, leaseOp, lockOp, OP_LEASE_MS, retryOpAt, type OpRow } from "../store/operations.js";
 import { releaseHostSlot } from "../store/hosts.js";
-import type { OperationEvidence, OperationOutcome } from "../providers/provider.js";
+import type { OperationEvidence, OperationOutcome, Placement } from "../providers/provider.js";
 import { parseOpRowArgs, readinessEvidenceSchema, type OpRowCall } from "../protocol/operations.js";
 import { applyTransition } from "./actions/transition.js";
 import { readinessVerdict, type ReadinessEvidence, type ReadinessVerdict } from "../core/network-evidence.js";
 import { policyFingerprint } from "../core/network-policy.js";
 import { setMachineEvidence } from "../store/machine-network.js";
 import { readPool } from "../store/pools.js";
-import { closeBreaker, provisionGaveUp } from "../store/provision-breaker.js";
+import { closeBreaker } from "../store/provision-breaker.js";
+import { closePlacement, openPlacements } from "../store/placement-breakers.js";
+import { countProvisionGiveUp } from "./breakers.js";
 
 /** Attempts before a failed or unprovable operation is given up (destroy is retried for as long as it takes). */
 export const OP_MAX_ATTEMPTS = 6;
@@ -49,6 +51,8 @@ export const OP_MAX_ATTEMPTS = 6;
 export interface StartedOp {
   op: OpRow;
   machine: MachineRow;
+  /** provision of a self-placed provider: the pool's placements whose breaker is open as the lease was taken. */
+  avoidPlacements?: string[];
 }
 
 /** Where a provisioned machine can be reached, as its provider proved it. */
@@ -110,7 +114,8 @@ export class OperationExecutor {
     if (op.kind === "destroy" && (machine.state === "quarantined" || machine.state === "draining")) {
       machine = (await applyTransition(tx, ctx, machine, { kind: "destroy_started" }, now, { nonce: op.id })).machine;
     }
-    return { op: await leaseOp(tx, opId, now), machine };
+    const avoidPlacements = op.kind === "provision" && ctx.providers.get(machine.provider)?.selfPlaced ? await openPlacements(tx, machine.org, machine.pool, now) : undefined;
+    return { op: await leaseOp(tx, opId, now), machine, avoidPlacements };
   }
 
   /**
@@ -122,7 +127,7 @@ export class OperationExecutor {
    */
   async execute<T = void>(started: StartedOp, read?: (tx: Tx) => Promise<T>): Promise<T | undefined> {
     const { ctx } = this.#deps;
-    const { op, machine } = started;
+    const { op, machine, avoidPlacements } = started;
     const provider = ctx.providers.get(machine.provider);
     let outcome: OperationOutcome;
     const call = rowCall(op);
@@ -133,7 +138,7 @@ export class OperationExecutor {
       outcome = { kind: "failed", error: `provider ${machine.provider} is not configured`, retryable: true };
     } else {
       try {
-        outcome = await provider.run({ ...call, opId: op.id, machine, generation: op.generation });
+        outcome = await provider.run({ ...call, opId: op.id, machine, generation: op.generation, ...(avoidPlacements?.length ? { avoidPlacements } : {}) });
       } catch (e) {
         outcome = { kind: "ambiguous", error: e instanceof Error ? e.message : String(e) };
       }
@@ -180,7 +185,7 @@ export class OperationExecutor {
         return false;
       }
       await failOp(tx, op.id, outcome.error, now);
-      if (m) await this.#onGiveUp(tx, op, m, outcome.error, now, nonce);
+      if (m) await this.#onGiveUp(tx, op, m, outcome.error, now, nonce, outcome.placement);
       return false;
     }
     this.#throttled.delete(op.id);
@@ -231,8 +236,9 @@ export class OperationExecutor {
               ? await this.#deps.registerProvisioned(tx, m, found, now)
               : { ok: false as const, why: "the provider's proof lacks the machine's incarnation or SSH address" };
       if (net.kind === "quarantine") ctx.metrics.machineQuarantined(m, "network_probe_failed", now);
-      // The provider launched and proved a machine: the pool's provisioning works, its breaker closes.
+      // The provider launched and proved a machine: the pool's provisioning works, its breakers close.
       if (found) await closeBreaker(tx, m.org, m.pool);
+      if (found && typeof result.placement === "string") await closePlacement(tx, m.org, m.pool, result.placement);
       if (!r.ok && m.state === "provisioning") {
         const d = await applyTransition(tx, ctx, m, { kind: "drain", reason: `not registered: ${r.why}` }, now, { nonce });
         if (d.opIds.length === 0) await audit(tx, { at: now, machineId: m.id, subject: op.id, event: "unregistered", from: "provisioning", to: d.machine.state, generation: m.generation, actor: ctx.actor });
@@ -321,7 +327,7 @@ export class OperationExecutor {
     return readinessVerdict(expected, current, generation, evidence);
   }
 
-  async #onGiveUp(tx: Tx, op: OpRow, m: MachineRow, error: string, now: number, nonce: string): Promise<void> {
+  async #onGiveUp(tx: Tx, op: OpRow, m: MachineRow, error: string, now: number, nonce: string, placement?: Placement): Promise<void> {
     const { ctx, grants } = this.#deps;
     if (op.kind === "provision") {
       if (m.state === "provisioning") await applyTransition(tx, ctx, m, { kind: "drain", reason: `provisioning failed: ${error}` }, now, { nonce });
@@ -337,15 +343,7 @@ export class OperationExecutor {
         await clearDue(tx, "claim", claim.id);
       }
       await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
-      const c = ctx.config;
-      const opened = await provisionGaveUp(tx, m.org, m.pool, error, now, { threshold: c.provisionBreakerThreshold, backoffMs: c.provisionBreakerBackoffMs, maxBackoffMs: c.provisionBreakerMaxMs });
-      if (opened) {
-        tx.afterCommit(() => {
-          ctx.metrics.provisionBreakerTrips.inc({ pool: m.pool });
-          ctx.metrics.history.provision(m.org, m.pool, now, "breaker_open");
-        });
-        await audit(tx, { at: now, machineId: m.id, subject: op.id, event: "provision_breaker_open", from: null, to: "paused", generation: m.generation, actor: ctx.actor, detail: `pool ${m.pool} stops launching until ${new Date(opened.openUntil!).toISOString()}: ${error}`.slice(0, 1000) });
-      }
+      await countProvisionGiveUp(tx, ctx, op.id, m, error, placement, now);
       return;
     }
     if (m.generation !== op.generation && op.kind !== "destroy") return;

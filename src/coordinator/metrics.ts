@@ -55,6 +55,12 @@ export class Metrics {
   readonly heartbeats = new client.Counter({ name: "berth_heartbeats_total", help: "Borrow heartbeats by outcome", labelNames: ["outcome"], registers: [this.registry] });
   readonly quarantined = new client.Counter({ name: "berth_machines_quarantined_total", help: "Machines quarantined, by reason class", labelNames: ["pool", "reason"], registers: [this.registry] });
   readonly provisionBreakerTrips = new client.Counter({ name: "berth_provision_breaker_trips_total", help: "Times a pool's provisioning circuit breaker opened (N provisions given up in a row)", labelNames: ["pool"], registers: [this.registry] });
+  readonly placementBreakerTrips = new client.Counter({
+    name: "berth_provision_placement_breaker_trips_total",
+    help: "Times a pool's breaker for one placement opened (N provisions launched there given up in a row; for aws the placement is region/instance type/subnet)",
+    labelNames: ["pool", "placement"],
+    registers: [this.registry],
+  });
   readonly machinesLost = new client.Counter({ name: "berth_machines_lost_total", help: "Ready or lent machines retired because the ready check found their resource gone (terminated or stopped outside berth) or impaired", labelNames: ["pool", "verdict"], registers: [this.registry] });
   readonly pruned = new client.Counter({ name: "berth_records_pruned_total", help: "Terminal records pruned after retention", labelNames: ["kind"], registers: [this.registry] });
   readonly grants = new client.Counter({ name: "berth_grants_total", help: "Portable grant events: issued, acked, active, expired, revoked, fence_failed, revoke_failed", labelNames: ["pool", "event"], registers: [this.registry] });

@@ -196,6 +196,8 @@ export const poolReply = o({
   shortfall: nullable(s).optional(),
   /** The provisioning circuit breaker (null: no failure since the last success). */
   provisionBreaker: nullable(o({ failures: n, trips: n, openUntil: nullable(n), cause: nullable(s) })).optional(),
+  /** The breakers per placement of a self-placed provider (aws: region/instance type/subnet) with a failure since their last success. */
+  placementBreakers: z.array(o({ placement: s, failures: n, trips: n, openUntil: nullable(n), cause: nullable(s) })).optional(),
   /** Each live machine's policy and last readiness evidence (docs/network.md). */
   networks: z
     .array(

@@ -42,7 +42,23 @@ export type OperationRequest = OpRowCall & {
   opId: string;
   machine: MachineRow;
   generation: number;
+  /** provision: placements of the pool whose breaker is open (a self-placed provider launches elsewhere). */
+  avoidPlacements?: string[];
 };
+
+/**
+ * Where a self-placed provider's provision attempt launched (the aws
+ * provider: `region/instance type/subnet`), reported with a provision that
+ * is not done, so a give-up is counted against that placement's breaker
+ * (store/placement-breakers.ts). `alternatives`: how many other configured
+ * placements were not backed off; with none, the give-up also counts
+ * against the pool's breaker. A done provision names it as
+ * `result.placement`, which closes that placement's breaker.
+ */
+export interface Placement {
+  key: string;
+  alternatives: number;
+}
 
 /**
  * What a done operation proved. The executor reads the named fields; the
@@ -63,14 +79,14 @@ export type OperationOutcome =
   /** The provider proved the operation done; `result` is its evidence. */
   | { kind: "done"; result: OperationEvidence }
   /** The provider refused or failed, and nothing was changed. */
-  | { kind: "failed"; error: string; retryable: boolean }
+  | { kind: "failed"; error: string; retryable: boolean; placement?: Placement }
   /** The outcome is unknown (timeout, lost reply): retry with the same op id to learn it. */
   /**
    * `throttled`: the provider's API refused the call for its rate
    * (RequestLimitExceeded, ThrottlingException): the retry is not counted as
    * a failed attempt of the operation, and waits a jittered backoff.
    */
-  | { kind: "ambiguous"; error: string; throttled?: boolean };
+  | { kind: "ambiguous"; error: string; throttled?: boolean; placement?: Placement };
 
 export interface Provider {
   readonly name: string;

@@ -22,6 +22,7 @@ import { AWS_LAUNCHES_MIGRATION } from "./aws-launches.js";
 import { PROVISION_BREAKER_MIGRATION } from "./provision-breaker.js";
 import { HISTORY_MIGRATION } from "./history.js";
 import { HISTORY_SERIES_MIGRATION } from "./history-series.js";
+import { PLACEMENT_BREAKERS_MIGRATION } from "./placement-breakers.js";
 
 export const MIGRATIONS: readonly Migration[] = [
   {
@@ -204,4 +205,5 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
   FILES_SCOPE_MIGRATION,
   HISTORY_MIGRATION,
   HISTORY_SERIES_MIGRATION,
+  PLACEMENT_BREAKERS_MIGRATION,
 ];

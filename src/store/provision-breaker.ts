@@ -54,11 +54,11 @@ export async function openBreaker(tx: Tx, org: string, pool: string, now: number
   return b && b.openUntil !== null && b.openUntil > now ? b : null;
 }
 
-/** A provision of the pool was given up: count it; open the breaker at the threshold. Resolves to the breaker when it opened now. */
-export async function provisionGaveUp(tx: Tx, org: string, pool: string, cause: string, now: number, s: BreakerSettings): Promise<Breaker | null> {
-  const b = (await readBreaker(tx, org, pool)) ?? { failures: 0, trips: 0, openUntil: null, cause: null };
-  const failures = b.failures + 1;
-  let { trips, openUntil } = b;
+/** The breaker after one more failure: counted; opened at the threshold (for a backoff doubling with each trip in a row, capped). */
+export function afterFailure(b: Breaker | null, cause: string, now: number, s: BreakerSettings): { next: Breaker; opened: boolean } {
+  const was = b ?? { failures: 0, trips: 0, openUntil: null, cause: null };
+  const failures = was.failures + 1;
+  let { trips, openUntil } = was;
   let opened = false;
   if (failures >= s.threshold) {
     openUntil = now + Math.min(s.backoffMs * 2 ** trips, s.maxBackoffMs);
@@ -66,7 +66,12 @@ export async function provisionGaveUp(tx: Tx, org: string, pool: string, cause: 
     opened = true;
   }
   // After a trip, the count starts again: the next window lets `threshold` more attempts through before pausing again (longer).
-  const next = { failures: opened ? 0 : failures, trips, openUntil, cause: cause.slice(0, 500) };
+  return { next: { failures: opened ? 0 : failures, trips, openUntil, cause: cause.slice(0, 500) }, opened };
+}
+
+/** A provision of the pool was given up: count it; open the breaker at the threshold. Resolves to the breaker when it opened now. */
+export async function provisionGaveUp(tx: Tx, org: string, pool: string, cause: string, now: number, s: BreakerSettings): Promise<Breaker | null> {
+  const { next, opened } = afterFailure(await readBreaker(tx, org, pool), cause, now, s);
   await tx.run("DELETE FROM pool_breakers WHERE org = ? AND pool = ?", [org, pool]);
   await tx.run("INSERT INTO pool_breakers (org, pool, failures, trips, open_until, cause, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)", [org, pool, next.failures, next.trips, next.openUntil, next.cause, now]);
   return opened ? next : null;

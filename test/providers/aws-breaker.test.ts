@@ -20,7 +20,8 @@ import { awsWorld, machine, op, untilSettled } from "../helpers/aws.js";
 import { ackBody, borrowPortable, tokens } from "../helpers/portable.js";
 import { until as waitUntil } from "../helpers/portable-e2e.js";
 
-type PoolShown = { counts: { ready: number }; provisionBreaker: { failures: number; trips: number; openUntil: number | null; cause: string | null } | null };
+type Breaker = { failures: number; trips: number; openUntil: number | null; cause: string | null };
+type PoolShown = { counts: { ready: number }; provisionBreaker: Breaker | null; placementBreakers?: Array<Breaker & { placement: string }> };
 
 const until = <T>(what: string, fn: () => Promise<T | null | undefined | false>, timeoutMs = 120_000) => waitUntil(what, fn, timeoutMs);
 
@@ -66,6 +67,48 @@ test("a pool whose instances never register stops launching after N failed provi
     });
     assert.equal(filled.provisionBreaker, null, "a proven provision closes the breaker");
     assert.equal(launches(), 3);
+  } finally {
+    await t.close();
+    await w.close();
+  }
+});
+
+test("after N given-up provisions on one (region, type, subnet) the pool backs it off and launches on the next placement; the cause in pool show, a metric and the dashboard", { timeout: 240_000 }, async () => {
+  const w = await awsWorld({ stepBudgetMs: 400, pollMs: 50, pool: { fallbackSubnetIds: ["subnet-0b"] } });
+  const t = await startTestCoordinator({ providers: [w.provider], config: { portable: true, opRetryUnitMs: 10, provisionBreakerThreshold: 2, provisionBreakerBackoffMs: 3_600_000 } });
+  try {
+    // The first subnet's zone has no route to SSM: its instances boot and never register; the second subnet's do.
+    w.emu.faults.ssmNeverRegistersIn.push("subnet-0abc");
+    const admin = await t.api("admin");
+    await admin.call("POST", "/v1/pools/ci/ensure", { minReady: 1, maxReady: 1, compatibilityKey: "aws-linux", access: "portable", provider: "aws", heartbeatMs: 5_000 });
+    const shown = () => admin.call<PoolShown>("GET", "/v1/pools/ci");
+    // Either a machine is ready (the launch moved on), or the pool stopped, or a third launch went to the failing subnet again.
+    const subnets = () => [...w.emu.instances.values()].map((i) => i.subnetId);
+    const p = await until("a ready machine, the pool's breaker open, or a third launch in the failing subnet", async () => {
+      const p = await shown();
+      return p.counts.ready >= 1 || (p.provisionBreaker?.openUntil ?? 0) > Date.now() || subnets().filter((s) => s === "subnet-0abc").length >= 3 ? p : null;
+    });
+    assert.deepEqual(subnets(), ["subnet-0abc", "subnet-0abc", "subnet-0b"], `N launches on the failing placement, then the next one (pool breaker: ${JSON.stringify(p.provisionBreaker)})`);
+    assert.equal(p.counts.ready, 1);
+    assert.equal(p.provisionBreaker, null, "the pool itself is not paused: another placement works");
+    const key = "eu-west-1/t3.micro/subnet-0abc";
+    assert.deepEqual(p.placementBreakers?.map((b) => b.placement), [key], "only the failing placement has a breaker");
+    const pb = p.placementBreakers![0]!;
+    assert.ok(pb.openUntil! > Date.now() + 30 * 60_000, "backed off for the configured backoff");
+    assert.equal(pb.trips, 1);
+    assert.match(pb.cause ?? "", /SSM agent is not online/, "the cause is shown");
+    const metrics = await (await fetch(`${t.coord.url}/metrics`)).text();
+    assert.match(metrics, /berth_provision_placement_breaker_trips_total\{pool="ci",placement="eu-west-1\/t3.micro\/subnet-0abc"\} 1/);
+    assert.doesNotMatch(metrics, /berth_provision_breaker_trips_total\{pool="ci"\}/);
+    // The dashboard's pool view shows it.
+    const signIn = await fetch(`${t.coord.url}/ui/sign-in`, { method: "POST", body: new URLSearchParams({ token: (await t.token("operator")).token }), redirect: "manual" });
+    const page = await (await fetch(`${t.coord.url}/ui/pools/ci`, { headers: { cookie: signIn.headers.get("set-cookie")!.split(";")[0]! } })).text();
+    assert.match(page, new RegExp(`<tr data-breaker="${key}" data-open="yes"><td>${key}</td><td>backed off until [^<]+ \\(trip 1\\)</td><td>[^<]*SSM agent is not online`));
+
+    // The operator fixes the zone and resumes: the placement's breaker closes.
+    const r = await admin.call<{ resumed: boolean }>("POST", "/v1/pools/ci/resume");
+    assert.equal(r.resumed, true);
+    assert.deepEqual((await shown()).placementBreakers, []);
   } finally {
     await t.close();
     await w.close();

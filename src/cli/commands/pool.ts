@@ -150,6 +150,11 @@ export function register(program: Command): void {
             } else if (br && br.failures > 0) {
               process.stdout.write(`  launching       ${br.failures} failed provision(s) in a row: ${br.cause ?? "unknown"}\n`);
             }
+            for (const pb of p.placementBreakers ?? []) {
+              const open = pb.openUntil !== null && pb.openUntil > Date.now();
+              const what = open ? `BACKED OFF until ${new Date(pb.openUntil!).toISOString()} (trip ${pb.trips})` : `${pb.failures} failed provision(s) in a row`;
+              process.stdout.write(`  placement       ${pb.placement}: ${what}: ${pb.cause ?? "unknown"}\n`);
+            }
             const states = Object.entries(p.states ?? {});
             if (states.length) process.stdout.write(`  machines        ${states.map(([s, n]) => `${s} ${n}`).join(", ")}\n`);
             if (p.network && p.network.mode !== "none" && (p.networks ?? []).length > 0) {
@@ -169,7 +174,7 @@ export function register(program: Command): void {
         }
       }),
   );
-  clientOpts(pool.command("resume").description("Close a pool's provisioning breaker (after fixing why its launches failed) and let it fill now").argument("<name>", "pool name")).action(
+  clientOpts(pool.command("resume").description("Close a pool's provisioning breakers, the pool's and its placements' (after fixing why its launches failed), and let it fill now").argument("<name>", "pool name")).action(
     (name: string, o: { json: boolean; url?: string; tokenFile?: string; config?: string }) =>
       runCommand(async () => {
         const { api } = clientFrom(o);

@@ -24,6 +24,7 @@ import { staleForwardingReadyMachineIds } from "../../store/forwarding.js";
 import { staleFilesScopeReadyMachineIds } from "../../store/files-scope.js";
 import { countHostsByRuntime, listHosts } from "../../store/hosts.js";
 import { closeBreaker, readBreaker, type Breaker } from "../../store/provision-breaker.js";
+import { closePlacements, openPlacements, readPlacementBreakers, type PlacementBreaker } from "../../store/placement-breakers.js";
 import type { Tx } from "../../store/store.js";
 
 export interface EnsureInput {
@@ -143,7 +144,7 @@ export async function getPool(
   ctx: Ctx,
   p: Principal,
   name: string,
-): Promise<{ pool: PoolRecord; counts: CapacityCounts; states: Record<string, number>; machines: MachineNetworkRow[]; provisionError: ProvisionError | null; breaker: Breaker | null; shortfall: string | null }> {
+): Promise<{ pool: PoolRecord; counts: CapacityCounts; states: Record<string, number>; machines: MachineNetworkRow[]; provisionError: ProvisionError | null; breaker: Breaker | null; placementBreakers: PlacementBreaker[]; shortfall: string | null }> {
   const now = ctx.now();
   return ctx.store.transaction(async (tx) => {
     const pool = await readPool(tx, p.org, name);
@@ -153,20 +154,22 @@ export async function getPool(
     for (const r of await countMachinesByState(tx, p.org, name)) states[r.state] = r.n;
     // Fewer ready than minReady: why (what holds the pool back), for waits that must say so.
     const shortfall = counts.ready < pool.minReady ? await whyShort(tx, pool, counts, Boolean(ctx.providers.get(pool.provider)?.capabilities.provision)) : null;
-    return { pool, counts, states, machines: await poolMachineNetworks(tx, p.org, name), provisionError: await lastProvisionError(tx, p.org, name), breaker: await readBreaker(tx, p.org, name), shortfall };
+    return { pool, counts, states, machines: await poolMachineNetworks(tx, p.org, name), provisionError: await lastProvisionError(tx, p.org, name), breaker: await readBreaker(tx, p.org, name), placementBreakers: await readPlacementBreakers(tx, p.org, name), shortfall };
   });
 }
 
-/** `berth pool resume`: closes the pool's provisioning breaker (the operator fixed the cause) and lets it fill now. */
+/** `berth pool resume`: closes the pool's provisioning breaker and its placement breakers (the operator fixed the cause) and lets it fill now. */
 export async function resumePool(ctx: Ctx, p: Principal, name: string): Promise<{ pool: string; resumed: boolean }> {
   const now = ctx.now();
   const had = await ctx.store.transaction(async (tx) => {
     const pool = await lockPool(tx, p.org, name);
     if (!pool) throw new BerthError("not_found", `not_found: no pool named ${name} in this organisation`);
     const b = await readBreaker(tx, p.org, name);
+    const placements = await openPlacements(tx, p.org, name, now);
     await closeBreaker(tx, p.org, name);
+    await closePlacements(tx, p.org, name);
     await setDue(tx, "fill", poolRef(p.org, name), now);
-    return b !== null && b.openUntil !== null && b.openUntil > now;
+    return (b !== null && b.openUntil !== null && b.openUntil > now) || placements.length > 0;
   }, { name: "resume" });
   ctx.kick();
   return { pool: name, resumed: had };

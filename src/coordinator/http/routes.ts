@@ -91,7 +91,7 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
   }));
   app.get("/v1/pools/:pool", auth(), async (req) => {
     const x = await getPool(ctx, req.auth, req.params.pool!);
-    return { ...presentPool(x.pool), counts: x.counts, states: x.states, networks: x.machines.map(presentMachineNetwork), provisionError: x.provisionError, provisionBreaker: x.breaker, shortfall: x.shortfall };
+    return { ...presentPool(x.pool), counts: x.counts, states: x.states, networks: x.machines.map(presentMachineNetwork), provisionError: x.provisionError, provisionBreaker: x.breaker, placementBreakers: x.placementBreakers, shortfall: x.shortfall };
   });
   app.post("/v1/pools/:pool/ensure", { ...auth("operator"), body: ensureSchema }, async (req) => {
     const res = await ensurePool(ctx, req.auth, { name: req.params.pool!, ...req.body, network: parsePolicy(req.body.network) });

@@ -31,32 +31,30 @@
  * Credentials come from the SDK's default provider chain; berth never sees
  * or stores them.
  */
-import { EC2Client, type EC2ClientConfig, type Instance } from "@aws-sdk/client-ec2";
-import { SSMClient, DescribeInstanceInformationCommand } from "@aws-sdk/client-ssm";
-import type { MachineLoss, OperationOutcome, OperationRequest, Provider, ProviderCapabilities } from "../provider.js";
+import type { EC2ClientConfig, Instance } from "@aws-sdk/client-ec2";
+import { DescribeInstanceInformationCommand } from "@aws-sdk/client-ssm";
+import type { MachineLoss, OperationOutcome, OperationRequest, Placement, Provider, ProviderCapabilities } from "../provider.js";
 import type { MachineRow } from "../../store/machines.js";
 import type { OpRowArgs } from "../../protocol/operations.js";
 import { parsePublicKey } from "../../core/ssh-public-key.js";
-import { launchCandidates, poolConfig, withImage, type AwsConfig, type AwsPoolConfig } from "./config.js";
+import { launchCandidates, poolConfig, sdkSettings, withImage, type AwsConfig, type AwsPoolConfig } from "./config.js";
+import { sdkClients, type AwsClients } from "./clients.js";
 import { boundInstances, byClientToken, byId, byInstanceId, boundTo, instanceStatuses, launch, reboot, stateOf, terminate, type Binding } from "./ec2.js";
 import type { LaunchRecord, LaunchRecords } from "./records.js";
 import { errorName, errorText, runGuest, type Clock, type GuestOutcome } from "./ssm.js";
 import type { GuestStep } from "./guest.js";
 
-export interface AwsClients {
-  ec2: EC2Client;
-  ssm: SSMClient;
-}
+export type { AwsClients } from "./clients.js";
 
 export interface AwsProviderDeps {
   config: AwsConfig;
   /** The durable launch records (storeLaunchRecords(store)): written before RunInstances, read by destroy and the sweep. */
   records: LaunchRecords;
-  /** Builds the SDK clients for a region (default: endpoint from the config, credentials from the default chain). */
+  /** Builds the SDK clients for a region (default: clients.ts, from the config; credentials from the default chain). */
   clients?: (region: string) => AwsClients;
   /** Static credentials, for an emulator only; production leaves this unset. */
   credentials?: EC2ClientConfig["credentials"];
-  /** Longest a single operation call waits before answering `ambiguous` (default 25 s). */
+  /** Longest a single operation call keeps starting AWS calls before answering `ambiguous` (default: the config's, else 20 s). */
   stepBudgetMs?: number;
   /** Poll interval for instance state, SSM invocations and boot ids (default 2 s). */
   pollMs?: number;
@@ -86,8 +84,19 @@ function markThrottled(o: OperationOutcome): OperationOutcome {
   return o.kind === "ambiguous" && THROTTLING.test(o.error) ? { ...o, throttled: true } : o;
 }
 
-/** `tagScope`: where instances tagged for the machine under today's deployment are looked for (null: the pool is no longer configured). */
-type Ctx = { op: OperationRequest; pc: AwsPoolConfig; c: AwsClients; b: Binding; deadline: number; tagScope: AwsClients | null };
+/** The placement of an aws launch: region/instance type/subnet (the key of its placement breaker). */
+function placementKey(region: string, cand: { instanceType: string; subnetId: string }): string {
+  return `${region}/${cand.instanceType}/${cand.subnetId}`;
+}
+
+/** A provision's outcome with the placement its instance was launched on: on the failure (for the breakers), or as `result.placement`. */
+function withPlacement(o: OperationOutcome, placement: Placement | undefined): OperationOutcome {
+  if (!placement) return o;
+  return o.kind === "done" ? { ...o, result: { ...o.result, placement: placement.key } } : { ...o, placement };
+}
+
+/** `where`: the placement a provision's instance was launched on, once known. `tagScope`: where instances tagged for the machine under today's deployment are looked for (null: the pool is no longer configured). */
+type Ctx = { op: OperationRequest; pc: AwsPoolConfig; c: AwsClients; b: Binding; deadline: number; tagScope: AwsClients | null; where: { placement?: Placement } };
 
 /** A launch record with no instance found for it this long after it was written launched nothing (EC2 lists a new instance well within it). */
 const LAUNCH_SETTLE_MS = 10 * 60_000;
@@ -108,7 +117,7 @@ export class AwsProvider implements Provider {
   readonly #budget: number;
 
   constructor(private readonly deps: AwsProviderDeps) {
-    this.#budget = deps.stepBudgetMs ?? deps.config.stepBudgetMs ?? 25_000;
+    this.#budget = deps.stepBudgetMs ?? sdkSettings(deps.config).stepBudgetMs;
     this.#clock = { now: deps.now ?? Date.now, sleep: deps.sleep ?? ((ms) => new Promise((r) => setTimeout(r, ms))), pollMs: deps.pollMs ?? 2_000 };
   }
 
@@ -127,8 +136,7 @@ export class AwsProvider implements Provider {
   clientsFor(region: string): AwsClients {
     let c = this.#clients.get(region);
     if (!c) {
-      const base = { region, endpoint: this.deps.config.endpoint, credentials: this.deps.credentials };
-      c = this.deps.clients?.(region) ?? { ec2: new EC2Client(base), ssm: new SSMClient(base) };
+      c = this.deps.clients?.(region) ?? sdkClients(this.deps.config, region, this.deps.credentials);
       this.#clients.set(region, c);
     }
     return c;
@@ -139,10 +147,11 @@ export class AwsProvider implements Provider {
   }
 
   async run(op: OperationRequest): Promise<OperationOutcome> {
-    return markThrottled(await this.#run(op));
+    const where: { placement?: Placement } = {};
+    return withPlacement(markThrottled(await this.#run(op, where)), where.placement);
   }
 
-  async #run(op: OperationRequest): Promise<OperationOutcome> {
+  async #run(op: OperationRequest, where: { placement?: Placement }): Promise<OperationOutcome> {
     const m = op.machine;
     const pc = poolConfig(this.deps.config, m.org, m.pool);
     const b: Binding = { deployment: this.deployment, org: m.org, pool: m.pool, machineId: m.id };
@@ -151,13 +160,13 @@ export class AwsProvider implements Provider {
       // A pool removed from the configuration still has its launches on record: destroy ends them.
       if (op.kind !== "destroy") return { kind: "failed", error: `aws_unconfigured: pool ${m.pool} has no entry in the AWS configuration`, retryable: false };
       try {
-        return await this.#destroy({ op, pc: null as unknown as AwsPoolConfig, c: null as unknown as AwsClients, b, deadline, tagScope: null });
+        return await this.#destroy({ op, pc: null as unknown as AwsPoolConfig, c: null as unknown as AwsClients, b, deadline, tagScope: null, where: {} });
       } catch (e) {
         return { kind: "ambiguous", error: `aws destroy: ${errorText(e)}` };
       }
     }
     const c = this.clientsFor(pc.region);
-    const x: Ctx = { op, pc, c, b, deadline, tagScope: c };
+    const x: Ctx = { op, pc, c, b, deadline, tagScope: c, where };
     try {
       switch (op.kind) {
         case "provision":
@@ -226,13 +235,22 @@ export class AwsProvider implements Provider {
   async #provision(x0: Ctx): Promise<OperationOutcome> {
     // One (instance type, subnet) after another while the launch is refused for capacity or a limit;
     // each attempt has its own ClientToken and launch record, written before its RunInstances.
+    // A candidate whose placement breaker is open is skipped unless this operation already launched there.
     const candidates = launchCandidates(x0.pc);
+    const keyOf = (cand: { instanceType: string; subnetId: string }) => placementKey(x0.pc.region, cand);
+    const avoid = new Set(x0.op.avoidPlacements ?? []);
+    const open = (key: string) => new Set(candidates.map(keyOf).filter((k) => k !== key && !avoid.has(k))).size;
     const refusals: string[] = [];
     let x: Ctx = x0;
     let inst: Instance | undefined;
     for (let k = 0; k < candidates.length && !inst; k++) {
       const cand = candidates[k]!;
       const token = k === 0 ? x0.op.opId : `${x0.op.opId}.f${k}`;
+      const key = keyOf(cand);
+      if (avoid.has(key) && !(await this.deps.records.byToken(token))) {
+        refusals.push(`${cand.instanceType} in ${cand.subnetId}: backed off (placement breaker open)`);
+        continue;
+      }
       // The launch is on record before it can cost money; a retry keeps the first attempt's region and deployment.
       const rec = await this.deps.records.intend({ clientToken: token, machineId: x0.b.machineId, org: x0.b.org, pool: x0.b.pool, region: x0.pc.region, deployment: x0.b.deployment, requestedAt: this.#clock.now() });
       x = { ...x0, c: this.clientsFor(rec.region), b: { ...x0.b, deployment: rec.deployment } };
@@ -241,6 +259,7 @@ export class AwsProvider implements Provider {
         refusals.push(`${cand.instanceType} in ${cand.subnetId}: ${rec.endReason.slice("refused: ".length)}`);
         continue;
       }
+      x0.where.placement = { key: placementKey(rec.region, cand), alternatives: open(key) };
       // A retry (or a lost reply) is resolved by looking the token up first, never by a blind second launch.
       inst = await byClientToken(x.c.ec2, token);
       if (inst) {
@@ -258,10 +277,11 @@ export class AwsProvider implements Provider {
         if (!CAPACITY_REFUSALS.has(errorName(e))) throw Object.assign(e as object, { clientToken: token });
         await this.deps.records.ended(token, this.#clock.now(), `refused: ${errorName(e)}`);
         refusals.push(`${cand.instanceType} in ${cand.subnetId}: ${errorName(e)}`);
+        delete x0.where.placement;
       }
     }
     if (!inst) {
-      return { kind: "failed", error: `aws refused provision: every configured instance type and subnet was refused (${refusals.join("; ")})`, retryable: false };
+      return { kind: "failed", error: `aws refused provision: every configured instance type and subnet was refused or is backed off (${refusals.join("; ")})`, retryable: false };
     }
     if (!boundTo(inst, x.b)) return { kind: "failed", error: `instance ${inst.InstanceId} launched under op ${x.op.opId} is not tagged for machine ${x.b.machineId}`, retryable: false };
     const id = inst.InstanceId!;
@@ -349,6 +369,11 @@ export class AwsProvider implements Provider {
         const key = parsePublicKey(a.publicKey);
         const g = await this.#guest(x, id, { kind: "install_key", publicKey: key.line, grantId: a.grantId, expiresAt: a.expiresAt });
         if (g.kind !== "result") return this.#fromGuest(g, "install_key");
+        // The guest read its key file back after writing: the line it found must carry this key for this grant.
+        const back = typeof g.value.installed === "string" ? Buffer.from(g.value.installed, "base64").toString("utf8") : "";
+        if (!back.includes(` ${key.line} `) || !back.endsWith(` berth:g${x.op.generation}:${a.grantId}`)) {
+          return { kind: "failed", error: `key_not_installed: the key file of instance ${id} did not read back the key of grant ${a.grantId} (${back ? "another line" : "no line"})`, retryable: false };
+        }
         return { kind: "done", result: { instanceId: id, fingerprint: key.fingerprint, grantId: a.grantId, expiresAt: a.expiresAt, generation: x.op.generation } };
       }
       case "remove_key": {

@@ -18,6 +18,7 @@ import {
   type Filter,
   type Instance,
   type InstanceStatus,
+  type RunInstancesCommandInput,
 } from "@aws-sdk/client-ec2";
 import type { AwsPoolConfig } from "./config.js";
 
@@ -81,6 +82,38 @@ export async function byId(ec2: EC2Client, instanceId: string): Promise<Instance
   return r.Reservations?.[0]?.Instances?.[0];
 }
 
+/**
+ * What RunInstances is asked for, tags and token aside: the image, type,
+ * instance profile, IMDSv2, shutdown = terminate; the subnet and security
+ * groups on the call, or, where clients reach the instance at its public
+ * address (`sshAddress: public`), on its primary network interface with a
+ * public IPv4 address requested (EC2 takes either form, not both); the
+ * root volume's size and encryption (deleted with the instance); the launch
+ * template (what the call sets takes precedence over it).
+ */
+function runParams(pc: AwsPoolConfig): Omit<RunInstancesCommandInput, "ClientToken" | "TagSpecifications"> {
+  const placed: Partial<RunInstancesCommandInput> =
+    pc.sshAddress === "public"
+      ? { NetworkInterfaces: [{ DeviceIndex: 0, SubnetId: pc.subnetId, Groups: pc.securityGroupIds, AssociatePublicIpAddress: true, DeleteOnTermination: true }] }
+      : { SubnetId: pc.subnetId, SecurityGroupIds: pc.securityGroupIds };
+  const v = pc.rootVolume;
+  const lt = pc.launchTemplate;
+  return {
+    ImageId: pc.imageId,
+    InstanceType: pc.instanceType as RunInstancesCommandInput["InstanceType"],
+    MinCount: 1,
+    MaxCount: 1,
+    ...placed,
+    IamInstanceProfile: { Name: pc.instanceProfile },
+    MetadataOptions: { HttpTokens: "required" },
+    InstanceInitiatedShutdownBehavior: "terminate",
+    ...(v
+      ? { BlockDeviceMappings: [{ DeviceName: v.deviceName, Ebs: { VolumeSize: v.sizeGiB, VolumeType: v.volumeType, Encrypted: v.encrypted, ...(v.kmsKeyId ? { KmsKeyId: v.kmsKeyId } : {}), DeleteOnTermination: true } }] }
+      : {}),
+    ...(lt ? { LaunchTemplate: { ...(lt.id ? { LaunchTemplateId: lt.id } : { LaunchTemplateName: lt.name }), Version: lt.version } } : {}),
+  };
+}
+
 /** RunInstances for the machine, tagged with the operation id; `clientToken` is the op id itself, or a fallback attempt's own token. */
 export async function launch(ec2: EC2Client, pc: AwsPoolConfig, b: Binding, opId: string, clientToken = opId): Promise<{ instance: Instance; account: string | null }> {
   const tags = [
@@ -91,24 +124,7 @@ export async function launch(ec2: EC2Client, pc: AwsPoolConfig, b: Binding, opId
     { Key: TAG.op, Value: opId },
     { Key: "Name", Value: `berth ${b.pool} ${b.machineId}` },
   ];
-  const r = await ec2.send(
-    new RunInstancesCommand({
-      ClientToken: clientToken,
-      ImageId: pc.imageId,
-      InstanceType: pc.instanceType as RunInstancesCommand["input"]["InstanceType"],
-      MinCount: 1,
-      MaxCount: 1,
-      SubnetId: pc.subnetId,
-      SecurityGroupIds: pc.securityGroupIds,
-      IamInstanceProfile: { Name: pc.instanceProfile },
-      MetadataOptions: { HttpTokens: "required" },
-      InstanceInitiatedShutdownBehavior: "terminate",
-      TagSpecifications: [
-        { ResourceType: "instance", Tags: tags },
-        { ResourceType: "volume", Tags: tags },
-      ],
-    }),
-  );
+  const r = await ec2.send(new RunInstancesCommand({ ...runParams(pc), ClientToken: clientToken, TagSpecifications: [{ ResourceType: "instance", Tags: tags }, { ResourceType: "volume", Tags: tags }] }));
   const i = r.Instances?.[0];
   if (!i?.InstanceId) throw new Error("RunInstances answered without an instance");
   return { instance: i, account: r.OwnerId ?? null };

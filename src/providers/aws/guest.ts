@@ -20,8 +20,12 @@
  * option and, installed BEFORE the key is written, a systemd timer that at
  * the grant's expiry removes the key and kills the user's processes: the
  * guest itself ends access at the hard deadline, whatever the coordinator
- * does. Output is one line `BERTH-RESULT <json>` or `BERTH-REFUSED <code>
- * <message>` (exit 3, nothing changed).
+ * does. The install reads the key file back (the grant's one line must be
+ * the line written) and reports that line; enrollment fails unless sshd
+ * reloads and `sshd -T` shows it reads /etc/berth/keys/%u for the user.
+ * Output is one line `BERTH-RESULT <json>` or `BERTH-REFUSED <code>
+ * <message>` (exit 3: the step did not take effect; a refused install
+ * leaves no key of its grant).
  *
  * `BERTH_GUEST_ROOT` (unset on a real instance) prefixes every path; the EC2
  * emulator sets it to the instance's sandbox directory.
@@ -83,7 +87,7 @@ keys_without() { # $1: a grep -E pattern of key comments to drop
   grep -Ev "$1" "$K" > "$K.tmp" || true
   chmod 644 "$K.tmp"; mv "$K.tmp" "$K"
 }
-stop_timers() { for u in $(cat "$S/timers" 2>/dev/null || true); do systemctl stop "$u.timer" >/dev/null 2>&1 || true; done; : > "$S/timers"; }
+stop_timers() { for u in $(cat "$S/timers" 2>/dev/null || true); do systemctl stop "$u.timer" >/dev/null 2>&1 || true; done; : > "$S/timers"; : > "$S/expiries"; }
 drop_grant_keys() { keys_without ' berth:g[0-9]+:'; stop_timers; }
 count_keys() { touch "$K"; grep -c ' berth:' "$K" || true; }
 `;
@@ -107,8 +111,49 @@ grep -Ev " berth:g$2:" "$K" > "$K.tmp" || true
 chmod 644 "$K.tmp"; mv "$K.tmp" "$K"
 pkill -KILL -u "$1" || true
 EOF
+cat > "$R/usr/local/libexec/berth-boot-expire" <<'EOF'
+#!/bin/bash
+# berth guest-side expiry after a boot: the grant timers were transient and went with the old boot.
+# Each grant on record ($S/expiries: unit user generation expiry) ends now if its expiry passed, else its timer is set again.
+R="$(printenv BERTH_GUEST_ROOT || true)"
+S="$R/var/lib/berth"
+exec 9>"$S/lock"
+flock 9
+now=$(date +%s)
+while read -r unit user gen exp; do
+  [ -n "$unit" ] || continue
+  left=$(( exp - now ))
+  if [ "$left" -le 0 ] || ! systemd-run --quiet --unit "$unit" --on-active="$left"s --timer-property=AccuracySec=1s "$R/usr/local/libexec/berth-expire" "$user" "$gen"; then
+    "$R/usr/local/libexec/berth-expire" "$user" "$gen"
+  fi
+done < <(cat "$S/expiries" 2>/dev/null || true)
+EOF
+chmod 755 "$R/usr/local/libexec/berth-boot-expire"
+mkdir -p "$R/etc/systemd/system"
+cat > "$R/etc/systemd/system/berth-boot-expire.service" <<EOF
+[Unit]
+Description=berth: end expired grants and set their expiry timers again after a boot
+After=local-fs.target
+Before=sshd.service ssh.service
+
+[Service]
+Type=oneshot
+ExecStart=$R/usr/local/libexec/berth-boot-expire
+
+[Install]
+WantedBy=multi-user.target
+EOF
+systemctl enable berth-boot-expire.service >/dev/null 2>&1 || refuse boot_expiry_failed "systemctl enable berth-boot-expire.service failed; a grant's expiry would not survive a reboot"
 chmod 755 "$R/usr/local/libexec/berth-expire"
-systemctl reload sshd >/dev/null 2>&1 || systemctl reload ssh >/dev/null 2>&1 || true
+# sshd must take the drop-in: a failed reload, or an sshd that reads another key file for the user, fails the enrollment.
+if ! systemctl reload sshd >/dev/null 2>&1 && ! systemctl reload ssh >/dev/null 2>&1; then
+  refuse sshd_reload_failed "neither 'systemctl reload sshd' nor 'systemctl reload ssh' succeeded; the per-user key file would not be in effect"
+fi
+akf="$(PATH="$PATH:/usr/sbin" sshd -T -C "user=$MACHINE,host=localhost,addr=127.0.0.1" 2>/dev/null | awk 'tolower($1) == "authorizedkeysfile" { $1 = ""; sub(/^ /, ""); print; exit }' || true)"
+case "$akf" in
+  "/etc/berth/keys/%u" | "/etc/berth/keys/$MACHINE") ;;
+  *) refuse sshd_keys_file "sshd reads '$akf' as the key file of user $MACHINE, not /etc/berth/keys/%u (sshd_config must Include /etc/ssh/sshd_config.d/*.conf before any Match block)" ;;
+esac
 if [ -n "$KEEPER" ]; then
   keys_without ' berth:keeper$'
   printf '%s berth:keeper\n' "$(printf '%s' "$KEEPER" | base64 -d)" >> "$K"
@@ -127,9 +172,20 @@ systemctl stop "$unit.timer" >/dev/null 2>&1 || true
 # The guest's own end of access goes in BEFORE the key: there is never a key without it.
 systemd-run --quiet --unit "$unit" --on-active="$left"s --timer-property=AccuracySec=1s "$R/usr/local/libexec/berth-expire" "$MACHINE" "$GEN"
 echo "$unit" >> "$S/timers"
+# Recorded for the boot-time check: the transient timer does not survive a reboot, this line does.
+echo "$unit $MACHINE $GEN $EXPIRES_S" >> "$S/expiries"
 keys_without " berth:g$GEN:"
-printf 'expiry-time="%s" %s berth:g%s:%s\n' "$(date -u -d "@$EXPIRES_S" +%Y%m%d%H%M%SZ)" "$(printf '%s' "$KEY" | base64 -d)" "$GEN" "$GRANT" >> "$K"
-done_with "{\"grantId\":\"$GRANT\",\"generation\":$GEN,\"expiresAtS\":$EXPIRES_S,\"keys\":$(count_keys)}"
+line="$(printf 'expiry-time="%s" %s berth:g%s:%s' "$(date -u -d "@$EXPIRES_S" +%Y%m%d%H%M%SZ)" "$(printf '%s' "$KEY" | base64 -d)" "$GEN" "$GRANT")"
+printf '%s\n' "$line" >> "$K"
+# Read back: the key file sshd reads for the user holds exactly this line for the grant, once.
+got="$(grep -F " berth:g$GEN:$GRANT" "$K" || true)"
+if [ "$got" != "$line" ]; then
+  keys_without " berth:g$GEN:"
+  systemctl stop "$unit.timer" >/dev/null 2>&1 || true
+  grep -v "^$unit " "$S/expiries" > "$S/expiries.tmp" || true; mv "$S/expiries.tmp" "$S/expiries"
+  refuse key_not_installed "the key file read back $(printf '%s' "$got" | grep -c . || true) line(s) for grant $GRANT, not the line written"
+fi
+done_with "{\"grantId\":\"$GRANT\",\"generation\":$GEN,\"expiresAtS\":$EXPIRES_S,\"keys\":$(count_keys),\"installed\":\"$(printf '%s' "$got" | base64 -w0)\"}"
 `,
   remove_key: String.raw`
 bound

@@ -39,7 +39,7 @@ function instanceXml(i: EmulatedInstance): string {
   const tags = Object.entries(i.tags)
     .map(([k, v]) => `<item><key>${esc(k)}</key><value>${esc(v)}</value></item>`)
     .join("");
-  const addr = i.state === "terminated" ? "" : `<privateIpAddress>${i.ip}</privateIpAddress><ipAddress>${i.ip}</ipAddress>`;
+  const addr = i.state === "terminated" ? "" : `<privateIpAddress>${i.ip}</privateIpAddress>${i.publicIp ? `<ipAddress>${i.ip}</ipAddress>` : ""}`;
   return `<item><instanceId>${i.id}</instanceId><imageId>${esc(i.tags["emu:image"] ?? "")}</imageId>${stateXml("instanceState", i.state)}<instanceType>${esc(i.instanceType)}</instanceType><subnetId>${esc(i.subnetId)}</subnetId><launchTime>${new Date(i.launchedAt).toISOString()}</launchTime>${addr}<clientToken>${esc(i.clientToken)}</clientToken><tagSet>${tags}</tagSet></item>`;
 }
 
@@ -68,7 +68,11 @@ export async function ec2Action(emu: AwsEmulator, action: string, p: URLSearchPa
       const refusal = emu.faults.runRefusals.shift();
       if (refusal) return { status: 400, body: errorXml(refusal, `emulated ${refusal}: no instance launched`) };
       const type = p.get("InstanceType") ?? "m1.small";
-      const subnet = p.get("SubnetId") ?? "";
+      // The subnet is on the call, or on its primary network interface (EC2 refuses both at once).
+      if (p.has("SubnetId") && p.has("NetworkInterface.1.DeviceIndex")) {
+        return { status: 400, body: errorXml("InvalidParameterCombination", "Network interfaces and an instance-level subnet ID may not be specified on the same request") };
+      }
+      const subnet = p.get("SubnetId") ?? p.get("NetworkInterface.1.SubnetId") ?? "";
       const token = p.get("ClientToken") ?? randomUUID();
       // Idempotency: the same client token returns the instance it launched, whatever its state;
       // the same token with other parameters (region and zone aside) is IdempotentParameterMismatch.
@@ -89,6 +93,9 @@ export async function ec2Action(emu: AwsEmulator, action: string, p: URLSearchPa
         inst = emu.newInstance(tags, token, region);
         inst.instanceType = type;
         inst.subnetId = subnet;
+        // A public IPv4 address only when the call asks for one (the emulated subnets do not map them on launch).
+        inst.publicIp = p.get("NetworkInterface.1.AssociatePublicIpAddress") === "true";
+        inst.launchParams = Object.fromEntries([...p.entries()].filter(([k]) => !k.startsWith("TagSpecification.")));
       }
       return reply(action, `<reservationId>r-${inst.id.slice(2)}</reservationId><ownerId>000000000000</ownerId><instancesSet>${instanceXml(inst)}</instancesSet>`);
     }

@@ -16,11 +16,16 @@
  * cut before the answer), throttling, delayed, held and duplicated SSM
  * deliveries, reboots accepted but not performed, slow boots and reboots,
  * terminations that lag, instances stopped or terminated behind the
- * caller's back (`stopBehind`, `terminate`), small pages (`pageSize`).
+ * caller's back (`stopBehind`, `terminate`), small pages (`pageSize`),
+ * calls never answered (`hold`), subnets whose instances never register
+ * (`ssmNeverRegistersIn`). `listen()` opens a second endpoint (per-service
+ * endpoints); `portCalls` says which one each call came in on.
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { createServer as createNetServer, type AddressInfo } from "node:net";
 import { randomBytes, randomUUID } from "node:crypto";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { EmulatedInstance, type Invocation } from "./instance.js";
 import { ec2Action } from "./ec2-api.js";
 import { ssmAction } from "./ssm-api.js";
@@ -30,6 +35,8 @@ export const DEFAULT_REGION = "us-east-1";
 export interface Faults {
   /** Action name -> how many of the next calls lose their reply (after the action took effect). */
   lose: Map<string, number>;
+  /** Action name -> how many of the next calls are never answered (nothing happens; the connection stays open until stop). */
+  hold: Map<string, number>;
   /** Action name -> how many of the next calls are throttled (nothing happens). */
   throttle: Map<string, number>;
   /** The next SendCommand deliveries wait this long (ms) before running, one entry per command. */
@@ -47,6 +54,12 @@ export interface Faults {
   bootMs: number;
   /** Instances launched while set boot, but their SSM agent never registers (a private subnet without NAT or SSM endpoints). */
   ssmNeverRegisters: boolean;
+  /** Instances launched while set fail `systemctl reload sshd` (and `ssh`). */
+  sshdReloadFails: boolean;
+  /** Instances launched while set have an sshd_config that does not include /etc/ssh/sshd_config.d (`sshd -T` shows the default AuthorizedKeysFile). */
+  sshdIgnoresDropIns: boolean;
+  /** Subnet ids whose instances boot but never register their SSM agent (one zone's subnet without a route to SSM). */
+  ssmNeverRegistersIn: string[];
   rebootMs: number;
   terminateLagMs: number;
   /** Largest page a paged list call (DescribeInstances with MaxResults, DescribeInstanceStatus) answers; the rest comes with a NextToken. */
@@ -59,10 +72,14 @@ export class AwsEmulator {
   readonly calls: string[] = [];
   /** `region:Action` of every call, in order. */
   readonly regionCalls: string[] = [];
-  readonly faults: Faults = { lose: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], runRefusals: [], noCapacity: [], rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, rebootMs: 0, terminateLagMs: 0, pageSize: 1000 };
+  /** `port Action` of every call, in order: the local port of the listener it came in on (`url`, or one of `listen()`). */
+  readonly portCalls: string[] = [];
+  readonly faults: Faults = { lose: new Map(), hold: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], runRefusals: [], noCapacity: [], rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, ssmNeverRegistersIn: [], sshdReloadFails: false, sshdIgnoresDropIns: false, rebootMs: 0, terminateLagMs: 0, pageSize: 1000 };
   url = "";
   sshPort = 0;
   #server: Server | null = null;
+  readonly #more: Server[] = [];
+  readonly #held: ServerResponse[] = [];
   readonly #timers = new Set<NodeJS.Timeout>();
 
   constructor(readonly dir: string) {}
@@ -75,8 +92,21 @@ export class AwsEmulator {
     return this;
   }
 
+  /** Another listener for the same emulator (a second endpoint, as a per-service VPC endpoint is); its URL. */
+  async listen(): Promise<string> {
+    const server = createServer((req, res) => void this.#handle(req, res));
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", () => r()));
+    this.#more.push(server);
+    return `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  }
+
   async stop(): Promise<void> {
     for (const t of this.#timers) clearTimeout(t);
+    for (const res of this.#held) res.destroy();
+    for (const s of this.#more) {
+      s.closeAllConnections();
+      await new Promise<void>((r) => s.close(() => r()));
+    }
     for (const h of this.faults.ssmHolds) h.release();
     for (const i of this.instances.values()) await i.halt();
     await new Promise<void>((r) => (this.#server ? this.#server.close(() => r()) : r()));
@@ -114,12 +144,14 @@ export class AwsEmulator {
     const ip = `127.77.${1 + (this.instances.size >> 8)}.${1 + (this.instances.size % 250)}`;
     const inst = new EmulatedInstance(id, tags, clientToken, ip, this.sshPort, this.dir, Date.now());
     inst.region = region;
+    if (this.faults.sshdReloadFails) writeFileSync(join(inst.root, ".emu/fail-reload"), "");
+    if (this.faults.sshdIgnoresDropIns) writeFileSync(join(inst.root, ".emu/no-dropins"), "");
     this.instances.set(id, inst);
     const unregistered = this.faults.ssmNeverRegisters;
     this.later(this.faults.bootMs, async () => {
       if (inst.state !== "pending") return;
       await inst.boot();
-      if (unregistered) inst.ssmOnline = false;
+      if (unregistered || this.faults.ssmNeverRegistersIn.includes(inst.subnetId)) inst.ssmOnline = false;
       inst.state = "running";
       this.deliverPending(inst);
     });
@@ -181,6 +213,11 @@ export class AwsEmulator {
     const region = /Credential=[^/]+\/\d{8}\/([^/]+)\//.exec(String(req.headers.authorization ?? ""))?.[1] ?? DEFAULT_REGION;
     this.calls.push(action);
     this.regionCalls.push(`${region}:${action}`);
+    this.portCalls.push(`${req.socket.localPort} ${action}`);
+    if (take(this.faults.hold, action)) {
+      this.#held.push(res);
+      return;
+    }
     if (take(this.faults.throttle, action)) {
       if (isSsm) return sendJson(res, 400, { __type: "ThrottlingException", message: "Rate exceeded" }, "ThrottlingException");
       return sendXml(res, 503, errorXml("RequestLimitExceeded", "Request limit exceeded."));

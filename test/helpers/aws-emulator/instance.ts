@@ -3,7 +3,7 @@
  * (cloud-init instance id, kernel boot id, sshd host key, homes, /etc/berth);
  * its "OS" runs real processes: SSM commands run with bash in the sandbox
  * (BERTH_GUEST_ROOT = the directory, system tools that need root on a real
- * guest — useradd, systemd-run, systemctl, pkill, crontab — are small
+ * guest — useradd, systemd-run, systemctl, pkill, crontab, sshd -T — are small
  * shims in .emu/bin), and an SSH server (ssh2) on its own loopback address
  * authorizes keys from the root-owned key file the guest programs write,
  * honouring OpenSSH's expiry-time option. Every process carries the marker
@@ -12,7 +12,7 @@
  * and never boots again. Loopback only.
  */
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdirSync, readFileSync, writeFileSync, existsSync, chmodSync } from "node:fs";
+import { mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync, existsSync, chmodSync } from "node:fs";
 import { join } from "node:path";
 import { randomUUID } from "node:crypto";
 import ssh2, { type AuthContext, type PublicKeyAuthContext } from "ssh2";
@@ -23,10 +23,13 @@ export type InstanceState = "pending" | "running" | "shutting-down" | "terminate
 
 const SHIMS: Record<string, string> = {
   useradd: `#!/bin/bash\nu="\${@: -1}"\nmkdir -p "$BERTH_GUEST_ROOT/home/$u"\ngrep -q "^$u:" "$BERTH_GUEST_ROOT/etc/passwd" 2>/dev/null || echo "$u:x:1000:1000::/home/$u:/bin/bash" >> "$BERTH_GUEST_ROOT/etc/passwd"\n`,
-  systemctl: `#!/bin/bash\n# stop <unit>.timer: kill the emulated timer; reload: the emulated sshd reads keys on every login\nif [ "$1" = stop ]; then u="\${2%.timer}"; f="$BERTH_GUEST_ROOT/run/units/$u.pid"; [ -f "$f" ] && kill -KILL -- "-$(cat "$f")" 2>/dev/null; rm -f "$f"; fi\nexit 0\n`,
+  systemctl: `#!/bin/bash\n# stop <unit>.timer: kill the emulated timer; enable: see below; reload: the emulated sshd reads keys on every login (fails when .emu/fail-reload exists)\nif [ "$1" = reload ] && [ -f "$BERTH_GUEST_ROOT/.emu/fail-reload" ]; then echo "Failed to reload $2.service: Job for $2.service canceled." >&2; exit 1; fi\n# enable <unit>.service: wanted by multi-user.target, so the emulated boot runs it\nif [ "$1" = enable ]; then w="$BERTH_GUEST_ROOT/etc/systemd/system/multi-user.target.wants"; mkdir -p "$w"; ln -sf "../$2" "$w/$2"; fi\nif [ "$1" = stop ]; then u="\${2%.timer}"; f="$BERTH_GUEST_ROOT/run/units/$u.pid"; [ -f "$f" ] && kill -KILL -- "-$(cat "$f")" 2>/dev/null; rm -f "$f"; fi\nexit 0\n`,
   "systemd-run": `#!/bin/bash\nunit=""; secs=""\nwhile [ $# -gt 0 ]; do case "$1" in --unit) unit="$2"; shift 2;; --on-active=*) secs="\${1#--on-active=}"; secs="\${secs%s}"; shift;; --*) shift;; *) break;; esac; done\nmkdir -p "$BERTH_GUEST_ROOT/run/units"\nsetsid bash -c 'sleep "$0"; exec "$@"' "$secs" "$@" </dev/null >/dev/null 2>&1 9>&- &\necho $! > "$BERTH_GUEST_ROOT/run/units/$unit.pid"\n`,
   pkill: `#!/bin/bash\n# pkill -KILL -u USER: the instance's processes of that user (by marker)\nsig=KILL; u=""\nwhile [ $# -gt 0 ]; do case "$1" in -u) u="$2"; shift 2;; -*) sig="\${1#-}"; shift;; *) shift;; esac; done\nn=0\nfor e in /proc/[0-9]*/environ; do p="\${e#/proc/}"; p="\${p%/environ}"\n  if tr '\\0' '\\n' < "$e" 2>/dev/null | grep -qx "BERTH_EMU_INSTANCE=$BERTH_EMU_INSTANCE" && tr '\\0' '\\n' < "$e" 2>/dev/null | grep -qx "BERTH_EMU_USER=$u"; then kill -"$sig" "$p" 2>/dev/null && n=$((n+1)); fi\ndone\n[ "$n" -gt 0 ]\n`,
   crontab: `#!/bin/bash\nexit 0\n`,
+  // sshd -T -C user=U,…: the effective AuthorizedKeysFile for U, as OpenSSH prints it: the berth drop-in for U
+  // applies unless .emu/no-dropins exists (an sshd_config without `Include /etc/ssh/sshd_config.d/*.conf`).
+  sshd: `#!/bin/bash\nu="$(printf '%s' "$*" | sed -n 's/.*user=\\([^, ]*\\).*/\\1/p')"\nif [ ! -f "$BERTH_GUEST_ROOT/.emu/no-dropins" ] && [ -f "$BERTH_GUEST_ROOT/etc/ssh/sshd_config.d/50-berth-$u.conf" ]; then echo "authorizedkeysfile /etc/berth/keys/%u"; else echo "authorizedkeysfile .ssh/authorized_keys .ssh/authorized_keys2"; fi\n`,
 };
 
 export interface Invocation {
@@ -47,6 +50,10 @@ export class EmulatedInstance {
   /** InstanceType and SubnetId of the RunInstances call that launched it. */
   instanceType = "m1.small";
   subnetId = "";
+  /** A public IPv4 address was requested at launch (served on the same loopback address as the private one). */
+  publicIp = false;
+  /** The RunInstances parameters it was launched with, as sent on the wire (tags aside). */
+  launchParams: Record<string, string> = {};
   readonly root: string;
   readonly hostKey = generateSshKeyPair("emulated-host");
   ssmOnline = false;
@@ -81,9 +88,14 @@ export class EmulatedInstance {
     return existsSync(p) ? readFileSync(p, "utf8").trim() : "";
   }
 
-  /** Power on: a new boot id, sshd listening, then the SSM agent online. */
+  /** Power on: a new boot id, the enabled services run (as systemd runs multi-user.target's), sshd listening, then the SSM agent online. */
   async boot(): Promise<void> {
     writeFileSync(join(this.root, "proc/sys/kernel/random/boot_id"), `${randomUUID()}\n`);
+    const wants = join(this.root, "etc/systemd/system/multi-user.target.wants");
+    for (const unit of existsSync(wants) ? readdirSync(wants).sort() : []) {
+      const exec = /^ExecStart=(.+)$/m.exec(readFileSync(join(wants, unit), "utf8"))?.[1];
+      if (exec) await this.run(`exec ${exec}`);
+    }
     await this.#startSshd();
     this.ssmOnline = true;
   }
@@ -97,6 +109,8 @@ export class EmulatedInstance {
     this.#server = null;
     for (const ch of this.#children) ch.kill("SIGKILL");
     this.killMarked();
+    // /run is a tmpfs: the transient units' records go with the boot.
+    rmSync(join(this.root, "run/units"), { recursive: true, force: true });
   }
 
   /** SIGKILL to every process carrying this instance's marker. Returns how many. */

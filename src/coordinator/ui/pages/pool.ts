@@ -1,7 +1,8 @@
 /**
- * A pool: its settings, its machines by state (generation, incarnation,
- * age, time in state, borrower, hard expiry), a drain action per machine and
- * for the pool, and the borrow latency and ready-queue age charts from the
+ * A pool: its settings, its provisioning breakers (the pool's and each
+ * placement's, with their cause; docs/aws.md), its machines by state
+ * (generation, incarnation, age, time in state, borrower, hard expiry), a
+ * drain action per machine and for the pool, and the borrow latency and ready-queue age charts from the
  * coordinator's own histograms (this process's, per pool; the same buckets
  * as the exported `berth_borrow_latency_seconds` and
  * `berth_ready_queue_age_seconds`).
@@ -14,6 +15,8 @@ import { allows } from "../../auth.js";
 import type { Store } from "../../../store/store.js";
 import type { HistogramFigures, Metrics } from "../../metrics.js";
 import { readPool } from "../../../store/pools.js";
+import { readBreaker, type Breaker } from "../../../store/provision-breaker.js";
+import { readPlacementBreakers, type PlacementBreaker } from "../../../store/placement-breakers.js";
 import { countMachinesByState, listLiveMachinesOfPool, type MachineRow } from "../../../store/machines.js";
 import { html, jsonScript, type Html } from "../html.js";
 import { loadHistory, renderHistory, type HistoryData, type Window } from "./history.js";
@@ -26,6 +29,9 @@ export interface PoolData {
   latency: HistogramFigures;
   readyAge: HistogramFigures;
   history: HistoryData;
+  /** The pool's provisioning breaker and its placements' (null / empty: no failure since the last success). */
+  breaker: Breaker | null;
+  placements: PlacementBreaker[];
 }
 
 export async function loadPool(store: Store, metrics: Metrics, p: Principal, name: string, window: Window, now: number): Promise<PoolData> {
@@ -35,7 +41,9 @@ export async function loadPool(store: Store, metrics: Metrics, p: Principal, nam
     const machines = await listLiveMachinesOfPool(tx, p.org, name);
     const destroyed = (await countMachinesByState(tx, p.org, name)).find((r) => r.state === "destroyed")?.n ?? 0;
     const history = await loadHistory(tx, metrics, p, name, window, now);
-    return { pool, machines, destroyed, latency: metrics.poolLatency.figures(p.org, name), readyAge: metrics.poolReadyAge.figures(p.org, name), history };
+    const breaker = await readBreaker(tx, p.org, name);
+    const placements = await readPlacementBreakers(tx, p.org, name);
+    return { pool, machines, destroyed, latency: metrics.poolLatency.figures(p.org, name), readyAge: metrics.poolReadyAge.figures(p.org, name), history, breaker, placements };
   }, { name: "ui_pool" });
 }
 
@@ -63,6 +71,16 @@ function chart(id: string, title: string, h: HistogramFigures): Html {
   return html`<figure class="chart" aria-labelledby="${id}-t"><figcaption id="${id}-t"><b>${title}</b>: ${h.count} borrows${h.count ? html`, p50 ${quantile(h, 0.5)}, p99 ${quantile(h, 0.99)}, mean ${seconds(h.sum / h.count)}` : ""}</figcaption>
 <div id="${id}" class="plot"></div><script type="application/json" data-chart="${id}">${jsonScript({ labels, counts: h.counts, xLabel: "bucket (at most; the last is above every bound)" })}</script>
 <details><summary>Figures</summary><table><thead><tr><th>Bucket (at most)</th><th class="num">Borrows</th></tr></thead><tbody>${labels.map((l, i) => html`<tr><td>${l}</td><td class="num">${h.counts[i]}</td></tr>`)}</tbody></table></details></figure>`;
+}
+
+/** The provisioning breakers: the pool's (launching paused) and each placement's (that placement backed off). */
+function breakers(v: View, d: PoolData): Html {
+  const rows = [...(d.breaker ? [{ what: "the pool", b: d.breaker }] : []), ...d.placements.map((b) => ({ what: b.placement, b }))];
+  if (rows.length === 0) return html``;
+  const status = (b: Breaker) => (b.openUntil !== null && b.openUntil > v.now ? `backed off until ${iso(b.openUntil)} (trip ${b.trips})` : `${b.failures} failed in a row`);
+  return html`<h2 id="provisioning">Provisioning breakers</h2><table aria-labelledby="provisioning" data-group="breakers"><thead><tr><th>Where</th><th>Status</th><th>Cause</th></tr></thead>
+<tbody>${rows.map((r) => html`<tr data-breaker="${r.what}" data-open="${r.b.openUntil !== null && r.b.openUntil > v.now ? "yes" : "no"}"><td>${r.what}</td><td>${status(r.b)}</td><td>${r.b.cause ?? ""}</td></tr>`)}</tbody></table>
+${allows(v.principal, "operator") ? html`<p class="muted">After fixing the cause: <code>berth pool resume ${d.pool.name}</code> closes them all.</p>` : ""}`;
 }
 
 function machineRow(v: View, m: MachineRow): Html {
@@ -98,6 +116,7 @@ ${allows(v.principal, "operator") && pool.maxReady > 0 ? html`<div class="action
     confirmChecked: `Drain pool ${pool.name} and end its borrows? Its capacity drops to zero, its ready machines are destroyed, and its live borrows are ended now (their borrowers lose access at once).`,
     extra: html`<label><input type="checkbox" name="force" value="true"> also end live borrows now</label> `,
   })}</div>` : ""}
+${breakers(v, d)}
 ${renderHistory(d.history, `/ui/pools/${pool.name}`)}
 <h2 id="charts">Latency since this coordinator started</h2><div class="charts">${chart("chart-latency", "Borrow latency", d.latency)}${chart("chart-ready-age", "Ready-queue age", d.readyAge)}</div>
 <h2 id="machines">Machines (${d.machines.length} live, ${d.destroyed} destroyed kept for retention)</h2>
