@@ -280,7 +280,9 @@ async function instructionPass(build: Build, engine: Engine): Promise<Instructio
     }
   } finally {
     await s.close();
-    rmSync(dir, { recursive: true, force: true });
+    // BENCH_CALLGRIND_KEEP: leave the dumps (one per thread per dump) for callgrind_annotate.
+    if (process.env.BENCH_CALLGRIND_KEEP) process.stderr.write(`callgrind dumps of ${build.label} kept in ${dir}\n`);
+    else rmSync(dir, { recursive: true, force: true });
   }
   return out;
 }

@@ -21,7 +21,7 @@ import { MIGRATIONS } from "../migrations.js";
 import { runMigrations, sqliteMigrationDriver } from "../migrate.js";
 import { backoffMs, checkWrite, writeTable, MAX_TX_ATTEMPTS, pauseForTest, runAfterCommit, type Param, type Store, type TransactionOptions, type Tx, type WriteOptions } from "../store.js";
 import { BerthError } from "../../core/errors.js";
-import { statements } from "./statements.js";
+import { readers, statements, type Readers } from "./statements.js";
 
 export interface SqliteStoreOptions {
   path: string;
@@ -56,7 +56,7 @@ export class SqliteStore implements Store {
   readonly #tx: Tx;
   /** A second, read-only connection: each statement on it sees the last committed state (WAL snapshot), never the open group. */
   readonly #reader: Database.Database;
-  readonly #readerStatement: (sql: string) => Statement;
+  readonly #readerStatement: Readers;
   /** After-commit callbacks of the transaction now running (only one runs at a time). */
   #afterCommit: Array<() => void> = [];
 
@@ -68,12 +68,16 @@ export class SqliteStore implements Store {
     this.db.pragma("foreign_keys = ON");
     this.db.pragma(`busy_timeout = ${opts.busyTimeoutMs ?? 2000}`);
     const stmt = statements(this.db);
+    const reader = readers(this.db);
     this.#tx = {
       dialect: "sqlite",
       forUpdate: "",
       skipLocked: "",
-      all: async <T>(sql: string, params: readonly Param[] = []) => stmt(sql).all(...params) as T[],
-      get: async <T>(sql: string, params: readonly Param[] = []) => stmt(sql).get(...params) as T | undefined,
+      all: async <T>(sql: string, params: readonly Param[] = []) => {
+        const r = reader(sql);
+        return (r.statement.all(...params) as unknown[][]).map(r.row) as T[];
+      },
+      get: async <T>(sql: string, params: readonly Param[] = []) => readRow<T>(reader, sql, params),
       run: async (sql: string, params: readonly Param[] = []) => stmt(sql).run(...params).changes,
       // One writer, in process, no round trips: nothing to gain by holding a write.
       write: async (sql: string, params: readonly Param[] = [], opts?: WriteOptions) => {
@@ -88,7 +92,7 @@ export class SqliteStore implements Store {
     const memory = opts.path === ":memory:" || opts.path.startsWith("file::memory");
     this.#reader = memory ? this.db : new Database(opts.path, { readonly: true, fileMustExist: true });
     if (!memory) this.#reader.pragma(`busy_timeout = ${opts.busyTimeoutMs ?? 2000}`);
-    this.#readerStatement = statements(this.#reader);
+    this.#readerStatement = readers(this.#reader);
     this.#stmts = {
       begin: this.db.prepare("BEGIN IMMEDIATE"),
       commit: this.db.prepare("COMMIT"),
@@ -223,7 +227,7 @@ export class SqliteStore implements Store {
   }
 
   async readCommitted<T>(sql: string, params: readonly Param[] = []): Promise<T | undefined> {
-    return this.#readerStatement(sql).get(...params) as T | undefined;
+    return readRow<T>(this.#readerStatement, sql, params);
   }
 
   async close(): Promise<void> {
@@ -231,6 +235,13 @@ export class SqliteStore implements Store {
     if (this.#reader !== this.db) this.#reader.close();
     this.db.close();
   }
+}
+
+/** One row of a reading statement as an object, or undefined. */
+function readRow<T>(reader: Readers, sql: string, params: readonly Param[]): T | undefined {
+  const r = reader(sql);
+  const values = r.statement.get(...params) as unknown[] | undefined;
+  return values === undefined ? undefined : (r.row(values) as T);
 }
 
 function sleep(ms: number): Promise<void> {
