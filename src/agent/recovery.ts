@@ -61,98 +61,17 @@ export interface RecoveryReport {
 }
 
 export async function recover(deps: RecoveryDeps): Promise<RecoveryReport> {
-  const { store, runtime, keys, log } = deps;
+  const { store, log } = deps;
   const report: RecoveryReport = {
     reattached: [], pending: [], mismatched: [], unrecorded: [], droppedKeys: 0,
     staleNetworks: { records: 0, netns: 0, links: 0, tables: 0, leases: 0 },
   };
   const records = store.machines.list(true);
-
   for (const m of records) {
-    if (m.state === "destroyed") continue;
-    const unfinished = store.operations.unfinished(m.id);
-    const pending = (): void => {
-      report.pending.push({ machineId: m.id, ops: unfinished.map((o) => o.opId) });
-    };
-    const mismatch = (why: string): void => {
-      store.machines.put({ ...m, state: "mismatch", mismatch: why, updatedAt: deps.now() });
-      report.mismatched.push({ machineId: m.id, why });
-      log.warn({ machineId: m.id, why }, "machine does not match its record: it is left untouched and reported");
-    };
-
-    switch (m.state) {
-      case "creating":
-      case "destroying":
-        pending();
-        continue;
-      case "mismatch":
-        report.mismatched.push({ machineId: m.id, why: m.mismatch ?? "unknown" });
-        log.warn({ machineId: m.id, why: m.mismatch }, "machine still does not match its record; left untouched");
-        continue;
-      case "running":
-        break;
-    }
-
-    let seen: { exists: boolean; incarnation: string | null; liveProcesses: number };
-    try {
-      seen = await runtime.inspect(m.id);
-    } catch (e) {
-      mismatch(`unreadable: the runtime could not say what machine ${m.id} is (${errorMessage(e)})`);
-      continue;
-    }
-    const explained = unfinished.some((o) => o.kind === "fence" || o.kind === "scrub" || o.kind === "provision");
-    if (!seen.exists) {
-      if (unfinished.some((o) => o.kind === "destroy")) pending();
-      else mismatch(`missing: the runtime has no machine ${m.id} (recorded incarnation ${m.incarnation ?? "none"})`);
-      continue;
-    }
-    if (seen.incarnation !== m.incarnation) {
-      if (explained) pending();
-      else mismatch(`incarnation: recorded ${m.incarnation ?? "none"}, the runtime reports ${seen.incarnation ?? "none"}`);
-      continue;
-    }
-    if (deps.network && deps.network.intact(m.id) === false) {
-      mismatch(`network: the namespace or veth of machine ${m.id} is not the recorded one`);
-      continue;
-    }
-    if (deps.network && deps.network.get(m.id) && unfinished.length === 0) {
-      // The rules a previous process recorded must be the rules in force (table, addresses, routes).
-      const v = await deps.network.verify(m.id, { namespace: true });
-      if (!v.ok) {
-        mismatch(`network: ${v.why}${v.diff.length > 0 ? `; diff: ${v.diff.join(" | ")}` : ""}`);
-        continue;
-      }
-    }
-    const dropped = keys.attach(m.id, m.generation);
-    report.droppedKeys += dropped.length;
-    report.reattached.push(m.id);
-    if (unfinished.length > 0) pending();
+    if (m.state !== "destroyed") await recoverMachine(deps, report, m);
   }
-
-  if (deps.network) {
-    // A machine that is not running (or held as a mismatch) has no use for a
-    // network: mid-provision (the retried provision sets it up again),
-    // mid-destroy, destroyed, or never recorded. Removed in order, counted.
-    const network = deps.network;
-    try {
-      report.staleNetworks = await network.sweep((id) => {
-        const m = store.machines.get(id);
-        return m !== null && (m.state === "running" || m.state === "mismatch");
-      });
-    } catch (e) {
-      log.warn({ error: errorMessage(e) }, "could not sweep stale machine networks");
-    }
-  }
-
-  try {
-    const known = new Set(records.filter((m) => m.state !== "destroyed").map((m: MachineRecord) => m.id));
-    report.unrecorded = (await runtime.list()).filter((id) => !known.has(id)).sort();
-  } catch (e) {
-    log.warn({ error: errorMessage(e) }, "could not list the runtime's machines");
-  }
-  for (const id of report.unrecorded) {
-    log.warn({ machineId: id }, "the runtime has a machine this agent has no record of: reported, never touched");
-  }
+  if (deps.network) await sweepNetworks(deps, deps.network, report);
+  await findUnrecorded(deps, report, records);
   log.info(
     {
       reattached: report.reattached.length,
@@ -165,4 +84,95 @@ export async function recover(deps: RecoveryDeps): Promise<RecoveryReport> {
     "recovery sweep done",
   );
   return report;
+}
+
+/** One machine record (not destroyed): pending, mismatched or re-attached, as the header says. */
+async function recoverMachine(deps: RecoveryDeps, report: RecoveryReport, m: MachineRecord): Promise<void> {
+  const { store, runtime, keys, log } = deps;
+  const unfinished = store.operations.unfinished(m.id);
+  const pending = (): void => {
+    report.pending.push({ machineId: m.id, ops: unfinished.map((o) => o.opId) });
+  };
+  const mismatch = (why: string): void => {
+    store.machines.put({ ...m, state: "mismatch", mismatch: why, updatedAt: deps.now() });
+    report.mismatched.push({ machineId: m.id, why });
+    log.warn({ machineId: m.id, why }, "machine does not match its record: it is left untouched and reported");
+  };
+
+  switch (m.state) {
+    case "creating":
+    case "destroying":
+      pending();
+      return;
+    case "mismatch":
+      report.mismatched.push({ machineId: m.id, why: m.mismatch ?? "unknown" });
+      log.warn({ machineId: m.id, why: m.mismatch }, "machine still does not match its record; left untouched");
+      return;
+    case "running":
+      break;
+  }
+
+  let seen: { exists: boolean; incarnation: string | null; liveProcesses: number };
+  try {
+    seen = await runtime.inspect(m.id);
+  } catch (e) {
+    mismatch(`unreadable: the runtime could not say what machine ${m.id} is (${errorMessage(e)})`);
+    return;
+  }
+  const explained = unfinished.some((o) => o.kind === "fence" || o.kind === "scrub" || o.kind === "provision");
+  if (!seen.exists) {
+    if (unfinished.some((o) => o.kind === "destroy")) pending();
+    else mismatch(`missing: the runtime has no machine ${m.id} (recorded incarnation ${m.incarnation ?? "none"})`);
+    return;
+  }
+  if (seen.incarnation !== m.incarnation) {
+    if (explained) pending();
+    else mismatch(`incarnation: recorded ${m.incarnation ?? "none"}, the runtime reports ${seen.incarnation ?? "none"}`);
+    return;
+  }
+  if (deps.network && deps.network.intact(m.id) === false) {
+    mismatch(`network: the namespace or veth of machine ${m.id} is not the recorded one`);
+    return;
+  }
+  if (deps.network && deps.network.get(m.id) && unfinished.length === 0) {
+    // The rules a previous process recorded must be the rules in force (table, addresses, routes).
+    const v = await deps.network.verify(m.id, { namespace: true });
+    if (!v.ok) {
+      mismatch(`network: ${v.why}${v.diff.length > 0 ? `; diff: ${v.diff.join(" | ")}` : ""}`);
+      return;
+    }
+  }
+  const dropped = keys.attach(m.id, m.generation);
+  report.droppedKeys += dropped.length;
+  report.reattached.push(m.id);
+  if (unfinished.length > 0) pending();
+}
+
+/**
+ * A machine that is not running (or held as a mismatch) has no use for a
+ * network: mid-provision (the retried provision sets it up again),
+ * mid-destroy, destroyed, or never recorded. Removed in order, counted.
+ */
+async function sweepNetworks(deps: RecoveryDeps, network: MachineNetworks, report: RecoveryReport): Promise<void> {
+  try {
+    report.staleNetworks = await network.sweep((id) => {
+      const m = deps.store.machines.get(id);
+      return m !== null && (m.state === "running" || m.state === "mismatch");
+    });
+  } catch (e) {
+    deps.log.warn({ error: errorMessage(e) }, "could not sweep stale machine networks");
+  }
+}
+
+/** Runtime machines with no record: reported, never touched. */
+async function findUnrecorded(deps: RecoveryDeps, report: RecoveryReport, records: MachineRecord[]): Promise<void> {
+  try {
+    const known = new Set(records.filter((m) => m.state !== "destroyed").map((m: MachineRecord) => m.id));
+    report.unrecorded = (await deps.runtime.list()).filter((id) => !known.has(id)).sort();
+  } catch (e) {
+    deps.log.warn({ error: errorMessage(e) }, "could not list the runtime's machines");
+  }
+  for (const id of report.unrecorded) {
+    deps.log.warn({ machineId: id }, "the runtime has a machine this agent has no record of: reported, never touched");
+  }
 }

@@ -72,53 +72,69 @@ export function retireOpId(machineId: string, generation: number): string {
 export function createHostSwitch(p: HostSwitchParts): HostSwitch {
   const key = loadOrCreateIdentityKey(p.stateDir);
   const client = new IdentityClient({ coordinatorUrl: p.coordinatorUrl, key, hostId: p.hostId, now: p.now });
-  const record = new RecordFile(p.stateDir, p.hooks);
   const metrics = new Registry();
   const steps = new Counter({ name: "berth_agent_identity_steps_total", help: "Host identity switch steps reached by this agent", labelNames: ["step"], registers: [metrics] });
   const refusals = new Counter({ name: "berth_agent_identity_refusals_total", help: "Host identity switch refusals and waits, by reason", labelNames: ["reason"], registers: [metrics] });
-
-  // The gate: a counter of operations under way, and waiters for it to drop to zero.
-  let inFlight = 0;
-  let paused = 0;
-  const idle: Array<() => void> = [];
-  const drained = () => (inFlight === 0 ? Promise.resolve() : new Promise<void>((r) => idle.push(r)));
-
-  const planRetirement = (force: boolean): RetirementPlan => {
-    const machines: RetirementPlan["machines"] = [];
-    const blockers: string[] = [];
-    for (const m of p.store.machines.list(true)) {
-      const retired = p.store.operations.get(retireOpId(m.id, m.generation));
-      if (m.state === "destroyed" && retired === null) continue;
-      machines.push({ machineId: m.id, generation: m.generation });
-      if (force || m.state === "destroyed") continue;
-      const sessions = p.sessions.count(m.id);
-      const grantKeys = p.keys.list(m.id).filter((k) => k.mode === "grant").length;
-      if (sessions > 0 || grantKeys > 0) blockers.push(`machine ${m.id} (${sessions} session(s), ${grantKeys} borrow key(s))`);
-    }
-    return { machines, blockers };
+  const gate = new StartGate();
+  const authority = switchAuthority(p, key, client, gate, steps, refusals);
+  return {
+    key,
+    client,
+    authority,
+    gatedOps: {
+      run: async (req: OperationRequest): Promise<OperationResponse> => {
+        if ((req.kind === "provision" || req.kind === "install_key") && (gate.paused || !authority.admitsStarts())) {
+          refusals.inc({ reason: "host_switching" });
+          throw new BerthError("host_switching", `host_switching: this host is switching to its identity key (${authority.mode()}); it admits no new machine or key until it is active`);
+        }
+        return gate.run(() => p.ops.run(req));
+      },
+    },
+    metrics,
+    tick: () => tick(p, client, authority),
+    status: () => ({ mode: authority.mode(), step: authority.step(), owed: authority.owed().length, fingerprint: key.fingerprint }),
   };
+}
 
-  const retire = async (plan: RetirementPlan): Promise<{ stopped: StoppedReport[]; problem: string | null }> => {
-    const stopped: StoppedReport[] = [];
-    const problems: string[] = [];
-    for (const m of plan.machines) {
-      const current: MachineRecord | null = p.store.machines.get(m.machineId);
-      const generation = Math.max(m.generation, current?.generation ?? 0);
-      try {
-        await p.ops.run({ opId: retireOpId(m.machineId, generation), kind: "destroy", machineId: m.machineId, generation, args: {} });
-        stopped.push({ machineId: m.machineId, generation });
-        p.log.info({ machineId: m.machineId, generation }, "identity: sandbox retired; a stopped report is owed");
-      } catch (e) {
-        problems.push(`machine ${m.machineId}: ${errorMessage(e)}`);
-      }
+/** The gate on new machines and keys: a count of operations under way, paused starts, and waiters for the count to drop to zero. */
+class StartGate {
+  #inFlight = 0;
+  #paused = 0;
+  readonly #idle: Array<() => void> = [];
+
+  get paused(): boolean {
+    return this.#paused > 0;
+  }
+
+  async run<T>(op: () => Promise<T>): Promise<T> {
+    this.#inFlight++;
+    try {
+      return await op();
+    } finally {
+      this.#inFlight--;
+      if (this.#inFlight === 0) for (const r of this.#idle.splice(0)) r();
     }
-    return { stopped, problem: problems.length === 0 ? null : `the retirement could not destroy ${problems.join("; ")}` };
-  };
+  }
 
+  /** Pauses starts; `drained` settles once no operation is under way. */
+  pause(): { drained: Promise<void>; resume: () => void } {
+    this.#paused++;
+    let resumed = false;
+    return {
+      drained: this.#inFlight === 0 ? Promise.resolve() : new Promise<void>((r) => this.#idle.push(r)),
+      resume: () => {
+        if (!resumed) this.#paused--;
+        resumed = true;
+      },
+    };
+  }
+}
+
+/** The switch authority, with its capabilities over the agent's store, keys, sessions and operations. */
+function switchAuthority(p: HostSwitchParts, key: IdentityKey, client: IdentityClient, gate: StartGate, steps: Counter, refusals: Counter): SwitchAuthority {
   const keepCallToken = (token: string) => p.store.meta.set(META_TOKEN_HASH, hashToken("host-call", token));
-
-  const authority = new SwitchAuthority({
-    record,
+  const authority: SwitchAuthority = new SwitchAuthority({
+    record: new RecordFile(p.stateDir, p.hooks),
     floorClaimed: () => floorClaimed(p.stateDir, p.store),
     claimFloor: () => claimFloor(p.stateDir, p.store, p.version),
     proveForPrepare: (challenge) => {
@@ -131,45 +147,19 @@ export function createHostSwitch(p: HostSwitchParts): HostSwitch {
     confirmPrepared: async () => {
       await client.renew();
     },
-    pauseStarts: () => {
-      paused++;
-      let resumed = false;
-      return {
-        drained: drained(),
-        resume: () => {
-          if (!resumed) paused--;
-          resumed = true;
-        },
-      };
-    },
+    pauseStarts: () => gate.pause(),
     learnGenerations: (generations) => {
       for (const [id, generation] of Object.entries(generations)) {
         const m = p.store.machines.get(id);
         if (m !== null && Number.isSafeInteger(generation) && generation > m.generation) p.store.machines.put({ ...m, generation, updatedAt: p.now() });
       }
     },
-    planRetirement,
-    retire,
+    planRetirement: (force) => planRetirement(p, force),
+    retire: (plan) => retire(p, plan),
     leaveToken: p.dropToken,
     cloudCommit: async () => (await client.commit()).hostCallToken,
     keepCallToken,
-    purge: () => {
-      p.dropToken();
-      if (p.tokenFile === null) return;
-      try {
-        unlinkSync(p.tokenFile);
-      } catch (e) {
-        if ((e as NodeJS.ErrnoException).code === "ENOENT") return;
-        throw new Error(`cannot remove the enroll token file ${p.tokenFile} (${(e as NodeJS.ErrnoException).code ?? "error"}); remove it by hand`);
-      }
-      const fd = openSync(dirname(p.tokenFile), "r");
-      try {
-        fsyncSync(fd);
-      } finally {
-        closeSync(fd);
-      }
-      p.log.info({ file: p.tokenFile }, "identity: the enroll token file was removed");
-    },
+    purge: () => purgeToken(p),
     sendStopped: async (owed) => (await client.stopped(owed)).moot,
     advertise: async () => {
       const owed = authority.owed().length;
@@ -189,50 +179,81 @@ export function createHostSwitch(p: HostSwitchParts): HostSwitch {
     log: p.log,
     now: p.now,
   });
+  return authority;
+}
 
-  const gatedOps = {
-    run: async (req: OperationRequest): Promise<OperationResponse> => {
-      if ((req.kind === "provision" || req.kind === "install_key") && (paused > 0 || !authority.admitsStarts())) {
-        refusals.inc({ reason: "host_switching" });
-        throw new BerthError("host_switching", `host_switching: this host is switching to its identity key (${authority.mode()}); it admits no new machine or key until it is active`);
-      }
-      inFlight++;
-      try {
-        return await p.ops.run(req);
-      } finally {
-        inFlight--;
-        if (inFlight === 0) for (const r of idle.splice(0)) r();
-      }
-    },
-  };
+/** The machines a retirement destroys, and what blocks it (sessions, borrow keys) unless forced. */
+function planRetirement(p: HostSwitchParts, force: boolean): RetirementPlan {
+  const machines: RetirementPlan["machines"] = [];
+  const blockers: string[] = [];
+  for (const m of p.store.machines.list(true)) {
+    const retired = p.store.operations.get(retireOpId(m.id, m.generation));
+    if (m.state === "destroyed" && retired === null) continue;
+    machines.push({ machineId: m.id, generation: m.generation });
+    if (force || m.state === "destroyed") continue;
+    const sessions = p.sessions.count(m.id);
+    const grantKeys = p.keys.list(m.id).filter((k) => k.mode === "grant").length;
+    if (sessions > 0 || grantKeys > 0) blockers.push(`machine ${m.id} (${sessions} session(s), ${grantKeys} borrow key(s))`);
+  }
+  return { machines, blockers };
+}
 
-  return {
-    key,
-    client,
-    authority,
-    gatedOps,
-    metrics,
-    async tick() {
-      await authority.advance();
-      if (client.awaitingReset && authority.step() !== null) {
-        try {
-          if (await p.rebind()) {
-            client.awaitingReset = false;
-            client.forget();
-            await authority.rebound();
-          }
-        } catch (e) {
-          p.log.warn({ error: errorMessage(e) }, "identity: binding the key again after the reset failed; retrying on the next tick");
-        }
+/** Destroys each planned machine (one operation id per machine and generation); a stopped report is owed for each. */
+async function retire(p: HostSwitchParts, plan: RetirementPlan): Promise<{ stopped: StoppedReport[]; problem: string | null }> {
+  const stopped: StoppedReport[] = [];
+  const problems: string[] = [];
+  for (const m of plan.machines) {
+    const current: MachineRecord | null = p.store.machines.get(m.machineId);
+    const generation = Math.max(m.generation, current?.generation ?? 0);
+    try {
+      await p.ops.run({ opId: retireOpId(m.machineId, generation), kind: "destroy", machineId: m.machineId, generation, args: {} });
+      stopped.push({ machineId: m.machineId, generation });
+      p.log.info({ machineId: m.machineId, generation }, "identity: sandbox retired; a stopped report is owed");
+    } catch (e) {
+      problems.push(`machine ${m.machineId}: ${errorMessage(e)}`);
+    }
+  }
+  return { stopped, problem: problems.length === 0 ? null : `the retirement could not destroy ${problems.join("; ")}` };
+}
+
+/** The enroll token forgotten, and its file (if it came from one) removed durably. */
+function purgeToken(p: HostSwitchParts): void {
+  p.dropToken();
+  if (p.tokenFile === null) return;
+  try {
+    unlinkSync(p.tokenFile);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === "ENOENT") return;
+    throw new Error(`cannot remove the enroll token file ${p.tokenFile} (${(e as NodeJS.ErrnoException).code ?? "error"}); remove it by hand`);
+  }
+  const fd = openSync(dirname(p.tokenFile), "r");
+  try {
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+  p.log.info({ file: p.tokenFile }, "identity: the enroll token file was removed");
+}
+
+/** Tick: the switch's next step, binding the key again after a reset, the credential's renewal. */
+async function tick(p: HostSwitchParts, client: IdentityClient, authority: SwitchAuthority): Promise<void> {
+  await authority.advance();
+  if (client.awaitingReset && authority.step() !== null) {
+    try {
+      if (await p.rebind()) {
+        client.awaitingReset = false;
+        client.forget();
+        await authority.rebound();
       }
-      if (authority.mode() === "active") {
-        try {
-          await client.credential();
-        } catch (e) {
-          p.log.warn({ error: errorMessage(e) }, "identity: the host credential could not be renewed; retrying on the next tick");
-        }
-      }
-    },
-    status: () => ({ mode: authority.mode(), step: authority.step(), owed: authority.owed().length, fingerprint: key.fingerprint }),
-  };
+    } catch (e) {
+      p.log.warn({ error: errorMessage(e) }, "identity: binding the key again after the reset failed; retrying on the next tick");
+    }
+  }
+  if (authority.mode() === "active") {
+    try {
+      await client.credential();
+    } catch (e) {
+      p.log.warn({ error: errorMessage(e) }, "identity: the host credential could not be renewed; retrying on the next tick");
+    }
+  }
 }

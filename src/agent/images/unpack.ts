@@ -184,15 +184,7 @@ export class Unpacker {
     const dest = join(parent, base);
     if (base.startsWith(".wh.")) {
       body.resume();
-      if (base === ".wh..wh..opq") {
-        for (const child of readdirSync(parent)) {
-          const p = join(parent, child);
-          if (!created.has(p)) rmSync(p, { recursive: true, force: true });
-        }
-      } else if (!base.startsWith(".wh..wh.")) {
-        const victim = join(parent, base.slice(4));
-        if (!created.has(victim)) rmSync(victim, { recursive: true, force: true });
-      }
+      whiteout(parent, base, created);
       return;
     }
     const mode = (h.mode ?? 0o644) & 0o7777;
@@ -214,21 +206,7 @@ export class Unpacker {
       case "file":
       case "contiguous-file": {
         if (existing) rmSync(dest, { recursive: true, force: true });
-        const fd = openSync(dest, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
-        try {
-          for await (const chunk of body) {
-            const buf = chunk as Buffer;
-            this.charge(buf.length, layer);
-            stats.bytes += buf.length;
-            let off = 0;
-            while (off < buf.length) off += writeSync(fd, buf, off, buf.length - off);
-          }
-          if (this.asRoot) fchownSync(fd, uid, gid);
-          fchmodSync(fd, mode); // after chown, which clears setuid/setgid
-          futimesSync(fd, mtime, mtime);
-        } finally {
-          closeSync(fd);
-        }
+        await this.writeFile(dest, body, layer, stats, { mode, uid, gid, mtime });
         stats.files++;
         created.add(dest);
         return;
@@ -245,16 +223,7 @@ export class Unpacker {
       }
       case "link": {
         body.resume();
-        const tparts = this.parts(h.linkname ?? "", layer);
-        if (tparts.length === 0) throw this.refuse(layer, h.name, "is a hard link to the root");
-        const target = join(this.dir(tparts.slice(0, -1), layer, h.name, false), tparts[tparts.length - 1]!);
-        const tst = lstatOrNull(target);
-        if (tst === null) throw this.refuse(layer, h.name, `is a hard link to ${h.linkname}, which does not exist`);
-        if (tst.isDirectory()) throw this.refuse(layer, h.name, `is a hard link to directory ${h.linkname}`);
-        if (target === dest) return;
-        if (existing) rmSync(dest, { recursive: true, force: true });
-        linkSync(target, dest);
-        created.add(dest);
+        this.hardLink(h, dest, existing, layer, created);
         return;
       }
       case "character-device":
@@ -267,6 +236,52 @@ export class Unpacker {
         body.resume();
         throw this.refuse(layer, h.name, `has tar entry type ${String(h.type)}, which berth does not unpack`);
     }
+  }
+
+  /** A regular file's bytes (charged to the layer's limit) with its owner, mode and time. */
+  private async writeFile(dest: string, body: EntryBody, layer: string, stats: LayerStats, m: { mode: number; uid: number; gid: number; mtime: Date }): Promise<void> {
+    const fd = openSync(dest, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW, 0o600);
+    try {
+      for await (const chunk of body) {
+        const buf = chunk as Buffer;
+        this.charge(buf.length, layer);
+        stats.bytes += buf.length;
+        let off = 0;
+        while (off < buf.length) off += writeSync(fd, buf, off, buf.length - off);
+      }
+      if (this.asRoot) fchownSync(fd, m.uid, m.gid);
+      fchmodSync(fd, m.mode); // after chown, which clears setuid/setgid
+      futimesSync(fd, m.mtime, m.mtime);
+    } finally {
+      closeSync(fd);
+    }
+  }
+
+  /** A hard link to a file already unpacked (never to a directory, the root, or a missing file). */
+  private hardLink(h: Header, dest: string, existing: Stats | null, layer: string, created: Set<string>): void {
+    const tparts = this.parts(h.linkname ?? "", layer);
+    if (tparts.length === 0) throw this.refuse(layer, h.name, "is a hard link to the root");
+    const target = join(this.dir(tparts.slice(0, -1), layer, h.name, false), tparts[tparts.length - 1]!);
+    const tst = lstatOrNull(target);
+    if (tst === null) throw this.refuse(layer, h.name, `is a hard link to ${h.linkname}, which does not exist`);
+    if (tst.isDirectory()) throw this.refuse(layer, h.name, `is a hard link to directory ${h.linkname}`);
+    if (target === dest) return;
+    if (existing) rmSync(dest, { recursive: true, force: true });
+    linkSync(target, dest);
+    created.add(dest);
+  }
+}
+
+/** A whiteout entry: the opaque marker empties the directory of what earlier layers put there; `.wh.NAME` removes NAME. */
+function whiteout(parent: string, base: string, created: Set<string>): void {
+  if (base === ".wh..wh..opq") {
+    for (const child of readdirSync(parent)) {
+      const p = join(parent, child);
+      if (!created.has(p)) rmSync(p, { recursive: true, force: true });
+    }
+  } else if (!base.startsWith(".wh..wh.")) {
+    const victim = join(parent, base.slice(4));
+    if (!created.has(victim)) rmSync(victim, { recursive: true, force: true });
   }
 }
 

@@ -24,6 +24,7 @@
 import { METADATA_ADDRESS, parseAllowEntry, permitsTcp, type NetworkPolicy } from "../../core/network-policy.js";
 import type { ProbeCheck, ReadinessEvidence, RulesWitness } from "../../core/network-evidence.js";
 import type { Runtime } from "../runtime/types.js";
+import type { Readable } from "node:stream";
 
 export interface ProbeTarget {
   kind: "permit" | "deny" | "dns-answer" | "dns-refused" | "pinned";
@@ -178,49 +179,7 @@ export async function runInside(
 ): Promise<Array<StepReport | null>> {
   const h = await runtime.exec(machineId, { argv: [nodeBin, "-e", PROBE_PROGRAM, JSON.stringify(plan), dnsName], env: {} });
   h.stderr.resume();
-  let buf = "";
-  let waiting: ((line: string | null) => void) | null = null;
-  const lines: string[] = [];
-  let ended = false;
-  const deliver = (): void => {
-    if (!waiting) return;
-    const w = waiting;
-    if (lines.length > 0) {
-      waiting = null;
-      w(lines.shift() as string);
-    } else if (ended) {
-      waiting = null;
-      w(null);
-    }
-  };
-  h.stdout.on("data", (c: Buffer) => {
-    buf += c.toString("utf8");
-    let i: number;
-    while ((i = buf.indexOf("\n")) >= 0) {
-      lines.push(buf.slice(0, i));
-      buf = buf.slice(i + 1);
-    }
-    deliver();
-  });
-  const end = (): void => {
-    ended = true;
-    deliver();
-  };
-  h.stdout.once("end", end);
-  h.stdout.once("close", end);
-  const deadline = Date.now() + timeoutMs;
-  const next = (): Promise<string | null> =>
-    new Promise((resolve) => {
-      const timer = setTimeout(() => {
-        waiting = null;
-        resolve(null);
-      }, Math.max(0, deadline - Date.now()));
-      waiting = (l) => {
-        clearTimeout(timer);
-        resolve(l);
-      };
-      deliver();
-    });
+  const reader = new LineReader(h.stdout, Date.now() + timeoutMs);
   const out: Array<StepReport | null> = [];
   let timedOut = false;
   try {
@@ -228,24 +187,13 @@ export async function runInside(
       const t = plan[i] as ProbeTarget;
       const before = isRefusal(t) ? await refuseCounter() : null;
       h.stdin.write(`${i}\n`);
-      const line = await next();
+      const line = await reader.next();
       if (line === null) {
-        timedOut = !ended;
+        timedOut = !reader.ended;
         break;
       }
       const after = isRefusal(t) ? await refuseCounter() : null;
-      let o: { got?: unknown; ms?: unknown; i?: unknown };
-      try {
-        o = JSON.parse(line) as typeof o;
-      } catch {
-        out.push(null);
-        continue;
-      }
-      if (Number(o.i) !== i) {
-        out.push(null);
-        continue;
-      }
-      out.push({ got: String(o.got), ms: Number(o.ms), refusals: before !== null && after !== null ? after - before : null });
+      out.push(stepOf(line, i, before, after));
     }
   } finally {
     h.stdin.end();
@@ -257,6 +205,75 @@ export async function runInside(
   }
   await Promise.race([h.exited, new Promise((r) => setTimeout(r, 2_000))]);
   return out;
+}
+
+/** One probe answer line as a step report; null when it is not the answer to step `i`. */
+function stepOf(line: string, i: number, before: number | null, after: number | null): StepReport | null {
+  let o: { got?: unknown; ms?: unknown; i?: unknown };
+  try {
+    o = JSON.parse(line) as typeof o;
+  } catch {
+    return null;
+  }
+  if (Number(o.i) !== i) return null;
+  return { got: String(o.got), ms: Number(o.ms), refusals: before !== null && after !== null ? after - before : null };
+}
+
+/** The probe's output, a line at a time, each wait bounded by one deadline. */
+class LineReader {
+  /** The output ended. */
+  ended = false;
+  #buf = "";
+  readonly #lines: string[] = [];
+  #waiting: ((line: string | null) => void) | null = null;
+
+  constructor(
+    stdout: Readable,
+    private readonly deadline: number,
+  ) {
+    stdout.on("data", (c: Buffer) => {
+      this.#buf += c.toString("utf8");
+      let i: number;
+      while ((i = this.#buf.indexOf("\n")) >= 0) {
+        this.#lines.push(this.#buf.slice(0, i));
+        this.#buf = this.#buf.slice(i + 1);
+      }
+      this.#deliver();
+    });
+    const end = (): void => {
+      this.ended = true;
+      this.#deliver();
+    };
+    stdout.once("end", end);
+    stdout.once("close", end);
+  }
+
+  /** The next line; null at the end of the output or at the deadline. */
+  next(): Promise<string | null> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => {
+        this.#waiting = null;
+        resolve(null);
+      }, Math.max(0, this.deadline - Date.now()));
+      this.#waiting = (l) => {
+        clearTimeout(timer);
+        resolve(l);
+      };
+      this.#deliver();
+    });
+  }
+
+  #deliver(): void {
+    if (!this.#waiting) return;
+    const w = this.#waiting;
+    if (this.#lines.length > 0) {
+      this.#waiting = null;
+      w(this.#lines.shift() as string);
+    } else if (this.ended) {
+      this.#waiting = null;
+      w(null);
+    }
+  }
 }
 
 export function evidenceOf(

@@ -34,19 +34,17 @@
  * process by marker or cgroup; the in-memory group list (4) is lost, which is
  * why it is only a supplement.
  */
-import { spawn } from "node:child_process";
 import { chownSync, existsSync, mkdirSync, readdirSync, rmSync, rmdirSync, statSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { userInfo } from "node:os";
-import pty from "node-pty";
 import { BerthError } from "../../core/errors.js";
 import { isId, parseId } from "../../core/ids.js";
 import { readRecord, wipeDirectory, writeRecord } from "./durable.js";
-import { readStat, signalExact, signalForegroundExact, signalGroupExact, sleep, type ProcStat } from "./procfs.js";
-import { fromChild, fromPty, type Plumbing } from "./streams.js";
+import { readStat, signalExact, signalGroupExact, sleep, type ProcStat } from "./procfs.js";
+import { execHandle, spawnExec } from "./process-exec.js";
 import type { CreateOptions, ExecHandle, ExecRequest, FenceProof, ProcessIdentity, Runtime, RuntimeMachine } from "./types.js";
 import { forwardingOff } from "./types.js";
-import { cleanEnv, loginShell, newIncarnation, validatePty } from "./common.js";
+import { cleanEnv, loginShell, newIncarnation } from "./common.js";
 import { KeyedLock } from "../keyed-lock.js";
 import { findCgroupBase, machineProcesses, readCgroupProcs } from "./process-scan.js";
 
@@ -213,65 +211,8 @@ export class ProcessRuntime implements Runtime {
     // miss a process started with an incarnation it is about to retire.
     return this.lock.run(machineId, async () => {
       const rec = this.mustRecord(machineId);
-      const workspace = join(this.dir(machineId), "workspace");
-      const shell = loginShell();
-      const env = cleanEnv(req.env, {
-        PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        HOME: workspace,
-        USER: safeUser(),
-        SHELL: shell,
-        TERM: req.pty ? req.pty.term || "xterm" : "dumb",
-        BERTH_MACHINE: machineId,
-        BERTH_INCARNATION: rec.incarnation,
-      });
-      const argv = req.argv && req.argv.length > 0 ? req.argv : [shell, "-l"];
-      // A tiny wrapper joins the machine's cgroup (when there is one), enters
-      // the machine's network namespace (when it has one; `ip netns exec` also
-      // binds /etc/netns/<ns>/{hosts,resolv.conf}), and execs the command with
-      // the same pid (so "command not found" is a normal exit 127 from the
-      // shell, not a spawn error).
-      const join_ = rec.cgroup ? 'echo $$ > "$0" || exit 126; ' : "";
-      if (rec.netns && !rec.runAs) {
-        throw new BerthError("conflict", `conflict: machine ${machineId} was created without a uid of its own for its network policy; destroy it and provision it again`);
-      }
-      const enter = rec.netns ? 'ns=$1 confine=$2; shift 2; exec ip netns exec "$ns" /bin/sh -c "$confine" berth-confine "$@"' : 'exec "$@"';
-      const confine = rec.runAs ? [CONFINE, hiddenRoot(this.stateDir), workspace, String(rec.runAs.uid), String(rec.runAs.gid)] : [];
-      const args = ["-c", join_ + enter, rec.cgroup ? join(rec.cgroup, "cgroup.procs") : "berth-exec", ...(rec.netns ? [rec.netns] : []), ...confine, ...argv];
-
-      let plumbing: Plumbing;
-      let pid: number;
-      let resizeFn: (cols: number, rows: number) => void;
-      let ptyObj: pty.IPty | null = null;
-      if (req.pty) {
-        validatePty(req.pty.cols, req.pty.rows);
-        // node-pty's child calls setsid(): it leads its own session and group and
-        // the PTY slave is its controlling terminal.
-        ptyObj = pty.spawn("/bin/sh", args, {
-          name: env.TERM,
-          cols: req.pty.cols,
-          rows: req.pty.rows,
-          cwd: workspace,
-          env,
-          encoding: null,
-        });
-        pid = ptyObj.pid;
-        plumbing = fromPty(ptyObj);
-        const p = ptyObj;
-        resizeFn = (cols, rows) => {
-          validatePty(cols, rows);
-          p.resize(cols, rows);
-        };
-      } else {
-        const child = spawn("/bin/sh", args, { cwd: workspace, env, detached: true, stdio: ["pipe", "pipe", "pipe"] });
-        if (child.pid === undefined) {
-          throw new BerthError("operation_failed", `operation_failed: could not start a process in machine ${machineId}`);
-        }
-        pid = child.pid;
-        plumbing = fromChild(child);
-        resizeFn = () => {
-          throw new BerthError("invalid_request", "invalid_request: resize needs a PTY session");
-        };
-      }
+      const { workspace, env, args } = this.execArgs(machineId, rec, req);
+      const { plumbing, pid, resize } = spawnExec(machineId, args, workspace, env, req.pty ?? null);
       // Same tick as the spawn: the child cannot have been reaped yet, so its
       // /proc entry (possibly a zombie) still carries its true start time.
       const st = readStat(pid);
@@ -281,29 +222,37 @@ export class ProcessRuntime implements Runtime {
       if (!set) this.tracked.set(machineId, (set = new Set()));
       set.add(tracked);
       void plumbing.exited.then(() => set.delete(tracked));
-
-      const handle: ExecHandle = {
-        incarnation: rec.incarnation,
-        client: leader,
-        leader,
-        stdin: plumbing.stdin,
-        stdout: plumbing.stdout,
-        stderr: plumbing.stderr,
-        resize(cols, rows) {
-          resizeFn(cols, rows);
-          // TIOCSWINSZ already signals the terminal's foreground group; the
-          // explicit SIGWINCH to the session's own group is the contract.
-          signalGroupExact(leader, "SIGWINCH");
-        },
-        signalGroup: async (signal) => signalGroupExact(leader, signal),
-        signalForeground: async (signal) => signalForegroundExact(leader, signal),
-        killClient: (signal = "SIGKILL") => signalExact(leader, signal),
-        exited: plumbing.exited,
-        pause: plumbing.pause,
-        resume: plumbing.resume,
-      };
-      return handle;
+      return execHandle(rec.incarnation, leader, plumbing, resize);
     });
+  }
+
+  /** The command's workspace, environment and the /bin/sh arguments that start it in the machine. */
+  private execArgs(machineId: string, rec: ProcessMachineRecord, req: ExecRequest): { workspace: string; env: Record<string, string>; args: string[] } {
+    const workspace = join(this.dir(machineId), "workspace");
+    const shell = loginShell();
+    const env = cleanEnv(req.env, {
+      PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+      HOME: workspace,
+      USER: safeUser(),
+      SHELL: shell,
+      TERM: req.pty ? req.pty.term || "xterm" : "dumb",
+      BERTH_MACHINE: machineId,
+      BERTH_INCARNATION: rec.incarnation,
+    });
+    const argv = req.argv && req.argv.length > 0 ? req.argv : [shell, "-l"];
+    // A tiny wrapper joins the machine's cgroup (when there is one), enters
+    // the machine's network namespace (when it has one; `ip netns exec` also
+    // binds /etc/netns/<ns>/{hosts,resolv.conf}), and execs the command with
+    // the same pid (so "command not found" is a normal exit 127 from the
+    // shell, not a spawn error).
+    const join_ = rec.cgroup ? 'echo $$ > "$0" || exit 126; ' : "";
+    if (rec.netns && !rec.runAs) {
+      throw new BerthError("conflict", `conflict: machine ${machineId} was created without a uid of its own for its network policy; destroy it and provision it again`);
+    }
+    const enter = rec.netns ? 'ns=$1 confine=$2; shift 2; exec ip netns exec "$ns" /bin/sh -c "$confine" berth-confine "$@"' : 'exec "$@"';
+    const confine = rec.runAs ? [CONFINE, hiddenRoot(this.stateDir), workspace, String(rec.runAs.uid), String(rec.runAs.gid)] : [];
+    const args = ["-c", join_ + enter, rec.cgroup ? join(rec.cgroup, "cgroup.procs") : "berth-exec", ...(rec.netns ? [rec.netns] : []), ...confine, ...argv];
+    return { workspace, env, args };
   }
 
   /** Every live process of the machine (process-scan.ts). */

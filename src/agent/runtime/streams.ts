@@ -17,6 +17,7 @@ import { PassThrough, Readable, Writable } from "node:stream";
 import type { ChildProcess } from "node:child_process";
 import { constants } from "node:os";
 import type { IPty } from "node-pty";
+import { FirstLine } from "./first-line.js";
 
 export type ExitStatus = { code: number | null; signal: string | null };
 
@@ -39,48 +40,6 @@ function emptyReadable(): Readable {
   const r = new PassThrough();
   r.end();
   return r;
-}
-
-/**
- * Strips the first line (up to and including "\n") from a byte stream and
- * hands it to `onLine` (with a trailing "\r" removed); `onLine(null)` if the
- * stream ends first.
- */
-class FirstLine {
-  private buf: Buffer[] = [];
-  private len = 0;
-  private done = false;
-  constructor(private readonly onLine: (line: string | null) => void) {}
-  /** Returns the bytes to pass on (possibly empty). */
-  feed(chunk: Buffer): Buffer {
-    if (this.done) return chunk;
-    const nl = chunk.indexOf(0x0a);
-    if (nl < 0) {
-      this.buf.push(chunk);
-      this.len += chunk.length;
-      if (this.len > 65536) {
-        // Not an identity line; give up capturing and pass everything on.
-        this.done = true;
-        this.onLine(null);
-        const all = Buffer.concat(this.buf);
-        this.buf = [];
-        return all;
-      }
-      return Buffer.alloc(0);
-    }
-    this.buf.push(chunk.subarray(0, nl));
-    const line = Buffer.concat(this.buf).toString("latin1").replace(/\r$/, "");
-    this.buf = [];
-    this.done = true;
-    this.onLine(line);
-    return chunk.subarray(nl + 1);
-  }
-  end(): void {
-    if (!this.done) {
-      this.done = true;
-      this.onLine(null);
-    }
-  }
 }
 
 /** After the command exited, the master counts as drained once it stayed silent this long while being read. */
@@ -107,93 +66,147 @@ const EXIT_QUIET_MS = 250;
  * kernel's PTY buffer.
  */
 export function fromPty(p: IPty, firstLine?: (line: string | null) => void): Plumbing {
-  const stdout = new PassThrough({ highWaterMark: 64 * 1024 });
-  let pausedByCaller = false;
-  let pausedByConsumer = false;
-  const sync = (): void => {
-    if (pausedByCaller || pausedByConsumer) p.pause();
-    else p.resume();
-  };
-  stdout.on("drain", () => {
-    pausedByConsumer = false;
-    sync();
+  const out = new PtyOutput(p, firstLine);
+  // encoding: null was requested at spawn, so data arrives as Buffers.
+  p.onData(out.take);
+  const stopQuiet = readMasterToEnd(p, out);
+  const exited = new Promise<ExitStatus>((resolve) => {
+    p.onExit(({ exitCode, signal }) => {
+      stopQuiet();
+      out.end();
+      if (signal) resolve({ code: null, signal: SIGNAL_NAMES[signal] ?? String(signal) });
+      else resolve({ code: exitCode, signal: null });
+    });
   });
-  let lastData = Date.now();
-  const cap = firstLine ? new FirstLine(firstLine) : null;
-  const take = (d: string | Buffer): void => {
-    lastData = Date.now();
+  return {
+    stdin: ptyStdin(p),
+    stdout: out.stdout,
+    stderr: emptyReadable(),
+    pause() {
+      out.pausedByCaller = true;
+      out.sync();
+    },
+    resume() {
+      out.pausedByCaller = false;
+      out.sync();
+    },
+    exited,
+  };
+}
+
+/** The PTY's output: bytes into a bounded `stdout`, the master paused while the caller or the consumer holds it. */
+class PtyOutput {
+  readonly stdout = new PassThrough({ highWaterMark: 64 * 1024 });
+  pausedByCaller = false;
+  pausedByConsumer = false;
+  /** When the master last gave bytes (epoch ms). */
+  lastData = Date.now();
+  readonly #cap: FirstLine | null;
+
+  constructor(
+    private readonly p: IPty,
+    firstLine?: (line: string | null) => void,
+  ) {
+    this.stdout.on("drain", () => {
+      this.pausedByConsumer = false;
+      this.sync();
+    });
+    this.#cap = firstLine ? new FirstLine(firstLine) : null;
+  }
+
+  get reading(): boolean {
+    return !this.pausedByCaller && !this.pausedByConsumer;
+  }
+
+  sync(): void {
+    if (this.reading) this.p.resume();
+    else this.p.pause();
+  }
+
+  readonly take = (d: string | Buffer): void => {
+    this.lastData = Date.now();
     let b = typeof d === "string" ? Buffer.from(d, "utf8") : d;
-    if (cap) b = cap.feed(b);
+    if (this.#cap) b = this.#cap.feed(b);
     if (b.length === 0) return;
-    if (!stdout.write(b)) {
-      pausedByConsumer = true;
-      sync();
+    if (!this.stdout.write(b)) {
+      this.pausedByConsumer = true;
+      this.sync();
     }
   };
-  // encoding: null was requested at spawn, so data arrives as Buffers.
-  p.onData(take);
 
+  /** The command exited and the master is closed: no first line is coming, and no more output. */
+  end(): void {
+    this.#cap?.end();
+    this.stdout.end();
+  }
+}
+
+/**
+ * (1)–(3) above: takes over the end, the errors and node-pty's destroy of the
+ * master, so its output is read to the end. Returns what stops the silence
+ * watch (once the command's exit is reported).
+ */
+function readMasterToEnd(p: IPty, out: PtyOutput): () => void {
   // node-pty's read side: a tty.ReadStream on the master (a private field; without it the
   // stock behaviour remains, which can lose the tail as described above).
   const sock = (p as unknown as { _socket?: Readable & { fd?: number } })._socket;
   let masterClosed = false;
   let quiet: NodeJS.Timeout | null = null;
-  if (sock && typeof sock.destroy === "function") {
-    const realDestroy = sock.destroy.bind(sock);
-    const closeMaster = (err?: Error): void => {
-      if (masterClosed) return;
-      masterClosed = true;
-      if (quiet) clearInterval(quiet);
-      realDestroy(err);
-    };
-    sock.on("end", () => {
-      // (1) libuv's early EOF: the rest is still in the kernel. The fd is open until closeMaster.
-      const fd = (p as unknown as { fd?: number }).fd ?? sock.fd;
-      if (typeof fd === "number" && fd >= 0 && !masterClosed) {
-        const buf = Buffer.allocUnsafe(64 * 1024);
-        for (;;) {
-          let n: number;
-          try {
-            n = readSync(fd, buf, 0, buf.length, null);
-          } catch {
-            break; // EIO (every slave end closed, nothing left) or EAGAIN
-          }
-          if (n <= 0) break;
-          take(Buffer.from(buf.subarray(0, n)));
-        }
-      }
-      closeMaster();
-    });
-    sock.destroy = (err?: Error) => {
-      if (masterClosed) return sock;
-      if (err) {
-        // (3) Hand on what was read before the error (read() emits it as 'data'), then close.
-        while (sock.readableLength > 0 && sock.read() !== null) {
-          /* each chunk went through take() */
-        }
-        closeMaster(err);
-        return sock;
-      }
-      // (2) node-pty's exit timer: keep reading until EOF, silence, or release.
-      quiet ??= setInterval(() => {
-        const reading = !pausedByCaller && !pausedByConsumer;
-        if (reading && sock.readableLength === 0 && Date.now() - lastData >= EXIT_QUIET_MS) closeMaster();
-      }, 50);
-      return sock;
-    };
-    // Our consumer is gone (session release destroys the streams): close the master now.
-    stdout.on("close", () => closeMaster());
-  }
-
-  const exited = new Promise<ExitStatus>((resolve) => {
-    p.onExit(({ exitCode, signal }) => {
-      if (quiet) clearInterval(quiet);
-      cap?.end();
-      stdout.end();
-      if (signal) resolve({ code: null, signal: SIGNAL_NAMES[signal] ?? String(signal) });
-      else resolve({ code: exitCode, signal: null });
-    });
+  const stopQuiet = (): void => {
+    if (quiet) clearInterval(quiet);
+  };
+  if (!sock || typeof sock.destroy !== "function") return stopQuiet;
+  const realDestroy = sock.destroy.bind(sock);
+  const closeMaster = (err?: Error): void => {
+    if (masterClosed) return;
+    masterClosed = true;
+    stopQuiet();
+    realDestroy(err);
+  };
+  sock.on("end", () => {
+    // (1) libuv's early EOF: the rest is still in the kernel. The fd is open until closeMaster.
+    const fd = (p as unknown as { fd?: number }).fd ?? sock.fd;
+    if (typeof fd === "number" && fd >= 0 && !masterClosed) readRest(fd, out.take);
+    closeMaster();
   });
+  sock.destroy = (err?: Error) => {
+    if (masterClosed) return sock;
+    if (err) {
+      // (3) Hand on what was read before the error (read() emits it as 'data'), then close.
+      while (sock.readableLength > 0 && sock.read() !== null) {
+        /* each chunk went through take() */
+      }
+      closeMaster(err);
+      return sock;
+    }
+    // (2) node-pty's exit timer: keep reading until EOF, silence, or release.
+    quiet ??= setInterval(() => {
+      if (out.reading && sock.readableLength === 0 && Date.now() - out.lastData >= EXIT_QUIET_MS) closeMaster();
+    }, 50);
+    return sock;
+  };
+  // Our consumer is gone (session release destroys the streams): close the master now.
+  out.stdout.on("close", () => closeMaster());
+  return stopQuiet;
+}
+
+/** Reads what the kernel still holds for the master (non-blocking) until EIO or EAGAIN. */
+function readRest(fd: number, take: (b: Buffer) => void): void {
+  const buf = Buffer.allocUnsafe(64 * 1024);
+  for (;;) {
+    let n: number;
+    try {
+      n = readSync(fd, buf, 0, buf.length, null);
+    } catch {
+      break; // EIO (every slave end closed, nothing left) or EAGAIN
+    }
+    if (n <= 0) break;
+    take(Buffer.from(buf.subarray(0, n)));
+  }
+}
+
+/** The terminal's input; its end is the VEOF character. */
+function ptyStdin(p: IPty): Writable {
   const stdin = new Writable({
     write(chunk: Buffer, _enc, cb) {
       try {
@@ -214,20 +227,7 @@ export function fromPty(p: IPty, firstLine?: (line: string | null) => void): Plu
     },
   });
   stdin.on("error", () => {});
-  return {
-    stdin,
-    stdout,
-    stderr: emptyReadable(),
-    pause() {
-      pausedByCaller = true;
-      sync();
-    },
-    resume() {
-      pausedByCaller = false;
-      sync();
-    },
-    exited,
-  };
+  return stdin;
 }
 
 export function fromChild(child: ChildProcess, stderrFirstLine?: (line: string | null) => void): Plumbing {

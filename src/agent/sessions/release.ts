@@ -45,19 +45,8 @@ const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 /** Steps 1–4 above. Never rejects; store failures are logged and leave the record for recovery. */
 export async function releaseSession(deps: SessionDeps, subject: ReleaseSubject, reason: string): Promise<ReleaseResult> {
-  const { store, now, log, timing } = deps;
+  const { store, now, log } = deps;
   const s = subject;
-  const h = subject.handle;
-  const groupPresence = (): Promise<GroupPresence> => probeGroup(deps.runtime, s.machineId, h.leader.pgid, s.exited());
-  const waitGroupGone = async (ms: number): Promise<GroupPresence> => {
-    const until = Date.now() + ms;
-    for (;;) {
-      const g = await groupPresence();
-      if (g === "absent" || Date.now() >= until) return g;
-      await sleep(Math.min(25, Math.max(1, until - Date.now())));
-    }
-  };
-
   // 1. Durable intent first, identities kept: a crash from here on resumes from it.
   try {
     store.transition(s.sessionId, ["intent", "running"], { state: "release_intent", note: reason, updatedAt: now() });
@@ -65,10 +54,37 @@ export async function releaseSession(deps: SessionDeps, subject: ReleaseSubject,
     log.error({ session: s.sessionId, err: String(e) }, "could not record release intent; releasing anyway");
   }
   if (reason !== "completed") s.closeChannel();
-  h.resume(); // let a blocked writer finish or see SIGHUP instead of hanging on a full PTY
+  s.handle.resume(); // let a blocked writer finish or see SIGHUP instead of hanging on a full PTY
+  const { group, refused } = await stopGroup(deps, s);
+  const reaped = await reapClient(deps, s);
+  return recordOutcome(deps, s, reason, group, reaped, refused);
+}
 
-  // 2. Stop the exact group: HUP, TERM, KILL, each only while the leader still matches.
-  let group: GroupPresence = await groupPresence();
+const groupPresence = (deps: SessionDeps, s: ReleaseSubject): Promise<GroupPresence> => probeGroup(deps.runtime, s.machineId, s.handle.leader.pgid, s.exited());
+
+/** Whether the exec client was reaped within `ms`. */
+const reapedWithin = (h: ExecHandle, ms: number): Promise<boolean> =>
+  Promise.race([
+    h.exited.then(
+      () => true,
+      () => true,
+    ),
+    sleep(ms).then(() => false),
+  ]);
+
+/** 2. Stop the exact group: HUP, TERM, KILL, each only while the leader still matches. */
+async function stopGroup(deps: SessionDeps, s: ReleaseSubject): Promise<{ group: GroupPresence; refused: boolean }> {
+  const { timing } = deps;
+  const h = s.handle;
+  const waitGroupGone = async (ms: number): Promise<GroupPresence> => {
+    const until = Date.now() + ms;
+    for (;;) {
+      const g = await groupPresence(deps, s);
+      if (g === "absent" || Date.now() >= until) return g;
+      await sleep(Math.min(25, Math.max(1, until - Date.now())));
+    }
+  };
+  let group: GroupPresence = await groupPresence(deps, s);
   const steps: [NodeJS.Signals, number][] = [
     ["SIGHUP", timing.hupGraceMs],
     ["SIGTERM", timing.termGraceMs],
@@ -84,34 +100,36 @@ export async function releaseSession(deps: SessionDeps, subject: ReleaseSubject,
     }
     group = await waitGroupGone(grace);
   }
-  const reapedWithin = (ms: number) =>
-    Promise.race([
-      h.exited.then(
-        () => true,
-        () => true,
-      ),
-      sleep(ms).then(() => false),
-    ]);
   if (refused) {
     // A refusal usually means the leader just exited; the runtime knows that for sure once the
     // exec client is reaped (a PTY's client is reaped after its output drained), so wait
     // (bounded) before observing the group again.
-    await reapedWithin(timing.reapWaitMs / 2);
-    group = await groupPresence();
+    await reapedWithin(h, timing.reapWaitMs / 2);
+    group = await groupPresence(deps, s);
   }
+  return { group, refused };
+}
 
-  // 3. Reap the exec client (bounded; killed only while it is still the exact recorded process),
-  //    then close the PTY / pipes.
-  let reaped = await reapedWithin(timing.reapWaitMs / 2);
+/**
+ * 3. Reap the exec client (bounded; killed only while it is still the exact recorded process),
+ *    then close the PTY / pipes.
+ */
+async function reapClient(deps: SessionDeps, s: ReleaseSubject): Promise<boolean> {
+  const h = s.handle;
+  let reaped = await reapedWithin(h, deps.timing.reapWaitMs / 2);
   if (!reaped) {
     const killed = h.killClient("SIGKILL");
-    log.warn({ session: s.sessionId, killed }, "exec client outlived its group; killed it");
-    reaped = await reapedWithin(timing.reapWaitMs / 2);
+    deps.log.warn({ session: s.sessionId, killed }, "exec client outlived its group; killed it");
+    reaped = await reapedWithin(h, deps.timing.reapWaitMs / 2);
   }
   for (const st of [h.stdin, h.stdout, h.stderr]) st.destroy();
   s.closeChannel();
+  return reaped;
+}
 
-  // 4. Clean only when everything is verifiably gone.
+/** 4. Clean only when everything is verifiably gone. */
+function recordOutcome(deps: SessionDeps, s: ReleaseSubject, reason: string, group: GroupPresence, reaped: boolean, refused: boolean): ReleaseResult {
+  const { store, now, log } = deps;
   const missing: string[] = [];
   if (group !== "absent") missing.push(group === "present" ? "process group still has members (left for the machine's fence)" : "process group absence could not be verified");
   if (!reaped) missing.push("exec client not reaped");
