@@ -279,6 +279,19 @@ for (const target of targets) {
       });
     });
 
+    it("a command with no output that exited before its streams were read still ends them (a late reader sees the end)", async (t) => {
+      if (skip) return t.skip(skip);
+      const m = await machine();
+      const h = await rt.exec(m.id, { argv: ["true"], env: {} });
+      h.stdin.end();
+      assert.deepEqual(await h.exited, { code: 0, signal: null });
+      // The pipes reached EOF while nobody read them; a reader now must still see the end.
+      await new Promise((r) => setTimeout(r, 300));
+      const hang = new Promise<string>((r) => setTimeout(() => r("no end"), 10_000));
+      assert.equal(await Promise.race([collect(h.stdout), hang]), "");
+      assert.equal(await Promise.race([collect(h.stderr), hang]), "");
+    });
+
     it("[I5] the return path, fence then scrub, leaves nothing the borrower wrote; a command between them forces a full scrub", async (t) => {
       if (skip) return t.skip(skip);
       const m = await machine();

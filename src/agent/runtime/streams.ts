@@ -230,10 +230,27 @@ function ptyStdin(p: IPty): Writable {
   return stdin;
 }
 
+/**
+ * A child's output pipe as a stream that keeps its end for a consumer that
+ * attaches late. A pipe socket that reaches EOF with nothing buffered emits
+ * 'end' at once, to nobody, and is destroyed: a caller that attaches its
+ * listeners after `exec` resolved (a command with no output that already
+ * exited) would wait for that end for ever. Backpressure passes through
+ * (pipe); a read error ends the stream.
+ */
+function held(src: Readable): Readable {
+  const out = new PassThrough();
+  src.pipe(out);
+  src.on("error", () => out.end());
+  out.on("close", () => src.destroy());
+  return out;
+}
+
 export function fromChild(child: ChildProcess, stderrFirstLine?: (line: string | null) => void): Plumbing {
-  const stdout = child.stdout as Readable;
+  const stdout = held(child.stdout as Readable);
   let stderr = child.stderr as Readable;
-  if (stderrFirstLine) {
+  if (!stderrFirstLine) stderr = held(stderr);
+  else {
     const cap = new FirstLine(stderrFirstLine);
     const out = new PassThrough();
     const src = stderr;
