@@ -26,16 +26,29 @@
  * (a rename: nothing is read, nothing deleted), reported in the agent's log
  * and in `GET /v1/agent/volumes` (`quarantined`), and the volume is made
  * fresh.
+ *
+ * A kept volume (release --keep-volume: its record stays `ready`) may be
+ * attached to a new allocation (`alloc create --volume`, `attach`): the
+ * record moves, the directory stays where it is. One transaction marks the
+ * old record `moved` and writes the new allocation's record with the same
+ * path, identity and marker; from then on the volume is that allocation's
+ * (listed, verified, kept or wiped by it). The marker names the directory
+ * (the allocation it was first made for), so it is never rewritten.
  */
 import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, renameSync, rmSync, statSync, symlinkSync, unlinkSync } from "node:fs";
 import { randomBytes } from "node:crypto";
-import { join, resolve } from "node:path";
+import { basename, join, resolve } from "node:path";
 import { BerthError } from "../core/errors.js";
 import { parseId } from "../core/ids.js";
 import { writeFileDurable } from "../store/durable-file.js";
 import { wipeDirectory } from "./runtime/durable.js";
 import type { VolumeRecord, VolumeTable } from "./store/volumes.js";
 import type { AgentLog } from "./log.js";
+
+/** The marker file's content: the directory's name (the allocation it was made for) and the record's token. */
+function markerLine(v: VolumeRecord): string {
+  return `${basename(v.path)} ${v.marker}\n`;
+}
 
 export interface VolumeCheck {
   allocationId: string;
@@ -74,7 +87,7 @@ export class Volumes {
     const data = join(path, "data");
     if (existsSync(data) && (!lstatSync(data).isDirectory() || readdirSync(data).length > 0)) return false;
     const marker = join(path, "marker");
-    if (existsSync(marker) && readFileSync(marker, "utf8") !== `${v.allocationId} ${v.marker}\n`) return false;
+    if (existsSync(marker) && readFileSync(marker, "utf8") !== markerLine(v)) return false;
     return readdirSync(path).every((n) => n === "data" || n === "marker");
   }
 
@@ -108,11 +121,41 @@ export class Volumes {
       records.put(v); // intent, before anything exists on disk
     }
     mkdirSync(join(v.path, "data"), { recursive: true, mode: 0o755 });
-    writeFileDurable(join(v.path, "marker"), `${allocationId} ${v.marker}\n`, 0o600);
+    writeFileDurable(join(v.path, "marker"), markerLine(v), 0o600);
     const st = statSync(join(v.path, "data"), { bigint: true });
     const ready: VolumeRecord = { ...v, state: "ready", dev: String(st.dev), ino: String(st.ino), updatedAt: now() };
     records.put(ready);
     return ready;
+  }
+
+  /**
+   * Attaches the kept volume of allocation `from` to `allocationId` (its
+   * launch): refused unless `from`'s record is here and `ready` (a directory
+   * without a record is never adopted), `from` holds no slot here (`isHeld`),
+   * and the volume passes verify (record, identity, marker) now; then the
+   * record moves in one transaction (`inTx`). Nothing is made or changed on
+   * a refusal. Again for the same allocation (a retried launch) it answers
+   * the record already moved, verified like any ready volume.
+   */
+  attach(allocationId: string, from: string, isHeld: (allocationId: string) => boolean, inTx: <T>(fn: () => T) => T): VolumeRecord {
+    const own = this.d.records.get(allocationId);
+    if (own?.state === "ready") return this.ensure(allocationId);
+    if (own) throw new BerthError("conflict", `conflict: allocation ${allocationId} already has a workspace volume record (${own.state}); a kept volume is attached only to a new allocation`);
+    const attached = inTx(() => {
+      const v = this.d.records.get(from);
+      if (!v) throw new BerthError("not_found", `not_found: no volume of allocation ${from} is recorded on this host; nothing was attached (a directory without a record is never adopted)`);
+      if (v.state !== "ready") throw new BerthError("conflict", `conflict: the volume of allocation ${from} is ${v.state === "moved" ? "already attached to another allocation" : v.state}; only a kept volume is attached`);
+      if (isHeld(from)) throw new BerthError("conflict", `conflict: allocation ${from} still holds its slot on this host; its volume is attached only once it was released with --keep-volume`);
+      const c = this.verify(from);
+      if (!c.ok) throw new BerthError("conflict", `conflict: the volume of allocation ${from} failed verification (${c.problems.join("; ")}); it was not attached; an operator must inspect it (berth volume verify ${from})`);
+      const now = this.d.now();
+      this.d.records.put({ ...v, state: "moved", updatedAt: now });
+      const next: VolumeRecord = { ...v, allocationId, createdAt: now, updatedAt: now };
+      this.d.records.put(next);
+      return next;
+    });
+    this.d.log.info({ allocationId, from, path: attached.path }, "a kept volume was attached to a new allocation (its record moved; the directory stays)");
+    return attached;
   }
 
   /** Points the sandbox's workspace path at the volume's data directory (before the runtime starts it). */
@@ -150,7 +193,7 @@ export class Volumes {
     }
     try {
       const m = readFileSync(join(v.path, "marker"), "utf8");
-      if (m !== `${allocationId} ${v.marker}\n`) problems.push("marker does not match the record");
+      if (m !== markerLine(v)) problems.push("marker does not match the record");
     } catch {
       problems.push("marker file is missing");
     }
@@ -172,7 +215,8 @@ export class Volumes {
   release(allocationId: string, keep: boolean): "kept" | "wiped" | "none" {
     const { records, now } = this.d;
     const v = records.get(allocationId);
-    if (!v || v.state === "clean") return "none";
+    // A moved record's directory belongs to the allocation it was attached to: never removed through this one.
+    if (!v || v.state === "clean" || v.state === "moved") return "none";
     if (keep && v.state === "ready") return "kept";
     records.put({ ...v, state: "release_intent", updatedAt: now() });
     this.#remove(v);
@@ -194,6 +238,7 @@ export class Volumes {
   removeKept(allocationId: string): { state: "clean" } {
     const v = this.d.records.get(allocationId);
     if (!v) throw new BerthError("not_found", `not_found: allocation ${allocationId} has no workspace volume on this host`);
+    if (v.state === "moved") throw new BerthError("conflict", `conflict: the volume of allocation ${allocationId} was attached to another allocation; it is that allocation's now (berth volume ls), removed or kept by its release`);
     this.release(allocationId, false);
     return { state: "clean" };
   }

@@ -151,6 +151,8 @@ export const createAllocationSchema = z.strictObject({
   owner: id.optional(),
   /** The allocation's OpenSSH public key (ssh-ed25519 …); with it the allocation is launched and reachable with the private half. */
   publicKey: z.string().min(1).max(16_384).optional(),
+  /** A kept volume (named by the released allocation it belongs to) to run on; needs `publicKey`. The volume's host is the only candidate. */
+  volume: id.optional(),
 });
 export const planSchema = z.strictObject({ size: z.string().min(1).max(64), strategy: z.enum(["binpack", "spread"]).default("binpack") });
 export const releaseAllocationSchema = z.strictObject({ keepVolume: z.boolean().default(false) });
@@ -282,6 +284,7 @@ export const allocationView = o({
       enforcement: nullable(s),
       machineId: nullable(s),
       volume: nullable(o({ path: s })),
+      volumeFrom: nullable(s).optional(),
       release: nullable(o({ volume: s })),
     }),
   ).optional(),

@@ -66,6 +66,8 @@ export const allocLaunchArgsSchema = z.strictObject({
   expiresAt: z.number().int().nonnegative(),
   /** The host's standing epoch the launch was decided under (src/agent/standing.ts); absent: 0. */
   standingEpoch: z.number().int().nonnegative().optional(),
+  /** A kept volume (the allocation id it was made for) the sandbox runs on instead of a new one (`alloc create --volume`); its record must exist here. */
+  volume: z.string().optional(),
 });
 /** The allocation operations' arguments as they travel (the agent validates them with these schemas). */
 export type AllocOpArgs = { alloc_hold: z.input<typeof allocHoldArgsSchema>; alloc_launch: z.input<typeof allocLaunchArgsSchema>; alloc_release: z.input<typeof allocReleaseArgsSchema> };
@@ -103,7 +105,7 @@ export type NormalizedArgs =
   | { kind: "scrub" }
   | { kind: "destroy" }
   | { kind: "alloc_hold"; allocationId: Id; vcpu: number; memoryMib: number }
-  | { kind: "alloc_launch"; allocationId: Id; publicKey: string; fingerprint: string; expiresAt: number; standingEpoch?: number }
+  | { kind: "alloc_launch"; allocationId: Id; publicKey: string; fingerprint: string; expiresAt: number; standingEpoch?: number; volume?: Id }
   | { kind: "alloc_release"; allocationId: Id; keepVolume: boolean; resolve?: true };
 
 function invalidArgs(kind: OperationKind, error: z.ZodError): BerthError {
@@ -144,7 +146,9 @@ export function normalizeArgs(kind: OperationKind, raw: unknown): NormalizedArgs
       const key = parsePublicKey(p.data.publicKey);
       // Epoch 0 is left out, so the arguments (and their hash) of a launch that names none are unchanged.
       const standingEpoch = p.data.standingEpoch ? { standingEpoch: p.data.standingEpoch } : {};
-      return { kind, allocationId: parseId(p.data.allocationId, "args.allocationId"), publicKey: key.line, fingerprint: key.fingerprint, expiresAt: p.data.expiresAt, ...standingEpoch };
+      // Absent unless a kept volume is attached, so the arguments (and their hash) of every other launch are unchanged.
+      const volume = p.data.volume !== undefined ? { volume: parseId(p.data.volume, "args.volume") } : {};
+      return { kind, allocationId: parseId(p.data.allocationId, "args.allocationId"), publicKey: key.line, fingerprint: key.fingerprint, expiresAt: p.data.expiresAt, ...standingEpoch, ...volume };
     }
     case "alloc_release": {
       const p = allocReleaseArgsSchema.safeParse(raw);

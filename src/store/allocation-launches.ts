@@ -25,6 +25,20 @@ ALTER TABLE allocation_launches ADD COLUMN resolved_by TEXT;
 `,
 };
 
+/**
+ * Migration 20: the kept volume a launch attaches (`alloc create --volume`):
+ * `volume_from` names the released allocation whose volume it runs on (null:
+ * a new volume). Indexed: whether a volume was attached already is read by it.
+ */
+export const ALLOCATION_VOLUME_MIGRATION: Migration = {
+  version: 20,
+  name: "allocation attached volume",
+  sql: `
+ALTER TABLE allocation_launches ADD COLUMN volume_from TEXT;
+CREATE INDEX allocation_launches_volume_from ON allocation_launches (volume_from);
+`,
+};
+
 export type ResolveChoice = "keep" | "destroy";
 
 export interface LaunchRecord {
@@ -39,6 +53,8 @@ export interface LaunchRecord {
   error: string | null;
   /** An operator's resolution of the quarantine: the volume's fate, and who asked. */
   resolve: { volume: ResolveChoice; by: string } | null;
+  /** The released allocation whose kept volume this launch attaches; null: a new volume. */
+  volumeFrom: string | null;
 }
 
 interface Row {
@@ -53,6 +69,7 @@ interface Row {
   error: string | null;
   resolve: string | null;
   resolved_by: string | null;
+  volume_from: string | null;
 }
 
 export async function getLaunch(tx: Tx, allocationId: string): Promise<LaunchRecord | null> {
@@ -70,6 +87,7 @@ export async function getLaunch(tx: Tx, allocationId: string): Promise<LaunchRec
     attempts: r.attempts,
     error: r.error,
     resolve: r.resolve === "keep" || r.resolve === "destroy" ? { volume: r.resolve, by: r.resolved_by ?? "" } : null,
+    volumeFrom: r.volume_from ?? null,
   };
 }
 
@@ -78,8 +96,14 @@ export async function setResolve(tx: Tx, allocationId: string, volume: ResolveCh
   await tx.run("UPDATE allocation_launches SET resolve = ?, resolved_by = ?, keep_volume = ?, attempts = 0, updated_at = ? WHERE allocation_id = ?", [volume, by, volume === "keep" ? 1 : 0, now, allocationId]);
 }
 
-export async function insertLaunch(tx: Tx, allocationId: string, publicKey: string, fingerprint: string, now: number): Promise<void> {
-  await tx.run("INSERT INTO allocation_launches (allocation_id, public_key, fingerprint, updated_at) VALUES (?, ?, ?, ?) ON CONFLICT (allocation_id) DO NOTHING", [allocationId, publicKey, fingerprint, now]);
+export async function insertLaunch(tx: Tx, allocationId: string, publicKey: string, fingerprint: string, now: number, volumeFrom: string | null = null): Promise<void> {
+  await tx.run("INSERT INTO allocation_launches (allocation_id, public_key, fingerprint, updated_at, volume_from) VALUES (?, ?, ?, ?, ?) ON CONFLICT (allocation_id) DO NOTHING", [allocationId, publicKey, fingerprint, now, volumeFrom]);
+}
+
+/** The allocations whose launch attaches (or attached) the kept volume of `volumeFrom`, oldest first. */
+export async function attachmentsOf(tx: Tx, volumeFrom: string): Promise<string[]> {
+  const rows = await tx.all<{ allocation_id: string }>("SELECT allocation_id FROM allocation_launches WHERE volume_from = ? ORDER BY updated_at, allocation_id", [volumeFrom]);
+  return rows.map((r) => r.allocation_id);
 }
 
 export async function setLaunched(tx: Tx, allocationId: string, result: AllocLaunchResult, now: number): Promise<void> {

@@ -15,7 +15,7 @@ import { IMAGES_MIGRATION } from "./images.js";
 import { HOST_REMOVAL_MIGRATION } from "./host-removal.js";
 import { HOST_STANDING_MIGRATION } from "./host-standing.js";
 import { AUDIT_DETAIL_MIGRATION } from "./audit.js";
-import { ALLOCATION_RESOLVE_MIGRATION } from "./allocation-launches.js";
+import { ALLOCATION_RESOLVE_MIGRATION, ALLOCATION_VOLUME_MIGRATION } from "./allocation-launches.js";
 import { FORWARDING_MIGRATION } from "./forwarding.js";
 import { FILES_SCOPE_MIGRATION } from "./files-scope.js";
 import { AWS_LAUNCHES_MIGRATION } from "./aws-launches.js";
@@ -206,4 +206,5 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
   HISTORY_MIGRATION,
   HISTORY_SERIES_MIGRATION,
   PLACEMENT_BREAKERS_MIGRATION,
+  ALLOCATION_VOLUME_MIGRATION,
 ];

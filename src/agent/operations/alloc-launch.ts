@@ -2,13 +2,17 @@
  * alloc_launch: the allocation's sandbox runs on its workspace volume and
  * lets the allocation's key in until its expiry. It needs the hold of
  * exactly its generation (a precondition). The workspace volume is made
- * (intent, then identity: volumes.ts) and linked as the sandbox's workspace;
- * the sandbox is started (`provision`) and the key installed as a grant key
- * (`install_key`), each a step under a derived operation id, so a retry
- * after a crash or a lost reply resumes instead of acting twice. A launch
- * decided under a standing epoch older than the host's withdrawal is refused
- * before anything is made (src/agent/standing.ts); a withdrawal waits for
- * every launch under way before it is acknowledged.
+ * (intent, then identity: volumes.ts) — or, with `volume` (a kept volume
+ * attached: `alloc create --volume`), that volume's record moves to this
+ * allocation, refused when the record is absent, not kept, still held by
+ * its allocation or damaged (volumes.ts `attach`) — and linked as the
+ * sandbox's workspace; the sandbox is started (`provision`) and the key
+ * installed as a grant key (`install_key`), each a step under a derived
+ * operation id, so a retry after a crash or a lost reply resumes instead of
+ * acting twice. A launch decided under a standing epoch older than the
+ * host's withdrawal is refused before anything is made
+ * (src/agent/standing.ts); a withdrawal waits for every launch under way
+ * before it is acknowledged.
  */
 import { launchRefusal, raiseStanding, readStanding } from "../standing.js";
 import type { AllocLaunchResult } from "../../protocol/operations.js";
@@ -23,7 +27,9 @@ export async function allocLaunch(op: OpCall, a: ArgsOf<"alloc_launch">): Promis
     if (refusal) throw refusal;
     raiseStanding(deps.store.meta, { epoch: a.standingEpoch ?? 0, standing: "ready" });
   });
-  const vol = deps.volumes.ensure(a.allocationId);
+  const vol = a.volume
+    ? deps.volumes.attach(a.allocationId, a.volume, (id) => deps.store.holds.get(id)?.state === "held", (fn) => deps.store.transaction(fn))
+    : deps.volumes.ensure(a.allocationId);
   deps.volumes.link(deps.workspacePath(op.machineId), vol);
   const prov = await op.step("p", "provision", op.generation);
   await op.step("k", "install_key", op.generation, { publicKey: a.publicKey, mode: "grant", grantId: a.allocationId, expiresAt: a.expiresAt });

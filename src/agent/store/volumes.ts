@@ -3,12 +3,15 @@
  * of src/agent/volumes.ts: `intent` is written BEFORE the directory is made,
  * `ready` with the exact identity (device, inode, marker) after; release
  * writes `release_intent` before anything is removed and `clean` only once
- * the directory is proven absent. A restarted agent that finds `intent` or
- * `release_intent` finishes or proves that step; it never guesses.
+ * the directory is proven absent; `moved` once a kept volume was attached to
+ * a new allocation (that allocation's record carries the path on). A
+ * restarted agent that finds `intent` or `release_intent` finishes or proves
+ * that step; it never guesses.
  */
 import type { Statements } from "../../store/sqlite/statements.js";
 
-export type VolumeState = "intent" | "ready" | "release_intent" | "clean";
+/** `moved`: a kept volume attached to a new allocation; the directory is that allocation's record's now (volumes.ts `attach`). */
+export type VolumeState = "intent" | "ready" | "release_intent" | "clean" | "moved";
 
 export interface VolumeRecord {
   allocationId: string;

@@ -39,6 +39,7 @@ function printAllocation(a: AllocationView): void {
           (a.launch.readyAt ? `  ready      ${iso(a.launch.readyAt)} (${((a.launch.readyAt - a.createdAt) / 1000).toFixed(1)}s after create)\n` : "") +
           (a.launch.runtime ? `  runtime    ${a.launch.runtime}; size ${a.launch.enforcement}\n` : "") +
           (a.launch.error ? `  last error ${a.launch.error} (attempt ${a.launch.attempts})\n` : "") +
+          (a.launch.volumeFrom ? `  volume     attached: the kept volume of ${a.launch.volumeFrom}\n` : "") +
           (a.launch.release ? `  volume     ${a.launch.release.volume} at release\n` : "")
         : "  launch     none (created without a public key: placed and charged only)\n") +
       (a.access ? `  ssh        berth ssh ${a.id}   (${a.access.user}@${a.access.host}:${a.access.port}, host key ${a.access.hostKeyFingerprint})\n` : ""),
@@ -46,7 +47,7 @@ function printAllocation(a: AllocationView): void {
 }
 
 /** Create with a client-chosen id, so a lost answer is retried safely with the same id. */
-export function create(o: Flags & { size: string; id?: string; for?: number; strategy: string; owner?: string; wait: boolean; waitTimeout?: number; keyDir?: string; key: boolean }): Promise<void> {
+export function create(o: Flags & { size: string; id?: string; for?: number; strategy: string; owner?: string; wait: boolean; waitTimeout?: number; keyDir?: string; key: boolean; volume?: string }): Promise<void> {
   return withApi(o, async (api) => {
     const id = o.id ?? newId("al", (n) => randomBytes(n));
     // The private key is on disk before the request leaves: an allocation that exists always has its key here.
@@ -54,6 +55,7 @@ export function create(o: Flags & { size: string; id?: string; for?: number; str
     const body = {
       id, size: o.size, strategy: o.strategy,
       ...(o.for !== undefined ? { durationMs: o.for } : {}), ...(o.owner ? { owner: o.owner } : {}), ...(key ? { publicKey: key.pair.publicKey } : {}),
+      ...(o.volume !== undefined ? { volume: o.volume } : {}),
     };
     let a: AllocationView | null = null;
     for (let attempt = 0; a === null; attempt++) {

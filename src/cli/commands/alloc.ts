@@ -31,7 +31,8 @@ export function register(program: Command): void {
       .option("--wait", "wait until it is ready (progress on stderr while it is placed and launched)", false)
       .option("--wait-timeout <duration>", "give up waiting after this long (default 10m; the launch goes on)", durationArg("--wait-timeout"))
       .option("--key-dir <dir>", "where the allocation's private key is written (or BERTH_KEY_DIR; default ~/.local/state/berth/allocations)")
-      .option("--no-key", "no key and no launch: only place and charge the allocation"),
+      .option("--no-key", "no key and no launch: only place and charge the allocation")
+      .option("--volume <volume>", "run on a kept volume of yours (released with --keep-volume; berth volume ls) instead of a new one: it goes on that volume's host or nowhere"),
   ).action(async (o) => (await load()).create(o));
 
   clientOpts(alloc.command("ls").description("List your live allocations (an operator sees the organisation's)").option("--all", "include released ones", false)).action(async (o) => (await load()).list(o));

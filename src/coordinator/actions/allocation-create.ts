@@ -14,6 +14,10 @@
  * size, duration, strategy) returns the allocation already made, without
  * charging again; another request under that id is `conflict`. The id is
  * checked by the one id constructor before anything is read or written.
+ *
+ * With `volume` (a kept volume: allocation-volume.ts) the volume's host is
+ * the only candidate, and the attachment is recorded with the launch and
+ * audited (`volume_attached`) in the same transaction.
  */
 import { createHash } from "node:crypto";
 import { BerthError } from "../../core/errors.js";
@@ -30,6 +34,9 @@ import { getAllocation, insertAllocation, type AllocationRecord } from "../../st
 import { appendLedger } from "../../store/allocation-ledger.js";
 import { setDue } from "../../store/due.js";
 import { insertLaunch } from "../../store/allocation-launches.js";
+import { audit } from "../../store/audit.js";
+import { allocationMachineId } from "../../core/allocation-access.js";
+import { keptVolumeIn, volumeHostIn } from "./allocation-volume.js";
 
 /** How many best candidates the database returns per placement attempt. */
 const CANDIDATES = 8;
@@ -59,6 +66,8 @@ export interface CreateInput {
    * placed and charged only (no sandbox, no access).
    */
   publicKey?: { line: string; fingerprint: string } | null;
+  /** A kept volume to run on (the released allocation it belongs to); needs a public key (a launch). */
+  volume?: string | null;
 }
 
 export interface CreateResult {
@@ -70,7 +79,9 @@ export interface CreateResult {
 /** The fingerprint of a create request, to tell a retry from a different request under the same id. */
 export function requestHash(owner: string, input: Omit<CreateInput, "id">): string {
   const key = input.publicKey ? [input.publicKey.fingerprint] : [];
-  return createHash("sha256").update(JSON.stringify(["berth-alloc-v1", owner, input.size, input.durationMs, input.strategy, ...key])).digest("hex");
+  // Only when one is attached, so the hash of every other request is unchanged.
+  const volume = input.volume ? [`volume:${input.volume}`] : [];
+  return createHash("sha256").update(JSON.stringify(["berth-alloc-v1", owner, input.size, input.durationMs, input.strategy, ...key, ...volume])).digest("hex");
 }
 
 export async function createAllocation(ctx: AllocCtx, org: string, owner: string, input: CreateInput): Promise<CreateResult> {
@@ -79,7 +90,9 @@ export async function createAllocation(ctx: AllocCtx, org: string, owner: string
   const now = ctx.now();
   const expiry = expiryFor(now, input.durationMs, ctx.config.maxAllocationMs);
   if (!expiry.ok) throw new BerthError("invalid_request", expiry.message);
-  const hash = requestHash(owner, { size: size.name, durationMs: input.durationMs, strategy: input.strategy, publicKey: input.publicKey ?? null });
+  const volumeId = input.volume ? parseId(input.volume, "volume") : null;
+  if (volumeId && !input.publicKey) throw new BerthError("invalid_request", "invalid_request: a volume is attached only to an allocation that launches (with a public key; not --no-key)");
+  const hash = requestHash(owner, { size: size.name, durationMs: input.durationMs, strategy: input.strategy, publicKey: input.publicKey ?? null, volume: volumeId });
   for (let attempt = 0; ; attempt++) {
     const r = await ctx.store.transaction(async (tx): Promise<CreateResult | "raced"> => {
       const o = await lockOwner(tx, org, owner);
@@ -91,10 +104,11 @@ export async function createAllocation(ctx: AllocCtx, org: string, owner: string
       if (!o) throw new BerthError("not_admitted", `not_admitted: ${owner} is not admitted to allocate in this organisation; an operator runs berth owner admit ${owner}`);
       const adm = admit(o.budget, o.used, size);
       if (adm.kind === "refuse") throw new BerthError("budget_exhausted", adm.message);
+      const vol = volumeId ? await keptVolumeIn(tx, org, owner, volumeId) : null;
       const exclude = new Set<string>();
       for (;;) {
-        // The database narrows to the best few candidates; `choose` decides among them.
-        const chosen = choose(await candidateHostAccounts(tx, org, size, input.strategy, exclude.size + CANDIDATES), size, input.strategy, exclude);
+        // The database narrows to the best few candidates; `choose` decides among them. A kept volume's host is the only one.
+        const chosen = vol ? await volumeHostIn(tx, vol, size) : choose(await candidateHostAccounts(tx, org, size, input.strategy, exclude.size + CANDIDATES), size, input.strategy, exclude);
         if (!chosen) {
           // Every host's reason, for the refusal (the slow path reads them all).
           throw new BerthError("no_capacity", noCapacityMessage(place(await listHostAccounts(tx, org), size, input.strategy), size));
@@ -130,7 +144,9 @@ export async function createAllocation(ctx: AllocCtx, org: string, owner: string
         await setDue(tx, "alloc_expiry", id, expiry.expiresAt);
         if (input.publicKey) {
           // The launch's durable inputs and its due row, in the reserving transaction: any coordinator launches it.
-          await insertLaunch(tx, id, input.publicKey.line, input.publicKey.fingerprint, now);
+          await insertLaunch(tx, id, input.publicKey.line, input.publicKey.fingerprint, now, vol?.id ?? null);
+          // In the volume's trail (its name is its allocation's), as `volume rm` and `volume reset` are.
+          if (vol) await audit(tx, { at: now, machineId: allocationMachineId(vol.id), subject: owner, event: "volume_attached", from: "kept", to: "attached", generation: 0, actor: ctx.actor, detail: `to allocation ${id} on host ${host.hostId}` });
           await setDue(tx, "alloc_launch", id, now);
           tx.afterCommit(() => ctx.kick?.());
         }

@@ -188,7 +188,7 @@ async function act(d: AllocWorkerDeps, a: AllocationRecord, launch: LaunchRecord
   if (gate.kind !== "launch") return;
   if (!(await renew(d, actor))) return;
   // The standing epoch this launch was decided under: the agent refuses it once a later withdrawal reached it.
-  const res = await agent.op(a.hostId, "alloc_launch", `${opBase(a.id)}-l${g}`, machineId, g, { allocationId: a.id, publicKey: launch.publicKey, expiresAt: a.expiresAt, ...(gate.epoch ? { standingEpoch: gate.epoch } : {}) });
+  const res = await agent.op(a.hostId, "alloc_launch", `${opBase(a.id)}-l${g}`, machineId, g, { allocationId: a.id, publicKey: launch.publicKey, expiresAt: a.expiresAt, ...(gate.epoch ? { standingEpoch: gate.epoch } : {}), ...launchVolume(launch) });
   if (res.kind === "ambiguous") return noteFailure(d, a.id, `launch: ${res.error}`);
   await ctx.store.transaction(async (tx) => {
     const now = ctx.now();
@@ -216,6 +216,11 @@ async function noteFailure(d: AllocWorkerDeps, id: string, error: string): Promi
   await d.ctx.store.transaction(async (tx) => {
     await noteLaunchError(tx, id, error, d.ctx.now());
   }, { name: "alloc_launch_error" });
+}
+
+/** A kept volume the launch attaches (absent otherwise, so every other launch's arguments are unchanged). */
+export function launchVolume(launch: LaunchRecord): { volume?: string } {
+  return launch.volumeFrom ? { volume: launch.volumeFrom } : {};
 }
 
 /** The stem of an allocation's operation ids: one id segment with room for a suffix (long ids are hashed). */

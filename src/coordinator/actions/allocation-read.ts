@@ -61,6 +61,8 @@ export interface AllocationDetail {
     runtime: string | null;
     enforcement: string | null;
     volume: { path: string; dev: string; ino: string } | null;
+    /** The allocation whose kept volume this one attached (`alloc create --volume`); null: its own. */
+    volumeFrom: string | null;
     release: AllocReleaseResult | null;
   } | null;
   access: { host: string; port: number; user: string; hostKey: string; hostKeyFingerprint: string } | null;
@@ -74,7 +76,7 @@ export async function allocationDetail(ctx: AllocCtx, a: AllocationRecord): Prom
       ? {
           fingerprint: l.fingerprint, keepVolume: l.keepVolume, readyAt: l.readyAt, attempts: l.attempts, error: l.error,
           machineId: l.launch?.machineId ?? null, incarnation: l.launch?.incarnation ?? null, runtime: l.launch?.runtime ?? null,
-          enforcement: l.launch?.enforcement ?? null, volume: l.launch?.volume ?? null, release: l.release,
+          enforcement: l.launch?.enforcement ?? null, volume: l.launch?.volume ?? null, volumeFrom: l.volumeFrom, release: l.release,
         }
       : null;
     const access = a.state === "ready" && host && l?.launch

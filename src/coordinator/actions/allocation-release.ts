@@ -56,7 +56,9 @@ export async function releaseIn(tx: Tx, ctx: AllocCtx, a0: AllocationRecord, cau
   const owner = await lockOwner(tx, a0.org, a0.owner);
   // Re-read under the owner's lock: every change of a reservation-holding allocation takes that lock first.
   const a = (await getAllocation(tx, a0.id, true))!;
-  const t = allocationTransition(a.state, { kind: "release", cause, keepVolume });
+  // A kept volume attached to it is never wiped because its launch failed: it stays kept (now this allocation's).
+  const keep = keepVolume || (cause === "launch_failed" && (await getLaunch(tx, a.id))?.volumeFrom != null);
+  const t = allocationTransition(a.state, { kind: "release", cause, keepVolume: keep });
   if (!t.ok) throw new BerthError("conflict", `conflict: allocation ${a.id}: ${t.refusal}`);
   if (!t.changed) return a;
   if (t.effects.some((e) => e.kind === "refund")) {

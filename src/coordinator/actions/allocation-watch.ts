@@ -33,7 +33,7 @@ import { casAllocationState, getAllocation, type AllocationRecord } from "../../
 import { getLaunch, noteLaunchError, setLaunched } from "../../store/allocation-launches.js";
 import { lockHostAccount } from "../../store/host-accounts.js";
 import { clearDue, hasDue, setDue } from "../../store/due.js";
-import { opBase, type AllocWorkerDeps } from "./allocation-launch.js";
+import { launchVolume, opBase, type AllocWorkerDeps } from "./allocation-launch.js";
 import type { AllocCtx } from "./allocation-create.js";
 import { lockRequested, moveLocked, type Requester } from "./allocation-release.js";
 import type { Ctx } from "../context.js";
@@ -158,7 +158,7 @@ export async function driveRestart(d: AllocWorkerDeps, id: string): Promise<void
   if (!start) return;
   const { a, launch, generation: g } = start;
   const opId = `${opBase(id)}-r${a.stateSince.toString(36)}`;
-  const res = await agent.op(a.hostId, "alloc_launch", opId, allocationMachineId(id), g, { allocationId: id, publicKey: launch.publicKey, expiresAt: a.expiresAt, ...(start.epoch ? { standingEpoch: start.epoch } : {}) });
+  const res = await agent.op(a.hostId, "alloc_launch", opId, allocationMachineId(id), g, { allocationId: id, publicKey: launch.publicKey, expiresAt: a.expiresAt, ...(start.epoch ? { standingEpoch: start.epoch } : {}), ...launchVolume(launch) });
   if (res.kind === "ambiguous") {
     await ctx.store.transaction(async (tx) => void (await noteLaunchError(tx, id, `restart: ${res.error}`, ctx.now())), { name: "alloc_restart_error" });
     return;

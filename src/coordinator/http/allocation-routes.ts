@@ -4,7 +4,7 @@
  *
  *   GET  /v1/sizes                              the size catalog
  *   GET  /v1/allocations[?all=true]             live allocations (a member's own; an operator's org)
- *   POST /v1/allocations                        create (idempotent by id)
+ *   POST /v1/allocations                        create (idempotent by id; `volume`: on a kept volume)
  *   POST /v1/allocations/plan                   placement dry run
  *   GET  /v1/allocations/{allocation}
  *   POST /v1/allocations/{allocation}/release
@@ -23,6 +23,7 @@ import { allows, requireRole, type Principal, type Role } from "../auth.js";
 import { budgetSchema, createAllocationSchema, planSchema, releaseAllocationSchema, resolveAllocationSchema, standingSchema } from "./schemas.js";
 import { newId } from "../../core/ids.js";
 import { createAllocation, type AllocCtx } from "../actions/allocation-create.js";
+import { precheckVolume } from "../actions/allocation-volume.js";
 import { releaseAllocation, resolveAllocation, type Requester } from "../actions/allocation-release.js";
 import { restartAllocation } from "../actions/allocation-watch.js";
 import { allocationDetail, listAllocationsFor, planAllocation, showAllocation } from "../actions/allocation-read.js";
@@ -88,7 +89,10 @@ export function registerAllocationRoutes(app: HttpServer, d: AllocationRouteDeps
     const id = body.id ?? newId("al", ctx.randomBytes);
     const key = body.publicKey !== undefined ? parsePublicKey(body.publicKey) : null;
     const publicKey = key ? { line: key.line, fingerprint: key.fingerprint } : null;
-    const res = await createAllocation(ctx, p.org, body.owner ?? p.tokenId, { id, size: body.size, durationMs: body.durationMs ?? null, strategy: body.strategy, publicKey });
+    const owner = body.owner ?? p.tokenId;
+    // A kept volume is verified by its agent first: a damaged or removed one is refused with nothing created.
+    if (body.volume !== undefined && d.agent) await precheckVolume(ctx, d.agent, p.org, owner, id, body.size, body.volume);
+    const res = await createAllocation(ctx, p.org, owner, { id, size: body.size, durationMs: body.durationMs ?? null, strategy: body.strategy, publicKey, volume: body.volume ?? null });
     return new Reply(res.created ? 201 : 200, { ...presentAllocation(res.allocation), created: res.created });
   });
   app.post("/v1/allocations/plan", { ...auth("member"), body: planSchema }, async (req) => planAllocation(ctx, requester(req.auth), req.body.size, req.body.strategy));

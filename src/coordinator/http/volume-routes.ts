@@ -49,7 +49,8 @@ export function registerVolumeRoutes(app: HttpServer, d: VolumeRouteDeps): void 
         const r = await agent.passthrough(hostId, "GET /v1/agent/volumes");
         for (const v of r.volumes) {
           const a = allocs.get(v.allocationId);
-          if (a && v.state !== "clean") volumes.push({ ...v, hostId, hostName: a.plan.hostName, allocationState: a.state, owner: a.owner });
+          // A moved record's volume is listed under the allocation it was attached to.
+          if (a && v.state !== "clean" && v.state !== "moved") volumes.push({ ...v, hostId, hostName: a.plan.hostName, allocationState: a.state, owner: a.owner });
         }
       } catch {
         unreachable.push(hostId);
