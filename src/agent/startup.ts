@@ -96,6 +96,7 @@ export async function startLocal(opts: AgentOptions, store: AgentStore, teardown
     log.warn({ runtime: runtime.kind }, "runtime: process (plain child processes in a directory, NO isolation)");
   }
   if (runtime.detail.warning) log.warn({ runtime: runtime.kind, runsc: runtime.detail.runsc }, runtime.detail.warning);
+  if (runtime instanceof GvisorRuntime) log.info({ platform: runtime.runscInfo.platform, why: runtime.runscInfo.platformWhy }, `gvisor platform ${runtime.runscInfo.platform}: ${runtime.runscInfo.platformWhy}`);
   // Images boot on gvisor only; what an interrupted pull left is removed first.
   const images = runtime instanceof GvisorRuntime
     ? new ImageCache({ stateDir: opts.stateDir, maxBytes: opts.images?.maxBytes ?? DEFAULT_IMAGE_CACHE_MAX, registry: opts.images?.registry ?? {}, inUse: () => runtime.imagesInUse(), log, now })

@@ -14,6 +14,10 @@ import { gunzipSync } from "node:zlib";
 import { startTestCoordinator } from "../helpers/env.js";
 import { setAgentReport } from "../../src/store/host-identity.js";
 
+/** The page-weight budget (docs/dashboard.md): one page as sent, compressed; the assets of a first view, compressed. */
+const PAGE_BUDGET = 24 * 1024;
+const ASSET_BUDGET = 96 * 1024;
+
 async function signIn(url: string, token: string): Promise<string> {
   const r = await fetch(`${url}/ui/sign-in`, { method: "POST", body: new URLSearchParams({ token }), redirect: "manual" });
   return r.headers.get("set-cookie")!.split(";")[0]!;
@@ -30,7 +34,7 @@ function raw(url: string, headers: Record<string, string>): Promise<{ status: nu
   });
 }
 
-test("dashboard serving: signed-in requests skip the token-free rate; compression; hashed immutable assets; refusal pages with navigation; names beside ids", async () => {
+test("dashboard serving: signed-in requests skip the token-free rate; compression; hashed immutable assets; refusal pages with navigation; names beside ids", async (ctx) => {
   const t = await startTestCoordinator({ reconcile: false });
   try {
     const op = await t.token("operator");
@@ -80,6 +84,20 @@ test("dashboard serving: signed-in requests skip the token-free rate; compressio
     await t.store.transaction((tx) => setAgentReport(tx, host.hostId, { version: "0.1.0" }));
     const overview = await (await fetch(`${t.coord.url}/ui`, { headers: { cookie } })).text();
     assert.match(overview, /<tr data-host="h-1" id="host-h-1">[^]*?<td>0\.1\.0<\/td>/);
+
+    // Page weight (docs/dashboard.md "Serving and page weight"): every page as sent compressed, and the
+    // assets a first view fetches once per release, within the stated budget.
+    const weights: Record<string, number> = {};
+    for (const path of ["/ui", "/ui/pools/n", "/ui/pools/n?window=24h", "/ui/borrows", "/ui/allocations", "/ui/audit", `/ui/machines/${b.machine.id}`]) {
+      const r = await raw(`${t.coord.url}${path}`, { cookie, "accept-encoding": "gzip" });
+      assert.equal(r.status, 200, path);
+      weights[path] = r.body.length;
+    }
+    let assetBytes = 0;
+    for (const a of assets) assetBytes += (await raw(`${t.coord.url}${a}`, { cookie, "accept-encoding": "br, gzip" })).body.length;
+    ctx.diagnostic(`compressed bytes: ${JSON.stringify(weights)}; assets ${assetBytes}`);
+    for (const [path, n] of Object.entries(weights)) assert.ok(n <= PAGE_BUDGET, `${path}: ${n} bytes compressed, over the ${PAGE_BUDGET}-byte budget`);
+    assert.ok(assetBytes <= ASSET_BUDGET, `assets: ${assetBytes} bytes compressed, over the ${ASSET_BUDGET}-byte budget`);
   } finally {
     await t.close();
   }

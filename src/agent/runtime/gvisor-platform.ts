@@ -10,6 +10,12 @@
  * the sandboxed program is a ptrace stop). `auto` takes the fastest this
  * runsc offers and this host can run; a named platform this runsc or host
  * lacks is refused when the agent starts, never silently replaced.
+ *
+ * An openable /dev/kvm is not proof that kvm works: under some nested
+ * virtualisation a kvm sandbox runs its program and then never exits. So kvm
+ * counts only after a trial sandbox on it has run and ended (`kvmTrial`,
+ * gvisor-runsc.ts); a failed trial makes auto take the next platform and a
+ * named kvm a refusal, both saying why.
  */
 import { BerthError } from "../../core/errors.js";
 
@@ -66,18 +72,30 @@ export function parsePlatforms(flagsOut: string): GvisorPlatform[] {
   return found.length > 0 ? found : ["ptrace"];
 }
 
-/** The platform for new sandboxes: the choice if this runsc and host can run it, else a refusal; auto: the fastest available. */
-export function choosePlatform(offered: readonly GvisorPlatform[], kvmDevice: boolean, choice: PlatformChoice): { platform: GvisorPlatform; why: string } {
-  const usable = (p: GvisorPlatform): boolean => offered.includes(p) && (p !== "kvm" || kvmDevice);
+/**
+ * The platform for new sandboxes: the choice if this runsc and host can run it, else a refusal; auto: the fastest available.
+ * `kvmTrial` is asked only when kvm is offered and /dev/kvm opens: null when a kvm sandbox ran and ended, else why not.
+ */
+export function choosePlatform(offered: readonly GvisorPlatform[], kvmDevice: boolean, choice: PlatformChoice, kvmTrial: () => string | null = () => null): { platform: GvisorPlatform; why: string } {
+  let kvmFailure: string | null | undefined;
+  const kvmWhyNot = (): string | null => {
+    if (!kvmDevice) return "no /dev/kvm";
+    if (kvmFailure === undefined) kvmFailure = kvmTrial();
+    return kvmFailure;
+  };
+  const usable = (p: GvisorPlatform): boolean => offered.includes(p) && (p !== "kvm" || kvmWhyNot() === null);
   if (choice !== "auto") {
     if (!offered.includes(choice)) {
       throw new BerthError("provider_unavailable", `provider_unavailable: this runsc has no ${choice} platform (it offers ${offered.join(", ")}); install runsc ≥ 0.0~${TESTED_RUNSC_DATE} or choose another --runsc-platform`);
     }
-    if (!usable(choice)) throw new BerthError("provider_unavailable", "provider_unavailable: the kvm platform needs /dev/kvm, which this host does not have (or the agent cannot open); use --runsc-platform auto");
+    if (!usable(choice)) {
+      const why = kvmWhyNot() === "no /dev/kvm" ? "the kvm platform needs /dev/kvm, which this host does not have (or the agent cannot open)" : `the kvm platform does not work on this host: ${kvmWhyNot()}`;
+      throw new BerthError("provider_unavailable", `provider_unavailable: ${why}; use --runsc-platform auto`);
+    }
     return { platform: choice, why: "chosen with --runsc-platform" };
   }
   const best = GVISOR_PLATFORMS.find(usable) ?? "ptrace";
-  const skipped = GVISOR_PLATFORMS.slice(0, GVISOR_PLATFORMS.indexOf(best)).map((p) => (offered.includes(p) ? `${p}: no /dev/kvm` : `${p}: not in this runsc`));
+  const skipped = GVISOR_PLATFORMS.slice(0, GVISOR_PLATFORMS.indexOf(best)).map((p) => (!offered.includes(p) ? `${p}: not in this runsc` : `${p}: ${kvmWhyNot()}`));
   return { platform: best, why: skipped.length > 0 ? `fastest available (${skipped.join("; ")})` : "fastest available" };
 }
 

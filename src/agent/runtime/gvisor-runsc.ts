@@ -5,8 +5,10 @@
  * one `runsc exec`, and finding a container's host processes by their argv.
  * No machine records here; gvisor.ts owns those and their ordering.
  */
-import { closeSync, existsSync, openSync } from "node:fs";
+import { closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { execFile, spawn, spawnSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import { tmpdir } from "node:os";
 import { delimiter, join } from "node:path";
 import { BerthError } from "../../core/errors.js";
 import { allPids, isDead, readCmdline, readStat, safeRead } from "./procfs.js";
@@ -159,6 +161,72 @@ export function probeRunsc(bin: string, choice: PlatformChoice): RunscInfo {
   };
   const version = parseRunscVersion(run(["--version"]));
   const platforms = parsePlatforms(run(["flags"]));
-  const { platform, why } = choosePlatform(platforms, kvmUsable(), choice);
+  const { platform, why } = choosePlatform(platforms, kvmUsable(), choice, () => kvmTrial(bin, version.version));
   return { path: bin, ...version, platforms, platform, platformWhy: why, warning: runscWarning(version, platforms) };
+}
+
+/** Where trial outcomes are kept, one file per runsc binary (by path, version, size and time); gone at reboot. */
+export const KVM_TRIAL_DIR = "/run/berth/kvm-trial";
+/** How long a trial sandbox may take to run /bin/true and end (a working kvm takes well under a second). */
+export const KVM_TRIAL_MS = 10_000;
+
+/**
+ * Whether a gVisor sandbox on the kvm platform runs and ends on this host:
+ * `runsc do /bin/true` under a private root, bounded by `timeoutMs`. Null when
+ * it ended with status 0, else why not. Under some nested virtualisation kvm
+ * runs the program and the sandbox then never exits, so an openable /dev/kvm
+ * alone is not enough. Whatever the trial leaves (its sandbox and gofer name
+ * the private root in their argv) is killed. The outcome is kept per runsc
+ * binary in `cacheDir`, so only the first agent start after a boot pays for it.
+ */
+export function kvmTrial(bin: string, version: string, cacheDir = KVM_TRIAL_DIR, timeoutMs = KVM_TRIAL_MS): string | null {
+  let file: string | null = null;
+  try {
+    const st = statSync(bin);
+    const key = createHash("sha256").update(`${bin}\0${version}\0${st.size}\0${st.mtimeMs}`).digest("hex").slice(0, 32);
+    file = join(cacheDir, `${key}.json`);
+    const kept = JSON.parse(readFileSync(file, "utf8")) as { why?: unknown };
+    if (kept.why === null || typeof kept.why === "string") return kept.why;
+  } catch {
+    // no outcome kept yet: run the trial
+  }
+  const root = mkdtempSync(join(tmpdir(), "berth-kvm-trial-"));
+  let why: string | null = null;
+  try {
+    const r = spawnSync(bin, ["--root", root, "--platform=kvm", "--network=none", "--ignore-cgroups", "do", "/bin/true"], {
+      timeout: timeoutMs,
+      killSignal: "SIGKILL",
+      stdio: ["ignore", "pipe", "pipe"],
+      encoding: "utf8",
+    });
+    const code = (r.error as NodeJS.ErrnoException | undefined)?.code;
+    if (code === "ETIMEDOUT") why = `a trial sandbox on kvm (runsc do /bin/true) did not end within ${timeoutMs / 1000} s`;
+    else if (r.error) why = `a trial sandbox on kvm did not start: ${r.error.message}`;
+    else if (r.status !== 0) why = `a trial sandbox on kvm (runsc do /bin/true) exited ${r.status ?? r.signal}: ${(r.stderr ?? "").trim().split("\n").pop()?.slice(0, 160) ?? ""}`;
+  } finally {
+    killArgvHolding(root);
+    rmSync(root, { recursive: true, force: true });
+  }
+  if (file) {
+    try {
+      mkdirSync(cacheDir, { recursive: true, mode: 0o700 });
+      writeFileSync(file, JSON.stringify({ bin, version, why, at: new Date().toISOString() }), { mode: 0o600 });
+    } catch {
+      // not kept: the next agent start tries again
+    }
+  }
+  return why;
+}
+
+/** SIGKILL every process whose argv contains `text` (a trial's private runsc root). */
+function killArgvHolding(text: string): void {
+  for (const pid of allPids()) {
+    if (pid === process.pid) continue;
+    if (!readCmdline(pid).some((a) => a.includes(text))) continue;
+    try {
+      process.kill(pid, "SIGKILL");
+    } catch {
+      // already gone
+    }
+  }
 }
