@@ -84,7 +84,7 @@ export function openSftp(conn: SshConnection): Promise<SFTPWrapper> {
     if (conn.closed) return reject(new BerthError("transfer_cut", "transfer_cut: the SSH connection to the machine is closed"));
     conn.client.sftp((err, sftp) => {
       if (err) {
-        reject(new BerthError("sftp_unavailable", `sftp_unavailable: the machine's SFTP server did not start (${err.message}); an image without openssh-sftp-server has none`));
+        reject(new BerthError("sftp_unavailable", `sftp_unavailable: the machine's SFTP server did not start (${err.message}); the machine has no sftp-server and berth provided none`));
       } else resolve(sftp);
     });
   });

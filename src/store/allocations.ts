@@ -77,6 +77,11 @@ export async function getAllocation(tx: Tx, id: string, lock = false): Promise<A
   return r ? allocationFromRow(r) : null;
 }
 
+/** The allocations on a host that are not released yet, by id. */
+export async function unreleasedAllocationsOnHost(tx: Tx, hostId: string): Promise<Array<{ id: string; state: string }>> {
+  return tx.all<{ id: string; state: string }>("SELECT id, state FROM allocations WHERE host_id = ? AND state <> 'released' ORDER BY id", [hostId]);
+}
+
 export async function listAllocations(tx: Tx, org: string, owner: string | null, includeReleased: boolean): Promise<AllocationRecord[]> {
   const rows = await tx.all<AllocationRow>(
     `SELECT * FROM allocations WHERE org = ?${owner !== null ? " AND owner = ?" : ""}${includeReleased ? "" : " AND state <> 'released'"} ORDER BY created_at, id`,

@@ -53,6 +53,20 @@ export async function readHostCommitted(store: Store, id: string): Promise<HostR
   return store.readCommitted<HostRow>("SELECT * FROM hosts WHERE id = ?", [id]);
 }
 
+/** Reads and locks a host row. */
+export async function lockHost(tx: Tx, id: string): Promise<HostRow | undefined> {
+  return tx.get<HostRow>(`SELECT * FROM hosts WHERE id = ?${tx.forUpdate}`, [id]);
+}
+
+/** Free and total slots of the organisation's hosts that take machines (legacy or active identity, not being removed). */
+export async function hostSlotTotals(tx: Tx, org: string): Promise<{ free: number; slots: number }> {
+  const h = await tx.get<{ free: number | null; slots: number | null }>(
+    "SELECT SUM(CASE WHEN used_slots < slots THEN slots - used_slots ELSE 0 END) AS free, SUM(slots) AS slots FROM hosts WHERE org = ? AND identity_state IN ('legacy', 'active') AND removing_since IS NULL",
+    [org],
+  );
+  return { free: Number(h?.free ?? 0), slots: Number(h?.slots ?? 0) };
+}
+
 export async function lockHostByName(tx: Tx, org: string, name: string): Promise<HostRow | undefined> {
   return tx.get<HostRow>(`SELECT * FROM hosts WHERE org = ? AND name = ?${tx.forUpdate}`, [org, name]);
 }

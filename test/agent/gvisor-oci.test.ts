@@ -67,6 +67,15 @@ test("sandbox spec: workspace read-write, boot id read-only, agent state masked,
   assert.doesNotThrow(() => JSON.parse(JSON.stringify(spec)));
 });
 
+test("sandbox spec of an image: berth's SFTP server bound read-only beneath /run/berth, after it; none without a kit", () => {
+  const kit = "/var/lib/berth/sftp-kit/0123456789abcdef";
+  const mounts = (sandboxSpec({ ...input, root: "/var/lib/berth/images/abc/rootfs", sftpKit: kit }) as { mounts: Mount[] }).mounts;
+  const i = mounts.findIndex((m) => m.destination === "/run/berth/sftp");
+  assert.deepEqual(mounts[i], { destination: "/run/berth/sftp", type: "bind", source: kit, options: ["rbind", "ro"] });
+  assert.ok(i > mounts.findIndex((m) => m.destination === "/run/berth"), "mounted after /run/berth, over its mount point");
+  assert.equal((sandboxSpec(input) as { mounts: Mount[] }).mounts.some((m) => m.destination === "/run/berth/sftp"), false);
+});
+
 test("exec process spec: the identity wrapper runs first, argv and environment pass exactly, terminal as asked", () => {
   const env = { PATH: PATH_IN, LANG: "C.UTF-8", ODD: "a b=c 'q'" };
   const pipe = execProcessSpec(["printf", "%s", "x y"], env, false) as { args: string[]; env: string[]; terminal: boolean; cwd: string };

@@ -6,12 +6,14 @@
  *
  * Sandbox spec: the host's `/` as root (made read-only-underneath by runsc's
  * `--overlay2=root:memory`), /workspace bound read-write, /tmp a tmpfs,
- * /run/berth (the boot id) bound read-only, the agent's state directory masked
+ * /run/berth (the boot id) bound read-only (for a machine of an image, berth's
+ * own SFTP server bound read-only beneath it at /run/berth/sftp), the agent's state directory masked
  * by an empty read-only tmpfs, and private pid/ipc/uts/mount/network
  * namespaces. Its init only sleeps and reaps, so no borrower command ever
  * joins init's process group (pgid 1).
  */
 import { IDENTITY_PREFIX } from "./streams.js";
+import { SFTP_KIT_IN } from "../ssh/channels.js";
 
 const CAPS = [
   "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
@@ -82,6 +84,12 @@ export interface SandboxSpecInput {
    * new one; these files are bound read-only over /etc/hosts and /etc/resolv.conf.
    */
   network?: { hosts: string; resolvConf: string };
+  /**
+   * Host directory of berth's own SFTP server (sftp-kit.ts), bound read-only
+   * at SFTP_KIT_IN for a machine whose image may have none; its mount point
+   * (`sftp` under `runDir`) must exist.
+   */
+  sftpKit?: string;
 }
 
 /** OCI resources of a size: CFS quota of `vcpu` CPUs, a hard memory limit (runsc sizes the sandbox from both). */
@@ -99,6 +107,7 @@ export function sandboxSpec(i: SandboxSpecInput): Record<string, unknown> {
     { destination: "/workspace", type: "bind", source: i.workspace, options: ["rbind", "rw"] },
     { destination: "/run/berth", type: "bind", source: i.runDir, options: ["rbind", "ro"] },
   ];
+  if (i.sftpKit) mounts.push({ destination: SFTP_KIT_IN, type: "bind", source: i.sftpKit, options: ["rbind", "ro"] });
   const root = i.root ?? "/";
   // Mask the agent's state (records, runsc state, other machines' workspaces) where the root holds it.
   const rel = root === "/" ? i.stateDir : i.stateDir.startsWith(root + "/") ? i.stateDir.slice(root.length) : null;

@@ -12,6 +12,8 @@
  *   - /workspace: bind mount of <stateDir>/machines/<id>/workspace (read-write,
  *     survives restarts until scrub wipes it); cwd and HOME of every command.
  *   - /tmp: tmpfs (gone on restart). /run/berth/incarnation: the boot id (read-only).
+ *   - /run/berth/sftp (a machine of an image only): berth's own SFTP server,
+ *     bound read-only from <stateDir>/sftp-kit/<hash> (sftp-kit.ts).
  *   - network: `--network=none` — loopback only, no route out. Borrowers reach
  *     the machine through the agent's SSH gateway, which execs via runsc.
  *   - init: a shell loop that only sleeps and reaps; every borrower command is a
@@ -71,6 +73,7 @@ import { newIncarnation, validatePty } from "./common.js";
 import { GvisorRecords, imagesInUseIn, type ContainerRecord, type GvisorMachineRecord } from "./gvisor-records.js";
 import { spawnExecClient } from "./gvisor-exec.js";
 import { KeyedLock } from "../keyed-lock.js";
+import { ensureSftpKit } from "./sftp-kit.js";
 
 /** The static relay built by scripts/build-pty-relay.mjs (absent where it could not be built). */
 const PTY_RELAY = fileURLToPath(new URL("../../../berth-pty-relay", import.meta.url));
@@ -101,6 +104,8 @@ export class GvisorRuntime implements Runtime {
    * restarts the sandbox again.
    */
   private readonly untouched = new Set<string>();
+  /** berth's own SFTP server for images without one (sftp-kit.ts), gathered at the first start of an image's machine. */
+  private sftpKit: Promise<string | null> | null = null;
 
   constructor(opts: GvisorRuntimeOptions) {
     this.stateDir = resolve(opts.stateDir);
@@ -160,9 +165,13 @@ export class GvisorRuntime implements Runtime {
       // The image's user owns its workspace (inside, /workspace), as root owns it otherwise.
       chownSync(join(this.records.dir(rec.machineId), "workspace"), image.user.uid, image.user.gid);
     }
+    // A machine of an image gets berth's SFTP server beneath /run/berth (used only where the image has none).
+    const kit = image ? await (this.sftpKit ??= ensureSftpKit(this.stateDir).catch(() => null)) : null;
+    if (kit) mkdirSync(join(bundle, "run", "sftp"), { mode: 0o755 });
     const spec = sandboxSpec({
       machineId: rec.machineId, incarnation: inc, workspace: join(this.records.dir(rec.machineId), "workspace"), runDir: join(bundle, "run"), stateDir: this.stateDir,
       ...(image ? { root: image.rootfs } : {}),
+      ...(kit ? { sftpKit: kit } : {}),
       ...(res ? { resources: res } : {}),
       ...(net ? { network: { hosts: net.hosts, resolvConf: net.resolvConf } } : {}),
     });

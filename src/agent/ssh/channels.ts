@@ -20,6 +20,14 @@ export const SFTP_SERVER_PATHS = [
   "/usr/lib/sftp-server",
 ] as const;
 
+/**
+ * Where berth's own SFTP server is inside a machine booted from an image
+ * (runtime/sftp-kit.ts: the host's sftp-server, its loader as `ld.so` and the
+ * libraries it needs, bound read-only by the gvisor runtime). Used only where
+ * none of SFTP_SERVER_PATHS is present.
+ */
+export const SFTP_KIT_IN = "/run/berth/sftp";
+
 /** Where a pool's SFTP sessions may reach: the machine's whole view (default) or its workspace only. */
 export type FilesScope = "machine" | "workspace";
 
@@ -45,19 +53,22 @@ export type FilesScope = "machine" | "workspace";
 const JAIL = [
   'ws=$1 run=$2 what=$3; shift 3',
   'mount -t tmpfs -o mode=0755,size=48m,nosuid,nodev berth-files "$ws" || exit 126',
-  'for f in "$@" $(ldd "$@" 2>/dev/null | sed -n "s/.*=> \\(\\/[^ ]*\\) .*/\\1/p; s/^[[:space:]]*\\(\\/[^ ]*\\) (.*/\\1/p"); do mkdir -p "$ws${f%/*}" && cp -L "$f" "$ws$f" || exit 126; done',
+  // berth's own server (run "kit") brings its loader and libraries: its files are copied as they are, no ldd.
+  'libs=; [ "$run" = kit ] || libs=$(ldd "$@" 2>/dev/null | sed -n "s/.*=> \\(\\/[^ ]*\\) .*/\\1/p; s/^[[:space:]]*\\(\\/[^ ]*\\) (.*/\\1/p")',
+  'for f in "$@" $libs; do mkdir -p "$ws${f%/*}" && cp -L "$f" "$ws$f" || exit 126; done',
   'mkdir -p "$ws/etc" "$ws/dev" "$ws$ws" || exit 126',
   'echo "$(id -un 2>/dev/null || echo user):x:$(id -u):$(id -g)::$ws:/nonexistent" > "$ws/etc/passwd" && echo "$(id -gn 2>/dev/null || echo group):x:$(id -g):" > "$ws/etc/group" || exit 126',
   ': > "$ws/dev/null" && mount --bind /dev/null "$ws/dev/null" && mount -c --bind . "$ws$ws" && mount -o remount,ro,bind "$ws" || exit 126',
   '[ "$run" = sftp ] && exec chroot "$ws" "$what" -d "$ws"',
+  '[ "$run" = kit ] && exec chroot "$ws" "$what/ld.so" --library-path "$what" "$what/sftp-server" -d "$ws"',
   `exec chroot "$ws" /bin/sh -c 'cd -- "$1" || exit 126; eval "exec $2"' berth-files "$ws" "$what"`,
 ].join("\n");
 
 /** The check for what the jail needs, then the jail in its own namespaces ($1 the jail script); `args` follow "$ws". */
-function jailed(args: string): string {
+function jailed(args: string, needsLdd = true): string {
   return (
     `ws=$(pwd -P); u=; ` +
-    `if command -v chroot >/dev/null && command -v ldd >/dev/null && command -v mount >/dev/null; then ` +
+    `if command -v chroot >/dev/null && ${needsLdd ? "command -v ldd >/dev/null && " : ""}command -v mount >/dev/null; then ` +
     `if unshare -m true 2>/dev/null; then u=-m; elif unshare -rm true 2>/dev/null; then u=-rm; fi; fi; ` +
     `[ -n "$u" ] && { unshare $u --propagation private /bin/sh -c "$1" berth-files "$ws" ${args}; s=$?; } || s=126; ` +
     `[ $s = 126 ] && echo "berth: files_confinement_unavailable: this pool confines files to the workspace, and this machine cannot start its file transfer confined (it needs unshare with a mount or user namespace, mount, chroot and ldd)" >&2; exit $s`
@@ -88,17 +99,19 @@ export function confinedCommandArgv(program: "scp" | "rsync", command: string): 
 }
 
 /**
- * The argv of an SFTP session: a shell loop that execs the machine's own sftp-server, or says there is
- * none (exit 127). With `scope` "workspace" the server runs in the JAIL above; a machine where that
- * cannot be set up (no unshare/mount/chroot, no namespaces) ends the session with
+ * The argv of an SFTP session: a shell loop that execs the machine's own sftp-server; failing that,
+ * berth's own (SFTP_KIT_IN, through its loader); or says there is none (exit 127). With `scope`
+ * "workspace" either server runs in the JAIL above; a machine where that cannot be set up (no unshare/mount/chroot, no namespaces) ends the session with
  * `files_confinement_unavailable` (exit 126) rather than serve the whole machine.
  */
 export function sftpArgv(scope: FilesScope = "machine"): string[] {
   const list = SFTP_SERVER_PATHS.join(" ");
   const start = scope === "workspace" ? jailed(`sftp "$p" "$p"`) : 'exec "$p"';
+  const kit = scope === "workspace" ? jailed(`kit "$k" "$k"/*`, false) : 'exec "$k/ld.so" --library-path "$k" "$k/sftp-server"';
   const script =
     `for p in ${list}; do [ -x "$p" ] && { ${start}; }; done; ` +
-    `echo "berth: sftp_unavailable: this machine has no sftp-server (looked in ${list}); install openssh-sftp-server (or the distribution's equivalent) in its image" >&2; exit 127`;
+    `k=${SFTP_KIT_IN}; [ -x "$k/sftp-server" ] && [ -x "$k/ld.so" ] && { ${kit}; }; ` +
+    `echo "berth: sftp_unavailable: this machine has no sftp-server (looked in ${list}, and for berth's own in ${SFTP_KIT_IN}, which an agent whose host has an sftp-server provides to machines of an image); install openssh-sftp-server (or the distribution's equivalent) in the image or on the agent's host" >&2; exit 127`;
   return scope === "workspace" ? ["/bin/sh", "-c", script, "berth-sftp", JAIL] : ["/bin/sh", "-c", script];
 }
 
