@@ -40,7 +40,7 @@ function pureRows(): Record<string, string | number>[] {
   for (let i = 0; i < 1000; i++) {
     const n = i % 17 === 0 ? 16 : 10;
     live += n;
-    hosts.push({ hostId: `h_${String(i).padStart(4, "0")}`, name: `n${i}`, standing: i % 50 === 0 ? "withdrawn" : "ready", capacity: { vcpu: 64, memoryMib: 131072, slots: 16 }, used: { vcpu: 2 * n, memoryMib: 4096 * n, slots: n } });
+    hosts.push({ hostId: `h_${String(i).padStart(4, "0")}`, name: `n${i}`, standing: i % 50 === 0 ? "withdrawn" : "ready", capacity: { vcpu: 64, memoryMib: 131072, diskMib: 1048576, slots: 16 }, used: { vcpu: 2 * n, memoryMib: 4096 * n, diskMib: 20480 * n, slots: n } });
   }
   const rows: Record<string, string | number>[] = [];
   for (const strategy of ["binpack", "spread"] as const) {

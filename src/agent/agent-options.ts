@@ -57,6 +57,8 @@ export interface AgentOptions {
   slots?: number;
   vcpu?: number;
   memoryMb?: number;
+  /** Disk offered to allocation volumes, MiB (default: free space of the volumes filesystem minus a reserve). */
+  diskMib?: number;
   name?: string;
   log?: AgentLog;
   /** The clock (epoch ms) that decides key expiry. */

@@ -27,7 +27,7 @@ import { META_TOKEN_HASH } from "./identity/host-switch.js";
 import { silentLog } from "./log.js";
 import type { AgentOptions, RunningAgent } from "./agent-options.js";
 import { HostEnrollment } from "./host-enrollment.js";
-import { agentOperations, hostSettings, startAgentGateway, startAgentHttp, startLocal, Teardown } from "./startup.js";
+import { agentOperations, hostSettings, offeredDisk, startAgentGateway, startAgentHttp, startLocal, Teardown } from "./startup.js";
 import { AgentStore } from "./store/store.js";
 
 export { DEFAULT_IMAGE_CACHE_MAX, type AgentOptions, type RunningAgent } from "./agent-options.js";
@@ -41,6 +41,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
   const { listen, sshListen, name, slots, vcpu, memoryMb } = hostSettings(opts);
   // 1. The store takes the state directory's lock.
   const store = AgentStore.open(opts.stateDir);
+  const diskMib = offeredDisk(opts);
   const teardown = new Teardown(log);
   teardown.push(() => store.close());
   try {
@@ -59,7 +60,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     const sshHost = opts.advertiseHost ?? (isWildcard(sshListen.host) ? hostname() : sshListen.host);
     const ssh = { host: sshHost, port: gateway.port, hostKey: gateway.hostKey, fingerprint: gateway.fingerprint };
     let url = "";
-    const description = () => ({ url, runtime: runtime.kind, runtimeDetail: runtime.detail, capacity: { vcpu, memoryMib: memoryMb, slots }, ssh });
+    const description = () => ({ url, runtime: runtime.kind, runtimeDetail: runtime.detail, capacity: { vcpu, memoryMib: memoryMb, diskMib, slots }, ssh });
     const enrollment = new HostEnrollment({ opts, name, version: AGENT_VERSION, store, keys, sessions, ops, description, log, now });
     const identity = enrollment.identity;
     const describe = () => ({ hostId: enrollment.hostId, name, runtime: runtime.kind, slots, version: AGENT_VERSION });

@@ -4,7 +4,7 @@
  *   POST {coordinator}/v1/hosts/enroll
  *   Authorization: Bearer <enroll token>
  *   {name, url, runtime, runtimeDetail: {runsc?: {version, platform}, warning?},
- *    capacity: {vcpu, memoryMib, slots}, ssh: {host, port, hostKey, fingerprint},
+ *    capacity: {vcpu, memoryMib, diskMib, slots}, ssh: {host, port, hostKey, fingerprint},
  *    identity?: {publicKey, challenge, signature}}
  *   -> {hostId, hostCallToken, identity?: "active"}
  *
@@ -33,7 +33,7 @@ export interface EnrollRequest {
   url: string;
   runtime: string;
   runtimeDetail: RuntimeDetail;
-  capacity: { vcpu: number; memoryMib: number; slots: number };
+  capacity: { vcpu: number; memoryMib: number; diskMib: number; slots: number };
   ssh: { host: string; port: number; hostKey: string; fingerprint: string };
 }
 

@@ -7,10 +7,11 @@
  * Each step registers what undoes it with the agent's `Teardown`, so a start
  * that fails half way, or a stop, undoes exactly what was started, last first.
  */
+import { existsSync, statfsSync } from "node:fs";
 import { availableParallelism, hostname, totalmem } from "node:os";
 import { join } from "node:path";
 import { parseId } from "../core/ids.js";
-import { defaultHostCapacity } from "../core/host-capacity.js";
+import { defaultHostCapacity, defaultHostDisk } from "../core/host-capacity.js";
 import { allocationMachineId } from "../core/allocation-access.js";
 import { DEFAULT_IMAGE_CACHE_MAX, type AgentOptions } from "./agent-options.js";
 import { META_TOKEN_HASH, type HostSwitch } from "./identity/host-switch.js";
@@ -66,6 +67,18 @@ export function hostSettings(opts: AgentOptions): { listen: Address; sshListen: 
   // The host's real capacity minus a stated reserve, unless told otherwise (core/host-capacity.ts).
   const real = defaultHostCapacity(availableParallelism(), totalmem());
   return { listen, sshListen, name, slots: opts.slots ?? 4, vcpu: opts.vcpu ?? real.vcpu, memoryMb: opts.memoryMb ?? real.memoryMb };
+}
+
+/**
+ * The disk this host offers to allocation volumes (MiB): `--disk`, or the
+ * space free on the filesystem of its volumes directory minus a stated
+ * reserve (core/host-capacity.ts). Read once the state directory exists.
+ */
+export function offeredDisk(opts: AgentOptions): number {
+  if (opts.diskMib !== undefined) return opts.diskMib;
+  const volumes = join(opts.stateDir, "volumes");
+  const fs = statfsSync(existsSync(volumes) ? volumes : opts.stateDir);
+  return defaultHostDisk(fs.bavail * fs.bsize, fs.blocks * fs.bsize);
 }
 
 export function parseHostPort(s: string, what: string): Address {

@@ -27,7 +27,7 @@ import { audit } from "../store/audit.js";
 import { clearDue, poolRef, setDue, setDueNoLater } from "../store/due.js";
 import { endBorrow, lockBorrow } from "../store/borrows.js";
 import { lockGrantAt } from "../store/grants.js";
-import { lockMachine, type MachineRow } from "../store/machines.js";
+import { lockMachine, machinesOfProviderIn, type MachineRow } from "../store/machines.js";
 import { applyTransition } from "./actions/transition.js";
 import { invalidateGrant } from "./actions/grants.js";
 
@@ -40,7 +40,7 @@ export async function checkReadyMachines(ctx: Ctx, providerNames: string[]): Pro
     const provider = ctx.providers.get(name);
     if (!provider?.checkMachines) continue;
     const machines = await ctx.store.transaction(
-      (tx) => tx.all<MachineRow>(`SELECT * FROM machines WHERE provider = ? AND state IN (${CHECKED_STATES.map(() => "?").join(", ")}) ORDER BY id`, [name, ...CHECKED_STATES]),
+      (tx) => machinesOfProviderIn(tx, name, CHECKED_STATES),
       { name: "ready_check_read" },
     );
     if (machines.length === 0) continue;

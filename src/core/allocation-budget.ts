@@ -1,6 +1,6 @@
 /**
  * Owner budgets. An owner (an API principal an operator admitted) has a
- * budget in three dimensions: vCPU, memory and the number of live
+ * budget in four dimensions: vCPU, memory, disk and the number of live
  * allocations. Admission of a new allocation is a pure decision over the
  * budget, what is in use, and the size; a refusal names the first exhausted
  * dimension with the figures, so the owner knows what to release.
@@ -11,21 +11,25 @@ import { gib, type Size } from "./allocation-sizes.js";
 export interface Budget {
   vcpu: number;
   memoryMib: number;
+  diskMib: number;
   count: number;
 }
 
+/** The disk budget of an owner admitted without one (and of owners admitted before disk was counted): 40 GiB (a `large`) per allocation. */
+export const DEFAULT_DISK_PER_ALLOCATION_MIB = 40 * 1024;
+
 export type Usage = Budget;
 
-export const ZERO_USAGE: Usage = { vcpu: 0, memoryMib: 0, count: 0 };
+export const ZERO_USAGE: Usage = { vcpu: 0, memoryMib: 0, diskMib: 0, count: 0 };
 
-export type Dimension = "vcpu" | "memory" | "count";
+export type Dimension = "vcpu" | "memory" | "disk" | "count";
 
 export type Admission = { kind: "admit"; after: Usage } | { kind: "refuse"; dimension: Dimension; message: string };
 
 /** Refuses a budget that is not whole and positive in every dimension. */
 export function checkBudget(b: Budget): Budget {
   const bad = (what: string, v: number) => !Number.isInteger(v) || v < 1 ? what : null;
-  const which = bad("vcpu", b.vcpu) ?? bad("memory", b.memoryMib) ?? bad("count", b.count);
+  const which = bad("vcpu", b.vcpu) ?? bad("memory", b.memoryMib) ?? bad("disk", b.diskMib) ?? bad("count", b.count);
   if (which) throw new BerthError("invalid_request", `invalid_request: budget ${which} must be a whole number of at least 1`);
   return b;
 }
@@ -41,6 +45,13 @@ export function admit(budget: Budget, used: Usage, size: Size): Admission {
       message: `budget_exhausted: memory ${gib(used.memoryMib)}/${gib(budget.memoryMib)} GiB used, ${size.name} needs ${gib(size.memoryMib)}`,
     };
   }
+  if (used.diskMib + size.diskMib > budget.diskMib) {
+    return {
+      kind: "refuse",
+      dimension: "disk",
+      message: `budget_exhausted: disk ${gib(used.diskMib)}/${gib(budget.diskMib)} GiB used, ${size.name} needs ${gib(size.diskMib)}`,
+    };
+  }
   if (used.count + 1 > budget.count) {
     return { kind: "refuse", dimension: "count", message: `budget_exhausted: allocations ${used.count}/${budget.count} live, ${size.name} needs 1` };
   }
@@ -48,12 +59,12 @@ export function admit(budget: Budget, used: Usage, size: Size): Admission {
 }
 
 export function charge(used: Usage, size: Size): Usage {
-  return { vcpu: used.vcpu + size.vcpu, memoryMib: used.memoryMib + size.memoryMib, count: used.count + 1 };
+  return { vcpu: used.vcpu + size.vcpu, memoryMib: used.memoryMib + size.memoryMib, diskMib: used.diskMib + size.diskMib, count: used.count + 1 };
 }
 
 /** Returns a size to the budget; never below zero (a refund of something not charged is a defect the caller sees). */
 export function refund(used: Usage, size: Size): Usage {
-  const r = { vcpu: used.vcpu - size.vcpu, memoryMib: used.memoryMib - size.memoryMib, count: used.count - 1 };
-  if (r.vcpu < 0 || r.memoryMib < 0 || r.count < 0) throw new Error(`refund below zero: ${JSON.stringify({ used, size })}`);
+  const r = { vcpu: used.vcpu - size.vcpu, memoryMib: used.memoryMib - size.memoryMib, diskMib: used.diskMib - size.diskMib, count: used.count - 1 };
+  if (r.vcpu < 0 || r.memoryMib < 0 || r.diskMib < 0 || r.count < 0) throw new Error(`refund below zero: ${JSON.stringify({ used, size })}`);
   return r;
 }

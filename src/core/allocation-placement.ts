@@ -2,7 +2,9 @@
  * Placement: which host gets a new allocation. A pure decision over the
  * org's host capacity accounts and the size. A host is a candidate only if
  * it is `ready` (never draining, withdrawn or not ready) and has room in
- * every dimension (vCPU, memory, slots). Among candidates:
+ * every dimension (vCPU, memory, disk, slots; a host whose agent declared no
+ * disk — one older than the disk dimension — is not checked for disk).
+ * Among candidates:
  *   - `binpack` (default) picks the one left with the least free memory,
  *     then the least free vCPU, so big holes stay open for big sizes;
  *   - `spread` picks the one left with the most free memory, then the most
@@ -22,6 +24,8 @@ export type Strategy = "binpack" | "spread";
 export interface Capacity {
   vcpu: number;
   memoryMib: number;
+  /** null: not declared by the host's agent (older than the disk dimension); never null in `used`. */
+  diskMib: number | null;
   slots: number;
 }
 
@@ -60,13 +64,17 @@ export function verdict(h: HostAccount, size: Size): Verdict {
   const base = { hostId: h.hostId, name: h.name };
   const standing = standingRefusal(h.standing);
   if (standing) return { ...base, fits: false, reason: standing };
-  const free = { vcpu: h.capacity.vcpu - h.used.vcpu, memoryMib: h.capacity.memoryMib - h.used.memoryMib, slots: h.capacity.slots - h.used.slots };
+  const usedDisk = h.used.diskMib ?? 0;
+  const free = { vcpu: h.capacity.vcpu - h.used.vcpu, memoryMib: h.capacity.memoryMib - h.used.memoryMib, diskMib: h.capacity.diskMib === null ? null : h.capacity.diskMib - usedDisk, slots: h.capacity.slots - h.used.slots };
   if (free.vcpu < size.vcpu) return { ...base, fits: false, reason: `vcpu: ${Math.max(free.vcpu, 0)}/${h.capacity.vcpu} free, ${size.name} needs ${size.vcpu}` };
   if (free.memoryMib < size.memoryMib) {
     return { ...base, fits: false, reason: `memory: ${gib(Math.max(free.memoryMib, 0))}/${gib(h.capacity.memoryMib)} GiB free, ${size.name} needs ${gib(size.memoryMib)}` };
   }
+  if (free.diskMib !== null && h.capacity.diskMib !== null && free.diskMib < size.diskMib) {
+    return { ...base, fits: false, reason: `disk: ${gib(Math.max(free.diskMib, 0))}/${gib(h.capacity.diskMib)} GiB free, ${size.name} needs ${gib(size.diskMib)}` };
+  }
   if (free.slots < 1) return { ...base, fits: false, reason: `slots: 0/${h.capacity.slots} free` };
-  return { ...base, fits: true, freeAfter: { vcpu: free.vcpu - size.vcpu, memoryMib: free.memoryMib - size.memoryMib, slots: free.slots - 1 } };
+  return { ...base, fits: true, freeAfter: { vcpu: free.vcpu - size.vcpu, memoryMib: free.memoryMib - size.memoryMib, diskMib: free.diskMib === null ? null : free.diskMib - size.diskMib, slots: free.slots - 1 } };
 }
 
 function better(strategy: Strategy, a: Verdict & { fits: true }, b: Verdict & { fits: true }): boolean {
@@ -116,6 +124,7 @@ export function choose(hosts: readonly HostAccount[], size: Size, strategy: Stra
     const v = h.capacity.vcpu - h.used.vcpu - size.vcpu;
     const s = h.capacity.slots - h.used.slots - 1;
     if (m < 0 || v < 0 || s < 0) continue;
+    if (h.capacity.diskMib !== null && h.capacity.diskMib - (h.used.diskMib ?? 0) < size.diskMib) continue;
     let wins: boolean;
     if (best === null) wins = true;
     else if (m !== bm) wins = spread ? m > bm : m < bm;

@@ -101,11 +101,13 @@ const agentUrl = z
  * A host's capacity as its agent reports it: memory in MiB as `memoryMib`.
  * `memoryMb` is its older name (the value was MiB all along), accepted from
  * agents of the previous release until the next one; naming both is refused.
+ * `diskMib`: the disk its volumes may take (absent from an agent older than
+ * the disk dimension: null, not checked by placement).
  */
 const hostCapacity = z
-  .strictObject({ vcpu: int(1, 4096), memoryMib: int(64, 64 * 1024 * 1024).optional(), memoryMb: int(64, 64 * 1024 * 1024).optional(), slots: int(0, 10_000) })
+  .strictObject({ vcpu: int(1, 4096), memoryMib: int(64, 64 * 1024 * 1024).optional(), memoryMb: int(64, 64 * 1024 * 1024).optional(), diskMib: int(0, 2 ** 40).optional(), slots: int(0, 10_000) })
   .refine((c) => (c.memoryMib === undefined) !== (c.memoryMb === undefined), { message: "name the memory once, in MiB: memoryMib (memoryMb is its older name)", path: ["memoryMib"] })
-  .transform((c) => ({ vcpu: c.vcpu, memoryMib: c.memoryMib ?? c.memoryMb ?? 0, slots: c.slots }));
+  .transform((c) => ({ vcpu: c.vcpu, memoryMib: c.memoryMib ?? c.memoryMb ?? 0, diskMib: c.diskMib ?? null, slots: c.slots }));
 
 const hostDescription = {
   url: agentUrl,
@@ -158,7 +160,8 @@ export const planSchema = z.strictObject({ size: z.string().min(1).max(64), stra
 export const releaseAllocationSchema = z.strictObject({ keepVolume: z.boolean().default(false) });
 export const resolveAllocationSchema = z.strictObject({ volume: z.enum(["keep", "destroy", "host_gone"]) });
 // Non-positive budgets reach checkBudget, which refuses them with one message for every dimension.
-export const budgetSchema = z.strictObject({ vcpu: int(-1_000_000, 1_000_000), memoryMib: int(-1_000_000_000, 1_000_000_000), count: int(-1_000_000, 1_000_000) });
+// diskMib absent: the owner's disk budget is kept (admit: 40 GiB per allocation of `count`).
+export const budgetSchema = z.strictObject({ vcpu: int(-1_000_000, 1_000_000), memoryMib: int(-1_000_000_000, 1_000_000_000), diskMib: int(-(2 ** 40), 2 ** 40).optional(), count: int(-1_000_000, 1_000_000) });
 const STANDINGS = ["ready", "draining", "withdrawn", "not_ready"] as const satisfies readonly HostStanding[];
 export const standingSchema = z.strictObject({ standing: z.enum(STANDINGS), hostGone: z.boolean().default(false) });
 export const removeImageSchema = z.strictObject({ host: id.optional() });
@@ -251,12 +254,12 @@ export const hostView = o({
   runsc: nullable(o({ version: s, platform: s })),
   runtimeWarning: nullable(s),
   /** memoryMb: the older name of memoryMib (the same MiB), answered too until the next release. */
-  capacity: o({ vcpu: n, memoryMib: n, memoryMb: n.optional(), slots: n }),
+  capacity: o({ vcpu: n, memoryMib: n, memoryMb: n.optional(), diskMib: nullable(n).optional(), slots: n }),
   usedSlots: n,
   identity: hostIdentity,
 });
 
-const resources = o({ vcpu: n, memoryMib: n, count: n });
+const resources = o({ vcpu: n, memoryMib: n, diskMib: n.optional(), count: n });
 export const ownerView = o({ owner: s, budget: resources, used: resources });
 
 export const allocationView = o({
@@ -265,9 +268,10 @@ export const allocationView = o({
   size: s,
   vcpu: n,
   memoryMib: n,
+  diskMib: n.optional(),
   state: s,
   hostId: s,
-  plan: o({ hostId: s, hostName: s, strategy: s, size: s, vcpu: n, memoryMib: n, placedAt: n }),
+  plan: o({ hostId: s, hostName: s, strategy: s, size: s, vcpu: n, memoryMib: n, diskMib: n.optional(), placedAt: n }),
   createdAt: n,
   expiresAt: n,
   stateSince: n,
@@ -283,7 +287,7 @@ export const allocationView = o({
       runtime: nullable(s),
       enforcement: nullable(s),
       machineId: nullable(s),
-      volume: nullable(o({ path: s })),
+      volume: nullable(o({ path: s, disk: o({ enforced: z.boolean(), how: s, sizeMib: n }).optional() })),
       volumeFrom: nullable(s).optional(),
       release: nullable(o({ volume: s })),
     }),
@@ -292,13 +296,13 @@ export const allocationView = o({
 });
 
 export const planReply = o({
-  size: o({ name: s, vcpu: n, memoryMib: n }),
+  size: o({ name: s, vcpu: n, memoryMib: n, diskMib: n.optional() }),
   strategy: s,
   decision: o({ chosen: nullable(o({ hostId: s, name: s })), verdicts: z.array(o({ hostId: s, name: s, fits: z.boolean(), reason: s.optional() })) }),
   budget: nullable(o({ admitted: z.literal(true), fits: z.boolean(), message: nullable(s) })),
 });
 
-const slots = o({ vcpu: n, memoryMib: n, slots: n });
+const slots = o({ vcpu: n, memoryMib: n, diskMib: nullable(n).optional(), slots: n });
 export const hostAccountView = o({ hostId: s, name: s, standing: s, reported: s.optional(), capacity: slots, used: slots });
 
 export const volumeView = o({
@@ -360,7 +364,7 @@ export const API = {
   "POST /v1/hosts/self/describe": { body: hostDescribeSchema, reply: o({ hostId: s, hostCallToken: s }) },
   "POST /v1/hosts/self/active": { body: hostActiveSchema, reply: o({ state: z.literal("active") }) },
   "POST /v1/hosts/self/stopped": { body: stoppedReportsSchema, reply: o({ moot: z.array(o({ machineId: s, generation: n })) }) },
-  "GET /v1/sizes": { reply: o({ sizes: z.array(o({ name: s, vcpu: n, memoryMib: n })), maxDurationMs: n }) },
+  "GET /v1/sizes": { reply: o({ sizes: z.array(o({ name: s, vcpu: n, memoryMib: n, diskMib: n.optional() })), maxDurationMs: n }) },
   "GET /v1/allocations": { reply: o({ allocations: z.array(allocationView) }) },
   "POST /v1/allocations": { body: createAllocationSchema, reply: allocationView },
   "POST /v1/allocations/plan": { body: planSchema, reply: planReply },

@@ -334,7 +334,9 @@ export const destroyResultSchema = z.object({
   processesRemaining: z.literal(0),
 });
 
-export const volumeIdentitySchema = z.object({ path: z.string(), dev: z.string(), ino: z.string() });
+/** `disk`: the volume's disk limit: enforced by a filesystem image of `sizeMib`, or accounted only (`how` says why); absent from agents before the disk dimension. */
+export const volumeDiskSchema = z.object({ enforced: z.boolean(), how: z.string(), sizeMib: z.number() });
+export const volumeIdentitySchema = z.object({ path: z.string(), dev: z.string(), ino: z.string(), disk: volumeDiskSchema.optional() });
 export const allocHoldResultSchema = z.object({
   allocationId: z.string(),
   generation: z.number(),

@@ -13,8 +13,10 @@ export interface OwnerRow {
   budget_vcpu: number;
   budget_memory_mib: number;
   budget_count: number;
+  budget_disk_mib: number;
   used_vcpu: number;
   used_memory_mib: number;
+  used_disk_mib: number;
   used_count: number;
   admitted_at: number;
   updated_at: number;
@@ -33,8 +35,8 @@ export function ownerFromRow(r: OwnerRow): OwnerRecord {
   return {
     org: r.org,
     owner: r.owner,
-    budget: { vcpu: r.budget_vcpu, memoryMib: r.budget_memory_mib, count: r.budget_count },
-    used: { vcpu: r.used_vcpu, memoryMib: r.used_memory_mib, count: r.used_count },
+    budget: { vcpu: r.budget_vcpu, memoryMib: r.budget_memory_mib, diskMib: Number(r.budget_disk_mib), count: r.budget_count },
+    used: { vcpu: r.used_vcpu, memoryMib: r.used_memory_mib, diskMib: Number(r.used_disk_mib), count: r.used_count },
     admittedAt: r.admitted_at,
     updatedAt: r.updated_at,
   };
@@ -58,17 +60,17 @@ export async function listOwners(tx: Tx, org: string): Promise<OwnerRecord[]> {
 /** Admits an owner with a budget, or sets the budget of one already admitted (usage is kept). */
 export async function upsertOwnerBudget(tx: Tx, org: string, owner: string, b: Budget, now: number): Promise<void> {
   await tx.run(
-    `INSERT INTO alloc_owners (org, owner, budget_vcpu, budget_memory_mib, budget_count, used_vcpu, used_memory_mib, used_count, admitted_at, updated_at)
-     VALUES (?, ?, ?, ?, ?, 0, 0, 0, ?, ?)
-     ON CONFLICT (org, owner) DO UPDATE SET budget_vcpu = excluded.budget_vcpu, budget_memory_mib = excluded.budget_memory_mib, budget_count = excluded.budget_count, updated_at = excluded.updated_at`,
-    [org, owner, b.vcpu, b.memoryMib, b.count, now, now],
+    `INSERT INTO alloc_owners (org, owner, budget_vcpu, budget_memory_mib, budget_disk_mib, budget_count, used_vcpu, used_memory_mib, used_disk_mib, used_count, admitted_at, updated_at)
+     VALUES (?, ?, ?, ?, ?, ?, 0, 0, 0, 0, ?, ?)
+     ON CONFLICT (org, owner) DO UPDATE SET budget_vcpu = excluded.budget_vcpu, budget_memory_mib = excluded.budget_memory_mib, budget_disk_mib = excluded.budget_disk_mib, budget_count = excluded.budget_count, updated_at = excluded.updated_at`,
+    [org, owner, b.vcpu, b.memoryMib, b.diskMib, b.count, now, now],
   );
 }
 
 /** Writes the owner's usage; the caller holds the row lock and computed `used` from the locked row. */
 export async function setOwnerUsage(tx: Tx, org: string, owner: string, used: Usage, now: number): Promise<void> {
-  await tx.run("UPDATE alloc_owners SET used_vcpu = ?, used_memory_mib = ?, used_count = ?, updated_at = ? WHERE org = ? AND owner = ?", [
-    used.vcpu, used.memoryMib, used.count, now, org, owner,
+  await tx.run("UPDATE alloc_owners SET used_vcpu = ?, used_memory_mib = ?, used_disk_mib = ?, used_count = ?, updated_at = ? WHERE org = ? AND owner = ?", [
+    used.vcpu, used.memoryMib, used.diskMib, used.count, now, org, owner,
   ]);
 }
 

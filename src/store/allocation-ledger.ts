@@ -18,13 +18,15 @@ export interface LedgerEntry {
   host_id: string | null;
   vcpu: number;
   memory_mib: number;
+  /** 0 where the entry predates the disk dimension. */
+  disk_mib: number;
   detail: string | null;
   actor: string;
 }
 
 export async function appendLedger(tx: Tx, e: Omit<LedgerEntry, "seq">): Promise<void> {
-  await tx.run("INSERT INTO allocation_ledger (at, event, org, allocation_id, owner, host_id, vcpu, memory_mib, detail, actor) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
-    e.at, e.event, e.org, e.allocation_id, e.owner, e.host_id, e.vcpu, e.memory_mib, e.detail, e.actor,
+  await tx.run("INSERT INTO allocation_ledger (at, event, org, allocation_id, owner, host_id, vcpu, memory_mib, disk_mib, detail, actor) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
+    e.at, e.event, e.org, e.allocation_id, e.owner, e.host_id, e.vcpu, e.memory_mib, e.disk_mib, e.detail, e.actor,
   ]);
 }
 

@@ -101,3 +101,27 @@ CREATE TABLE allocation_launches (
 );
 `,
 };
+
+/**
+ * Migration 21: the disk dimension. Sizes grant a workspace disk, so budgets,
+ * host accounts, allocations and the ledger count it (MiB, as memory).
+ * Existing rows: an owner's disk budget becomes 40 GiB per allocation of its
+ * count budget (what a `large` needs, so no owner admitted before is refused
+ * for disk); allocations made before carry 0 (they were charged nothing for
+ * disk, so their refund returns nothing); a host's disk is NULL until its
+ * agent declares one at its next enrollment (NULL: not checked by placement).
+ */
+export const ALLOCATION_DISK_MIGRATION: Migration = {
+  version: 21,
+  name: "allocation disk dimension",
+  sql: `
+ALTER TABLE alloc_owners ADD COLUMN budget_disk_mib INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE alloc_owners ADD COLUMN used_disk_mib INTEGER NOT NULL DEFAULT 0;
+UPDATE alloc_owners SET budget_disk_mib = budget_count * 40960;
+ALTER TABLE host_accounts ADD COLUMN disk_mib INTEGER;
+ALTER TABLE host_accounts ADD COLUMN used_disk_mib INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE hosts ADD COLUMN disk_mib INTEGER;
+ALTER TABLE allocations ADD COLUMN disk_mib INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE allocation_ledger ADD COLUMN disk_mib INTEGER NOT NULL DEFAULT 0;
+`,
+};

@@ -16,6 +16,8 @@ export interface AllocationPlan {
   size: string;
   vcpu: number;
   memoryMib: number;
+  /** Absent in plans written before the disk dimension (their allocations carry 0). */
+  diskMib?: number;
   placedAt: number;
 }
 
@@ -26,6 +28,7 @@ export interface AllocationRow {
   size: string;
   vcpu: number;
   memory_mib: number;
+  disk_mib: number;
   request_hash: string;
   state: AllocationState;
   host_id: string;
@@ -43,6 +46,8 @@ export interface AllocationRecord {
   size: string;
   vcpu: number;
   memoryMib: number;
+  /** The workspace disk charged (0 for allocations made before the disk dimension). */
+  diskMib: number;
   requestHash: string;
   state: AllocationState;
   hostId: string;
@@ -61,6 +66,7 @@ export function allocationFromRow(r: AllocationRow): AllocationRecord {
     size: r.size,
     vcpu: r.vcpu,
     memoryMib: r.memory_mib,
+    diskMib: Number(r.disk_mib ?? 0),
     requestHash: r.request_hash,
     state: r.state,
     hostId: r.host_id,
@@ -77,6 +83,11 @@ export async function getAllocation(tx: Tx, id: string, lock = false): Promise<A
   return r ? allocationFromRow(r) : null;
 }
 
+/** The allocations on a host that are not released yet, by id. */
+export async function unreleasedAllocationsOnHost(tx: Tx, hostId: string): Promise<Array<{ id: string; state: string }>> {
+  return tx.all<{ id: string; state: string }>("SELECT id, state FROM allocations WHERE host_id = ? AND state <> 'released' ORDER BY id", [hostId]);
+}
+
 export async function listAllocations(tx: Tx, org: string, owner: string | null, includeReleased: boolean): Promise<AllocationRecord[]> {
   const rows = await tx.all<AllocationRow>(
     `SELECT * FROM allocations WHERE org = ?${owner !== null ? " AND owner = ?" : ""}${includeReleased ? "" : " AND state <> 'released'"} ORDER BY created_at, id`,
@@ -88,9 +99,9 @@ export async function listAllocations(tx: Tx, org: string, owner: string | null,
 /** Inserts a new allocation; false if the id was taken meanwhile (the caller re-reads it). */
 export async function insertAllocation(tx: Tx, a: AllocationRecord): Promise<boolean> {
   const n = await tx.run(
-    `INSERT INTO allocations (id, org, owner, size, vcpu, memory_mib, request_hash, state, host_id, plan, created_at, expires_at, state_since, reason)
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`,
-    [a.id, a.org, a.owner, a.size, a.vcpu, a.memoryMib, a.requestHash, a.state, a.hostId, JSON.stringify(a.plan), a.createdAt, a.expiresAt, a.stateSince, a.reason],
+    `INSERT INTO allocations (id, org, owner, size, vcpu, memory_mib, disk_mib, request_hash, state, host_id, plan, created_at, expires_at, state_since, reason)
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`,
+    [a.id, a.org, a.owner, a.size, a.vcpu, a.memoryMib, a.diskMib, a.requestHash, a.state, a.hostId, JSON.stringify(a.plan), a.createdAt, a.expiresAt, a.stateSince, a.reason],
   );
   return n === 1;
 }

@@ -1,5 +1,10 @@
-/** Migration 14: the `aws_launches` table, every EC2 launch berth asked for (src/providers/aws/records.ts reads and writes it). */
+/**
+ * Migration 14: the `aws_launches` table, every EC2 launch berth asked for,
+ * and its statements (`storeLaunchRecords`, the AWS provider's launch
+ * records: src/providers/aws/records.ts says when each is written).
+ */
 import type { Migration } from "./migrate.js";
+import type { Store } from "./store.js";
 
 export const AWS_LAUNCHES_MIGRATION: Migration = {
   version: 14,
@@ -22,3 +27,109 @@ CREATE INDEX aws_launches_machine ON aws_launches (machine_id);
 CREATE INDEX aws_launches_open ON aws_launches (ended_at);
 `,
 };
+
+export interface LaunchRecord {
+  clientToken: string;
+  machineId: string;
+  org: string;
+  pool: string;
+  region: string;
+  deployment: string;
+  instanceId: string | null;
+  account: string | null;
+  requestedAt: number;
+  endedAt: number | null;
+  endReason: string | null;
+}
+
+export interface LaunchRecords {
+  /** Before RunInstances: the intent (idempotent on the client token; an existing row keeps its region and deployment). */
+  intend(r: Omit<LaunchRecord, "instanceId" | "account" | "endedAt" | "endReason">): Promise<LaunchRecord>;
+  /** RunInstances answered (or the token was found again): the instance id and account. */
+  launched(clientToken: string, instanceId: string, account: string | null): Promise<void>;
+  /** The instance is observed terminated, or the token launched nothing. */
+  ended(clientToken: string, at: number, reason: string): Promise<void>;
+  byToken(clientToken: string): Promise<LaunchRecord | undefined>;
+  /** Launches of a machine not yet observed ended. */
+  openFor(machineId: string): Promise<LaunchRecord[]>;
+  /** Every launch not yet observed ended. */
+  open(): Promise<LaunchRecord[]>;
+  /** Every (region, deployment) any launch ever named, ended ones included. */
+  scopes(): Promise<Array<{ region: string; deployment: string }>>;
+}
+
+type Row = {
+  client_token: string;
+  machine_id: string;
+  org: string;
+  pool: string;
+  region: string;
+  deployment: string;
+  instance_id: string | null;
+  account: string | null;
+  requested_at: number | string;
+  ended_at: number | string | null;
+  end_reason: string | null;
+};
+
+const COLS = "client_token, machine_id, org, pool, region, deployment, instance_id, account, requested_at, ended_at, end_reason";
+
+function fromRow(r: Row): LaunchRecord {
+  return {
+    clientToken: r.client_token,
+    machineId: r.machine_id,
+    org: r.org,
+    pool: r.pool,
+    region: r.region,
+    deployment: r.deployment,
+    instanceId: r.instance_id,
+    account: r.account,
+    requestedAt: Number(r.requested_at),
+    endedAt: r.ended_at === null ? null : Number(r.ended_at),
+    endReason: r.end_reason,
+  };
+}
+
+export function storeLaunchRecords(store: Store): LaunchRecords {
+  const byToken = async (token: string) => {
+    const r = await store.transaction((tx) => tx.get<Row>(`SELECT ${COLS} FROM aws_launches WHERE client_token = ?`, [token]));
+    return r ? fromRow(r) : undefined;
+  };
+  return {
+    byToken,
+    async intend(r) {
+      await store.transaction(async (tx) => {
+        const had = await tx.get<{ n: number }>("SELECT 1 AS n FROM aws_launches WHERE client_token = ?", [r.clientToken]);
+        if (!had) {
+          await tx.run(`INSERT INTO aws_launches (client_token, machine_id, org, pool, region, deployment, requested_at) VALUES (?, ?, ?, ?, ?, ?, ?)`, [
+            r.clientToken,
+            r.machineId,
+            r.org,
+            r.pool,
+            r.region,
+            r.deployment,
+            r.requestedAt,
+          ]);
+        }
+      });
+      return (await byToken(r.clientToken))!;
+    },
+    async launched(token, instanceId, account) {
+      await store.transaction((tx) => tx.run("UPDATE aws_launches SET instance_id = ?, account = COALESCE(?, account) WHERE client_token = ?", [instanceId, account, token]));
+    },
+    async ended(token, at, reason) {
+      await store.transaction((tx) => tx.run("UPDATE aws_launches SET ended_at = ?, end_reason = ? WHERE client_token = ? AND ended_at IS NULL", [at, reason, token]));
+    },
+    async openFor(machineId) {
+      const rows = await store.transaction((tx) => tx.all<Row>(`SELECT ${COLS} FROM aws_launches WHERE machine_id = ? AND ended_at IS NULL ORDER BY requested_at`, [machineId]));
+      return rows.map(fromRow);
+    },
+    async open() {
+      const rows = await store.transaction((tx) => tx.all<Row>(`SELECT ${COLS} FROM aws_launches WHERE ended_at IS NULL ORDER BY requested_at`));
+      return rows.map(fromRow);
+    },
+    async scopes() {
+      return store.transaction((tx) => tx.all<{ region: string; deployment: string }>("SELECT DISTINCT region, deployment FROM aws_launches ORDER BY region, deployment"));
+    },
+  };
+}

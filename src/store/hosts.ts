@@ -11,6 +11,8 @@ export interface HostRow extends HostIdentityColumns, HostRemovalColumns {
   runtime: string;
   vcpu: number;
   memory_mb: number;
+  /** null: not declared by its agent (older than the disk dimension). */
+  disk_mib: number | null;
   slots: number;
   used_slots: number;
   ssh_host: string;
@@ -40,7 +42,7 @@ export interface HostDescription {
   url: string;
   runtime: string;
   runtimeDetail?: HostRuntimeDetail;
-  capacity: { vcpu: number; memoryMib: number; slots: number };
+  capacity: { vcpu: number; memoryMib: number; diskMib?: number | null; slots: number };
   ssh: { host: string; port: number; hostKey: string; fingerprint: string };
 }
 
@@ -51,6 +53,20 @@ export async function readHost(tx: Tx, id: string): Promise<HostRow | undefined>
 /** A host's committed row outside the transaction queue (the address and identity an agent call needs). */
 export async function readHostCommitted(store: Store, id: string): Promise<HostRow | undefined> {
   return store.readCommitted<HostRow>("SELECT * FROM hosts WHERE id = ?", [id]);
+}
+
+/** Reads and locks a host row. */
+export async function lockHost(tx: Tx, id: string): Promise<HostRow | undefined> {
+  return tx.get<HostRow>(`SELECT * FROM hosts WHERE id = ?${tx.forUpdate}`, [id]);
+}
+
+/** Free and total slots of the organisation's hosts that take machines (legacy or active identity, not being removed). */
+export async function hostSlotTotals(tx: Tx, org: string): Promise<{ free: number; slots: number }> {
+  const h = await tx.get<{ free: number | null; slots: number | null }>(
+    "SELECT SUM(CASE WHEN used_slots < slots THEN slots - used_slots ELSE 0 END) AS free, SUM(slots) AS slots FROM hosts WHERE org = ? AND identity_state IN ('legacy', 'active') AND removing_since IS NULL",
+    [org],
+  );
+  return { free: Number(h?.free ?? 0), slots: Number(h?.slots ?? 0) };
 }
 
 export async function lockHostByName(tx: Tx, org: string, name: string): Promise<HostRow | undefined> {
@@ -64,14 +80,14 @@ export async function listHosts(tx: Tx, org: string): Promise<HostRow[]> {
 /** A new host; `identityKey` given: recorded straight into identity mode (`active`), else on the shared token (`legacy`). */
 export async function insertHost(tx: Tx, id: string, org: string, name: string, d: HostDescription, now: number, identityKey: string | null = null): Promise<void> {
   await tx.run(
-    "INSERT INTO hosts (id, org, name, url, runtime, runtime_detail, vcpu, memory_mb, slots, used_slots, ssh_host, ssh_port, host_key, fingerprint, enrolled_at, identity_state, identity_key, identity_since) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
-    [id, org, name, d.url, d.runtime, detailColumn(d.runtimeDetail), d.capacity.vcpu, d.capacity.memoryMib, d.capacity.slots, d.ssh.host, d.ssh.port, d.ssh.hostKey, d.ssh.fingerprint, now, identityKey === null ? "legacy" : "active", identityKey, identityKey === null ? null : now],
+    "INSERT INTO hosts (id, org, name, url, runtime, runtime_detail, vcpu, memory_mb, disk_mib, slots, used_slots, ssh_host, ssh_port, host_key, fingerprint, enrolled_at, identity_state, identity_key, identity_since) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, ?, ?, ?, ?)",
+    [id, org, name, d.url, d.runtime, detailColumn(d.runtimeDetail), d.capacity.vcpu, d.capacity.memoryMib, d.capacity.diskMib ?? null, d.capacity.slots, d.ssh.host, d.ssh.port, d.ssh.hostKey, d.ssh.fingerprint, now, identityKey === null ? "legacy" : "active", identityKey, identityKey === null ? null : now],
   );
 }
 
 export async function updateHost(tx: Tx, id: string, d: HostDescription, now: number): Promise<void> {
-  await tx.run("UPDATE hosts SET url = ?, runtime = ?, runtime_detail = ?, vcpu = ?, memory_mb = ?, slots = ?, ssh_host = ?, ssh_port = ?, host_key = ?, fingerprint = ?, enrolled_at = ? WHERE id = ?", [
-    d.url, d.runtime, detailColumn(d.runtimeDetail), d.capacity.vcpu, d.capacity.memoryMib, d.capacity.slots, d.ssh.host, d.ssh.port, d.ssh.hostKey, d.ssh.fingerprint, now, id,
+  await tx.run("UPDATE hosts SET url = ?, runtime = ?, runtime_detail = ?, vcpu = ?, memory_mb = ?, disk_mib = ?, slots = ?, ssh_host = ?, ssh_port = ?, host_key = ?, fingerprint = ?, enrolled_at = ? WHERE id = ?", [
+    d.url, d.runtime, detailColumn(d.runtimeDetail), d.capacity.vcpu, d.capacity.memoryMib, d.capacity.diskMib ?? null, d.capacity.slots, d.ssh.host, d.ssh.port, d.ssh.hostKey, d.ssh.fingerprint, now, id,
   ]);
 }
 

@@ -48,6 +48,27 @@ export async function lockMachine(tx: Tx, id: string): Promise<MachineRow | unde
   return tx.get<MachineRow>(`SELECT * FROM machines WHERE id = ?${tx.forUpdate}`, [id]);
 }
 
+/** Live machines on hosts, counted by pool, most first (who holds the organisation's host slots). */
+export async function hostMachinesByPool(tx: Tx, org: string): Promise<Array<{ pool: string; n: number }>> {
+  const rows = await tx.all<{ pool: string; n: number }>(
+    "SELECT pool, COUNT(*) AS n FROM machines WHERE org = ? AND host_id IS NOT NULL AND state <> 'destroyed' GROUP BY pool ORDER BY COUNT(*) DESC, pool",
+    [org],
+  );
+  return rows.map((r) => ({ pool: r.pool, n: Number(r.n) }));
+}
+
+/** Machines of one provider in any of `states`, by id. */
+export async function machinesOfProviderIn(tx: Tx, provider: string, states: readonly string[]): Promise<MachineRow[]> {
+  return tx.all<MachineRow>(`SELECT * FROM machines WHERE provider = ? AND state IN (${states.map(() => "?").join(", ")}) ORDER BY id`, [provider, ...states]);
+}
+
+/** Which of `ids` are machines of `provider` not yet destroyed. */
+export async function liveMachineIdsOf(tx: Tx, provider: string, ids: readonly string[]): Promise<string[]> {
+  if (ids.length === 0) return [];
+  const rows = await tx.all<{ id: string }>(`SELECT id FROM machines WHERE provider = ? AND state <> 'destroyed' AND id IN (${ids.map(() => "?").join(", ")})`, [provider, ...ids]);
+  return rows.map((r) => r.id);
+}
+
 /** Reads a machine row without locking it (presentation). */
 export async function readMachine(tx: Tx, id: string): Promise<MachineRow | undefined> {
   return tx.get<MachineRow>("SELECT * FROM machines WHERE id = ?", [id]);

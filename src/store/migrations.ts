@@ -7,7 +7,7 @@
  * both registration paths refuse a resource that is live under the other.
  */
 import type { Migration } from "./migrate.js";
-import { ALLOCATIONS_MIGRATION, ALLOCATION_LAUNCHES_MIGRATION } from "./allocation-schema.js";
+import { ALLOCATIONS_MIGRATION, ALLOCATION_DISK_MIGRATION, ALLOCATION_LAUNCHES_MIGRATION } from "./allocation-schema.js";
 import { UI_SESSIONS_MIGRATION } from "./ui-sessions.js";
 import { NETWORK_MIGRATION } from "./machine-network.js";
 import { HOST_IDENTITY_MIGRATION } from "./host-identity.js";
@@ -207,4 +207,5 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
   HISTORY_SERIES_MIGRATION,
   PLACEMENT_BREAKERS_MIGRATION,
   ALLOCATION_VOLUME_MIGRATION,
+  ALLOCATION_DISK_MIGRATION,
 ];

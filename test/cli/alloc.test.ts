@@ -29,14 +29,14 @@ test("alloc and owner commands through the binary", async () => {
 
     const admit = await berth(["owner", "admit", member.id, "--vcpu", "4", "--memory", "8GiB", "--count", "3", "--json", ...as("admin")]);
     assert.equal(admit.status, 0, admit.stderr);
-    assert.deepEqual(JSON.parse(admit.stdout).budget, { vcpu: 4, memoryMib: 8192, count: 3 });
+    assert.deepEqual(JSON.parse(admit.stdout).budget, { vcpu: 4, memoryMib: 8192, diskMib: 3 * 40 * 1024, count: 3 }, "without --disk: 40 GiB per allocation");
 
     const sizes = await berth(["alloc", "sizes", ...as("member")]);
-    assert.match(sizes.stdout, /small\s+2\s+4 GiB\nlarge\s+4\s+8 GiB\nlongest lifetime: 1d\n/);
+    assert.match(sizes.stdout, /small\s+2\s+4 GiB\s+20 GiB\nlarge\s+4\s+8 GiB\s+40 GiB\nlongest lifetime: 1d\n/);
 
     const created = await berth(["alloc", "create", "--no-key", "--size", "small", "--id", "w1", "--for", "2h", ...as("member")]);
     assert.equal(created.status, 0, created.stderr);
-    assert.match(created.stdout, /^allocation w1\n {2}state {6}placed\n {2}size {7}small: 2 vCPU, 4 GiB\n/);
+    assert.match(created.stdout, /^allocation w1\n {2}state {6}placed\n {2}size {7}small: 2 vCPU, 4 GiB, disk 20 GiB\n/);
     assert.match(created.stdout, /host {7}one \(h_one\), placed .* by binpack/);
     const again = await berth(["alloc", "create", "--no-key", "--size", "small", "--id", "w1", "--for", "2h", "--json", ...as("member")]);
     assert.equal(again.status, 0, again.stderr);
@@ -75,10 +75,17 @@ test("alloc and owner commands through the binary", async () => {
     assert.equal(rel.status, 0, rel.stderr);
     assert.equal(rel.stdout, "allocation w1: released; slot and budget returned\n");
     const owners = await berth(["owner", "ls", ...as("admin")]);
-    assert.match(owners.stdout, new RegExp(`${member.id}\\s+0/4\\s+0/8 GiB\\s+0/3`));
+    assert.match(owners.stdout, new RegExp(`${member.id}\\s+0/4\\s+0/8 GiB\\s+0/120 GiB\\s+0/3`));
+    // A disk budget set explicitly; a refusal names disk.
+    const disk = await berth(["owner", "budget", member.id, "--vcpu", "4", "--memory", "8GiB", "--disk", "30GiB", "--count", "3", ...as("admin")]);
+    assert.equal(disk.status, 0, disk.stderr);
+    assert.match(disk.stdout, /budget 4 vCPU, 8 GiB, disk 30 GiB, 3 allocations/);
+    const noDisk = await berth(["alloc", "create", "--no-key", "--size", "large", ...as("member")]);
+    assert.equal(noDisk.stderr, "berth: budget_exhausted: disk 0/30 GiB used, large needs 40\n");
     const hosts = await berth(["alloc", "hosts", ...as("member")]);
     // These hosts have no agent to acknowledge the withdrawal: it is recorded (no placement) and reported as withdrawing.
-    assert.match(hosts.stdout, /one\s+h_one\s+withdrawing\s+0\/8\s+0\/16 GiB\s+0\/4/);
+    // Accounts opened without a disk (as for an agent older than the disk dimension) show none.
+    assert.match(hosts.stdout, /one\s+h_one\s+withdrawing\s+0\/8\s+0\/16 GiB\s+-\s+0\/4/);
     const forbidden = await berth(["owner", "budget", member.id, "--vcpu", "9", "--memory", "9", "--count", "9", ...as("member")]);
     assert.equal(forbidden.status, 1);
     assert.match(forbidden.stderr, /forbidden: this action needs the operator role/);

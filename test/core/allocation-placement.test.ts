@@ -5,10 +5,24 @@ import { lookupSize, sizeCatalog } from "../../src/core/allocation-sizes.js";
 
 const small = lookupSize(sizeCatalog(), "small");
 
-function host(id: string, used: { vcpu: number; memoryMib: number; slots: number }, standing: HostStanding = "ready", cap = { vcpu: 8, memoryMib: 16384, slots: 4 }): HostAccount {
-  return { hostId: id, name: `n-${id}`, standing, capacity: cap, used };
+function host(
+  id: string,
+  used: { vcpu: number; memoryMib: number; diskMib?: number; slots: number },
+  standing: HostStanding = "ready",
+  cap: { vcpu: number; memoryMib: number; diskMib?: number | null; slots: number } = { vcpu: 8, memoryMib: 16384, diskMib: 102400, slots: 4 },
+): HostAccount {
+  return { hostId: id, name: `n-${id}`, standing, capacity: { diskMib: 102400, ...cap }, used: { diskMib: 0, ...used } };
 }
 const empty = { vcpu: 0, memoryMib: 0, slots: 0 };
+
+test("disk: a host without the size's disk free does not fit, named; a host whose agent declared no disk is not checked for it", () => {
+  const d = place([host("d", { vcpu: 0, memoryMib: 0, diskMib: 92160, slots: 0 }), host("old", empty, "ready", { vcpu: 8, memoryMib: 16384, diskMib: null, slots: 4 })], small);
+  const reasons = Object.fromEntries(d.verdicts.map((v) => [v.hostId, v.fits ? "fits" : v.reason]));
+  assert.deepEqual(reasons, { d: "disk: 10/100 GiB free, small needs 20", old: "fits" });
+  assert.equal(d.chosen?.hostId, "old");
+  assert.equal(choose([host("d", { vcpu: 0, memoryMib: 0, diskMib: 92160, slots: 0 })], small), null, "choose refuses it too");
+  assert.equal(choose([host("d", { vcpu: 0, memoryMib: 0, diskMib: 81920, slots: 0 })], small)?.hostId, "d", "exactly the size's disk free fits");
+});
 
 test("binpack picks the fullest host that still fits; spread the emptiest", () => {
   const hosts = [host("a", empty), host("b", { vcpu: 4, memoryMib: 8192, slots: 2 }), host("c", { vcpu: 2, memoryMib: 4096, slots: 1 })];
@@ -77,7 +91,9 @@ test("choose (the create hot path) agrees with place on random inputs", () => {
   const standings: HostStanding[] = ["ready", "ready", "ready", "draining", "withdrawn", "not_ready"];
   for (let run = 0; run < 500; run++) {
     const hosts = Array.from({ length: 1 + rnd(12) }, (_, i) =>
-      host(`h${rnd(6)}${i}`, { vcpu: rnd(9), memoryMib: 1024 * rnd(17), slots: rnd(5) }, standings[rnd(standings.length)]!),
+      host(`h${rnd(6)}${i}`, { vcpu: rnd(9), memoryMib: 1024 * rnd(17), diskMib: 10240 * rnd(11), slots: rnd(5) }, standings[rnd(standings.length)]!, {
+        vcpu: 8, memoryMib: 16384, diskMib: rnd(4) === 0 ? null : 102400, slots: 4,
+      }),
     );
     const exclude = new Set(hosts.filter(() => rnd(8) === 0).map((h) => h.hostId));
     for (const strategy of ["binpack", "spread"] as const) {

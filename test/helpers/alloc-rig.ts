@@ -38,7 +38,7 @@ export class AllocRig {
   hostId = "";
   readonly coordinators: ServeProcess[] = [];
   /** The agent's capacity flags (set before start; without --vcpu/--memory-mb it offers the host's real capacity). */
-  agentArgs: string[] = ["--vcpu", "16", "--memory-mb", "32768", "--slots", "8"];
+  agentArgs: string[] = ["--vcpu", "16", "--memory-mb", "32768", "--disk", "400G", "--slots", "8"];
 
   /** keepFirst: leave the coordinator that set things up running (else each test starts its own). */
   constructor(readonly engine: Engine = "sqlite", readonly keepFirst = false, readonly leaseArgs: string[] = ["--alloc-actor-lease", "1s"], readonly runtime: "process" | "gvisor" = "process") {}

@@ -13,6 +13,8 @@ import { createAllocation, type AllocCtx, type CreateInput } from "../../src/coo
 import { releaseAllocation, onAllocationExpiryDue } from "../../src/coordinator/actions/allocation-release.js";
 import { accountEnrolledHost, changeHostStanding, setOwnerBudget } from "../../src/coordinator/actions/alloc-owners.js";
 import { insertHost } from "../../src/store/hosts.js";
+import { getOwner } from "../../src/store/alloc-owners.js";
+import { listHostAccounts } from "../../src/store/host-accounts.js";
 import { planAllocation, showAllocation } from "../../src/coordinator/actions/allocation-read.js";
 import { readLedger, type LedgerEntry } from "../../src/store/allocation-ledger.js";
 import { DEFAULT_SIZES } from "../../src/core/allocation-sizes.js";
@@ -23,14 +25,14 @@ import { takeoverDecision } from "../../src/core/allocation-takeover.js";
 import { PG_SKIP, dropSchema, openStore, tempDir, TestClock, type Engine } from "../helpers/env.js";
 
 const ORG = "acme";
-const SIZES = [...DEFAULT_SIZES, { name: "tiny", vcpu: 1, memoryMib: 2048 }];
+const SIZES = [...DEFAULT_SIZES, { name: "tiny", vcpu: 1, memoryMib: 2048, diskMib: 10240 }];
 
 interface World {
   store: Store;
   clock: TestClock;
   ctx: AllocCtx;
-  owner(budget?: { vcpu: number; memoryMib: number; count: number }): Promise<string>;
-  host(name: string, cap?: { vcpu: number; memoryMib: number; slots: number }): Promise<string>;
+  owner(budget?: { vcpu: number; memoryMib: number; diskMib?: number; count: number }): Promise<string>;
+  host(name: string, cap?: { vcpu: number; memoryMib: number; diskMib?: number; slots: number }): Promise<string>;
   counts(): Promise<{ allocations: number; ledger: number }>;
   close(): Promise<void>;
 }
@@ -156,7 +158,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         assert.equal(a.created, true);
         assert.equal(a.allocation.state, "placed");
         assert.equal(a.allocation.hostId, h);
-        assert.deepEqual(a.allocation.plan, { hostId: h, hostName: "one", strategy: "binpack", size: "small", vcpu: 2, memoryMib: 4096, placedAt: w.clock.now() });
+        assert.deepEqual(a.allocation.plan, { hostId: h, hostName: "one", strategy: "binpack", size: "small", vcpu: 2, memoryMib: 4096, diskMib: 20480, placedAt: w.clock.now() });
         assert.equal(a.allocation.expiresAt, w.clock.now() + 3_600_000);
         w.clock.advance(1000);
         const again = await createAllocation(w.ctx, ORG, owner, req("dev-1", "small", { durationMs: 3_600_000 }));
@@ -210,6 +212,33 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         await createAllocation(w.ctx, ORG, few, req("f", "tiny"));
         assert.equal((await refusal(createAllocation(w.ctx, ORG, few, req("g", "tiny")))).message, "budget_exhausted: allocations 1/1 live, tiny needs 1");
         assert.equal((await w.counts()).allocations, before.allocations + 2);
+      } finally {
+        await w.close();
+      }
+    });
+
+    test("disk: the budget refusal names disk and writes nothing; a host without the disk free is not chosen; both charged and counted exactly", async () => {
+      const w = await world(engine);
+      try {
+        const owner = await w.owner({ vcpu: 64, memoryMib: 65536, diskMib: 30 * 1024, count: 9 });
+        const h = await w.host("one", { vcpu: 64, memoryMib: 65536, diskMib: 45 * 1024, slots: 9 });
+        await createAllocation(w.ctx, ORG, owner, req("a", "small"));
+        await createAllocation(w.ctx, ORG, owner, req("b", "tiny"));
+        const before = await w.counts();
+        const used = (await w.store.transaction((tx) => getOwner(tx, ORG, owner)))!.used;
+        assert.deepEqual(await refusal(createAllocation(w.ctx, ORG, owner, req("c", "small"))), { code: "budget_exhausted", message: "budget_exhausted: disk 30/30 GiB used, small needs 20" });
+        assert.deepEqual(await w.counts(), before, "nothing half-created: no allocation, no ledger entry");
+        assert.deepEqual((await w.store.transaction((tx) => getOwner(tx, ORG, owner)))!.used, used);
+        assert.deepEqual(used, { vcpu: 3, memoryMib: 6144, diskMib: 30 * 1024, count: 2 });
+        // The host has 15 GiB of disk left: another owner's small does not fit there, and the refusal says why.
+        const rich = await w.owner({ vcpu: 64, memoryMib: 65536, diskMib: 1024 * 1024, count: 9 });
+        const noRoom = await refusal(createAllocation(w.ctx, ORG, rich, req("d", "small")));
+        assert.equal(noRoom.code, "no_capacity");
+        assert.match(noRoom.message, /one: disk: 15\/45 GiB free, small needs 20/);
+        const acct = (await w.store.transaction((tx) => listHostAccounts(tx, ORG))).find((x) => x.hostId === h)!;
+        assert.deepEqual([acct.capacity.diskMib, acct.used.diskMib], [45 * 1024, 30 * 1024]);
+        const ledger = await w.store.transaction((tx) => readLedger(tx, ORG));
+        assert.deepEqual(ledger.filter((e) => e.event === "reserve").map((e) => [e.allocation_id, Number(e.disk_mib)]), [["a", 20480], ["b", 10240]]);
       } finally {
         await w.close();
       }
@@ -453,7 +482,7 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
     });
 
     test("the replay check fails on a ledger that over-books (it can fail)", () => {
-      const base = { at: 0, org: ORG, allocation_id: null, owner: null, host_id: null, detail: null, actor: "x" };
+      const base = { at: 0, org: ORG, allocation_id: null, owner: null, host_id: null, detail: null, actor: "x", disk_mib: 0 };
       const ledger: LedgerEntry[] = [
         { ...base, seq: 1, event: "budget", owner: "o", vcpu: 2, memory_mib: 4096, detail: "1" },
         { ...base, seq: 2, event: "host_account", host_id: "h", vcpu: 8, memory_mib: 16384, detail: "ready slots=4" },

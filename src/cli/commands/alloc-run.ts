@@ -26,11 +26,17 @@ async function withApi(o: Flags, fn: (api: Api) => Promise<void>): Promise<void>
   });
 }
 
+/** A disk figure: GiB, or MiB below 1 GiB (a test size); "-" when not counted (before the disk dimension, or not declared by a host's agent). */
+function diskText(mib: number | null | undefined): string {
+  if (mib === null || mib === undefined) return "-";
+  return mib > 0 && mib < 1024 ? `${mib} MiB` : `${gib(mib)} GiB`;
+}
+
 function printAllocation(a: AllocationView): void {
   process.stdout.write(
     `allocation ${a.id}${a.created === false ? " (already created with this id)" : ""}\n` +
       `  state      ${a.state}${a.reason ? ` (${a.reason})` : ""}\n` +
-      `  size       ${a.size}: ${a.vcpu} vCPU, ${gib(a.memoryMib)} GiB\n` +
+      `  size       ${a.size}: ${a.vcpu} vCPU, ${gib(a.memoryMib)} GiB, disk ${diskText(a.diskMib)}\n` +
       `  owner      ${a.owner}\n` +
       `  host       ${a.plan.hostName} (${a.hostId}), placed ${iso(a.plan.placedAt)} by ${a.plan.strategy}\n` +
       `  expires    ${iso(a.expiresAt)}\n` +
@@ -39,6 +45,7 @@ function printAllocation(a: AllocationView): void {
           (a.launch.readyAt ? `  ready      ${iso(a.launch.readyAt)} (${((a.launch.readyAt - a.createdAt) / 1000).toFixed(1)}s after create)\n` : "") +
           (a.launch.runtime ? `  runtime    ${a.launch.runtime}; size ${a.launch.enforcement}\n` : "") +
           (a.launch.error ? `  last error ${a.launch.error} (attempt ${a.launch.attempts})\n` : "") +
+          (a.launch.volume?.disk ? `  disk       ${a.launch.volume.disk.enforced ? `enforced: ${a.launch.volume.disk.how}` : `not enforced (${a.launch.volume.disk.how}); accounted only`}\n` : "") +
           (a.launch.volumeFrom ? `  volume     attached: the kept volume of ${a.launch.volumeFrom}\n` : "") +
           (a.launch.release ? `  volume     ${a.launch.release.volume} at release\n` : "")
         : "  launch     none (created without a public key: placed and charged only)\n") +
@@ -127,7 +134,7 @@ export function plan(o: Flags & { size: string; strategy: string }): Promise<voi
       printJson(p);
       return;
     }
-    process.stdout.write(`plan for ${p.size.name} (${p.size.vcpu} vCPU, ${gib(p.size.memoryMib)} GiB) by ${p.strategy}: ${p.decision.chosen ? `would place on ${p.decision.chosen.name}` : "no host fits"}\n`);
+    process.stdout.write(`plan for ${p.size.name} (${p.size.vcpu} vCPU, ${gib(p.size.memoryMib)} GiB, disk ${diskText(p.size.diskMib)}) by ${p.strategy}: ${p.decision.chosen ? `would place on ${p.decision.chosen.name}` : "no host fits"}\n`);
     process.stdout.write(`budget: ${p.budget === null ? "you are not admitted to allocate" : p.budget.fits ? "fits" : p.budget.message}\n`);
     printTable(["HOST", "ID", "FITS", "WHY NOT"], p.decision.verdicts.map((v) => [v.name, v.hostId, v.fits ? "yes" : "no", v.fits ? "" : (v.reason ?? "")]));
   });
@@ -138,7 +145,7 @@ export function sizes(o: Flags): Promise<void> {
     const r = await api.send("GET /v1/sizes", {});
     if (o.json) printJson(r);
     else {
-      printTable(["SIZE", "VCPU", "MEMORY"], r.sizes.map((s) => [s.name, s.vcpu, `${gib(s.memoryMib)} GiB`]));
+      printTable(["SIZE", "VCPU", "MEMORY", "DISK"], r.sizes.map((s) => [s.name, s.vcpu, `${gib(s.memoryMib)} GiB`, diskText(s.diskMib)]));
       process.stdout.write(`longest lifetime: ${formatDuration(r.maxDurationMs)}\n`);
     }
   });
@@ -150,8 +157,11 @@ export function hosts(o: Flags): Promise<void> {
     if (o.json) printJson(r.hosts);
     else
       printTable(
-        ["HOST", "ID", "STANDING", "VCPU", "MEMORY", "SLOTS"],
-        r.hosts.map((h) => [h.name, h.hostId, h.reported ?? h.standing, `${h.used.vcpu}/${h.capacity.vcpu}`, `${gib(h.used.memoryMib)}/${gib(h.capacity.memoryMib)} GiB`, `${h.used.slots}/${h.capacity.slots}`]),
+        ["HOST", "ID", "STANDING", "VCPU", "MEMORY", "DISK", "SLOTS"],
+        r.hosts.map((h) => [
+          h.name, h.hostId, h.reported ?? h.standing, `${h.used.vcpu}/${h.capacity.vcpu}`, `${gib(h.used.memoryMib)}/${gib(h.capacity.memoryMib)} GiB`,
+          h.capacity.diskMib === null || h.capacity.diskMib === undefined ? "-" : `${gib(h.used.diskMib ?? 0)}/${gib(h.capacity.diskMib)} GiB`, `${h.used.slots}/${h.capacity.slots}`,
+        ]),
       );
   });
 }
@@ -166,19 +176,24 @@ export function standing(host: string, to: string, o: Flags & { hostGone?: boole
 }
 
 /** "16GiB", "512MiB", "16G", "16" (GiB) -> MiB. */
-export function parseMemory(s: string): number {
+export function parseMemory(s: string, flag = "--memory"): number {
   const m = /^(-?\d+(?:\.\d+)?)\s*(GiB|G|MiB|M)?$/i.exec(s.trim());
-  if (!m) throw new BerthError("invalid_request", `invalid_request: --memory ${JSON.stringify(s)} is not a size; use e.g. 16GiB or 512MiB`);
+  if (!m) throw new BerthError("invalid_request", `invalid_request: ${flag} ${JSON.stringify(s)} is not a size; use e.g. 16GiB or 512MiB`);
   const v = Number(m[1]);
   const unit = (m[2] ?? "GiB").toLowerCase();
   return Math.round(unit.startsWith("m") ? v : v * 1024);
 }
 
-export function budget(id: string, o: Flags & { vcpu: number; memory: string; count: number }, verb: "admit" | "budget"): Promise<void> {
+export function budget(id: string, o: Flags & { vcpu: number; memory: string; disk?: string; count: number }, verb: "admit" | "budget"): Promise<void> {
   return withApi(o, async (api) => {
-    const r = await api.send(verb === "admit" ? "POST /v1/owners/{tokenId}/admit" : "POST /v1/owners/{tokenId}/budget", { tokenId: id }, { vcpu: o.vcpu, memoryMib: parseMemory(o.memory), count: o.count });
+    const body = { vcpu: o.vcpu, memoryMib: parseMemory(o.memory, "--memory"), ...(o.disk !== undefined ? { diskMib: parseMemory(o.disk, "--disk") } : {}), count: o.count };
+    const r = await api.send(verb === "admit" ? "POST /v1/owners/{tokenId}/admit" : "POST /v1/owners/{tokenId}/budget", { tokenId: id }, body);
     if (o.json) printJson(r);
-    else process.stdout.write(`owner ${r.owner}: budget ${r.budget.vcpu} vCPU, ${gib(r.budget.memoryMib)} GiB, ${r.budget.count} allocations; in use ${r.used.vcpu} vCPU, ${gib(r.used.memoryMib)} GiB, ${r.used.count}\n`);
+    else
+      process.stdout.write(
+        `owner ${r.owner}: budget ${r.budget.vcpu} vCPU, ${gib(r.budget.memoryMib)} GiB, disk ${diskText(r.budget.diskMib)}, ${r.budget.count} allocations; ` +
+          `in use ${r.used.vcpu} vCPU, ${gib(r.used.memoryMib)} GiB, disk ${diskText(r.used.diskMib)}, ${r.used.count}\n`,
+      );
   });
 }
 
@@ -188,8 +203,8 @@ export function owners(o: Flags): Promise<void> {
     if (o.json) printJson(r.owners);
     else
       printTable(
-        ["OWNER", "VCPU", "MEMORY", "ALLOCATIONS"],
-        r.owners.map((w) => [w.owner, `${w.used.vcpu}/${w.budget.vcpu}`, `${gib(w.used.memoryMib)}/${gib(w.budget.memoryMib)} GiB`, `${w.used.count}/${w.budget.count}`]),
+        ["OWNER", "VCPU", "MEMORY", "DISK", "ALLOCATIONS"],
+        r.owners.map((w) => [w.owner, `${w.used.vcpu}/${w.budget.vcpu}`, `${gib(w.used.memoryMib)}/${gib(w.budget.memoryMib)} GiB`, `${gib(w.used.diskMib ?? 0)}/${gib(w.budget.diskMib ?? 0)} GiB`, `${w.used.count}/${w.budget.count}`]),
       );
   });
 }

@@ -74,6 +74,7 @@ export function register(program: Command): void {
         .argument("<token-id>", "the owner's API token id (berth token ls)")
         .requiredOption("--vcpu <n>", "vCPU budget", intArg("--vcpu", -1_000_000, 1_000_000))
         .requiredOption("--memory <size>", "memory budget, e.g. 16GiB or 512MiB (a plain number is GiB)")
+        .option("--disk <size>", "disk budget, e.g. 200GiB (a plain number is GiB; default: the owner's, or 40 GiB per allocation of --count for a new owner)")
         .requiredOption("--count <n>", "most live allocations at once", intArg("--count", -1_000_000, 1_000_000)),
     );
   budgetOpts(owner.command("admit").description("Admit an owner with a budget (or set the budget of one admitted)")).action(async (id: string, o) => (await load()).budget(id, o, "admit"));

@@ -8,6 +8,7 @@
  */
 import { Option, type Command } from "commander";
 import { BerthError } from "../../core/errors.js";
+import { gib } from "../../core/allocation-sizes.js";
 import { clientFrom, durationArg, iso, printJson, printTable, runCommand } from "../common.js";
 import type { Api } from "../api.js";
 import type { RouteReply } from "../../protocol/api.js";
@@ -55,8 +56,8 @@ export function register(program: Command): void {
           if (o.json) printJson(hosts);
           else
             printTable(
-              ["NAME", "ID", "RUNTIME", "CREDENTIAL", "STEP", "OWED", "AGENT", "SLOTS", "KEY", "SINCE"],
-              hosts.map((h) => [h.name, h.id, runtimeCell(h), h.identity.state === "legacy" ? "enroll-token" : `key (${h.identity.state})`, h.identity.agentStep, h.identity.owedReports, h.identity.agentVersion, `${h.usedSlots}/${h.capacity.slots}`, h.identity.keyFingerprint, iso(h.identity.since)]),
+              ["NAME", "ID", "RUNTIME", "CREDENTIAL", "STEP", "OWED", "AGENT", "SLOTS", "DISK", "KEY", "SINCE"],
+              hosts.map((h) => [h.name, h.id, runtimeCell(h), h.identity.state === "legacy" ? "enroll-token" : `key (${h.identity.state})`, h.identity.agentStep, h.identity.owedReports, h.identity.agentVersion, `${h.usedSlots}/${h.capacity.slots}`, h.capacity.diskMib === null || h.capacity.diskMib === undefined ? "-" : `${gib(h.capacity.diskMib)} GiB`, h.identity.keyFingerprint, iso(h.identity.since)]),
             );
           for (const h of hosts) if (!o.json && h.runtimeWarning) process.stderr.write(`warning: host ${h.name}: ${h.runtimeWarning}\n`);
           return 0;

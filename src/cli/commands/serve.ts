@@ -3,6 +3,8 @@ import type { Command } from "commander";
 import { join, resolve } from "node:path";
 import { mkdirSync, readFileSync } from "node:fs";
 import { hashToken } from "../../core/tokens.js";
+import { parseBytes } from "../../core/bytes.js";
+import { parseSizeSpec, sizeCatalog } from "../../core/allocation-sizes.js";
 import { StateDirLock } from "../state-lock.js";
 import { durationArg, loadOrCreateSecret, openStoreFromFlags, runCommand } from "../common.js";
 import { httpLimitOptions, httpLimitsFrom, type HttpLimitFlags } from "../http-limits.js";
@@ -40,6 +42,11 @@ export function parseListen(v: string): { host: string; port: number } {
   return { host, port };
 }
 
+/** MiB of a size figure as `--alloc-size` takes it: units as parseBytes reads them, a plain number is MiB. */
+function sizeMib(text: string, what: string): number {
+  return Math.floor(parseBytes(/^\s*\d+\s*$/.test(text) ? `${text.trim()}M` : text, what) / 2 ** 20);
+}
+
 export function register(program: Command): void {
   const serve = program
     .command("serve")
@@ -51,6 +58,12 @@ export function register(program: Command): void {
     .option("--portable", "enable portable access (per-borrow keys, two-phase acknowledgement); off by default", false)
     .option("--alloc-actor-lease <duration>", "lease of an allocation's launch actor: past it, another coordinator may take the launch over (default 15s)", durationArg("--alloc-actor-lease"))
     .option("--alloc-watch <duration>", "how often each ready allocation's sandbox is asked after on its host (a dead one becomes failed; default 15s)", durationArg("--alloc-watch"))
+    .option(
+      "--alloc-size <NAME=VCPU,MEMORY,DISK>",
+      "an allocation size, e.g. small=2,4G,20G (repeatable; given once, the catalog is exactly these; default small=2,4G,20G and large=4,8G,40G; a plain number is MiB)",
+      (v: string, acc: string[]) => [...acc, v],
+      [] as string[],
+    )
     .option("--metrics-token-file <file>", "require this token (one line, read at start) as 'Authorization: Bearer' on GET /metrics; default: /metrics is open")
     .option("--aws-config <file>", "enable the aws provider with this pool configuration (docs/aws.md); credentials come from the AWS SDK's default chain");
   httpLimitOptions(serve, "HTTP API")
@@ -64,9 +77,11 @@ with the same --secret-file.
 Example:
   berth serve --state-dir /var/lib/berth --listen 0.0.0.0:7420`,
     )
-    .action((o: { stateDir: string; db?: string; listen: string; secretFile?: string; portable: boolean; awsConfig?: string; allocActorLease?: number; allocWatch?: number; metricsTokenFile?: string } & HttpLimitFlags) =>
+    .action((o: { stateDir: string; db?: string; listen: string; secretFile?: string; portable: boolean; awsConfig?: string; allocActorLease?: number; allocWatch?: number; allocSize: string[]; metricsTokenFile?: string } & HttpLimitFlags) =>
       runCommand(async () => {
         const httpLimits = httpLimitsFrom(o);
+        // Checked before anything starts: a bad size is refused with its reason.
+        const sizes = o.allocSize.length > 0 ? [...sizeCatalog(o.allocSize.map((t) => parseSizeSpec(t, sizeMib))).values()] : null;
         const dir = resolve(o.stateDir);
         mkdirSync(dir, { recursive: true, mode: 0o700 });
         // Shared: other berth serves may use this directory's database too, a berth up may not (state-lock.ts).
@@ -78,7 +93,7 @@ Example:
         // Loaded only here: every other command starts without the coordinator.
         const { startCoordinator } = await import("../../coordinator/server.js");
         const aws = o.awsConfig ? await startAws(resolve(o.awsConfig), store) : null;
-        const c = await startCoordinator({ store, secret, host, port, config: { portable: o.portable, ...(o.allocActorLease !== undefined ? { allocationActorLeaseMs: o.allocActorLease } : {}), ...(o.allocWatch !== undefined ? { allocationWatchMs: o.allocWatch } : {}) }, providers: aws ? [aws.provider] : [], metricsTokenHash, httpLimits });
+        const c = await startCoordinator({ store, secret, host, port, config: { portable: o.portable, ...(o.allocActorLease !== undefined ? { allocationActorLeaseMs: o.allocActorLease } : {}), ...(o.allocWatch !== undefined ? { allocationWatchMs: o.allocWatch } : {}), ...(sizes ? { allocationSizes: sizes } : {}) }, providers: aws ? [aws.provider] : [], metricsTokenHash, httpLimits });
         const stopSweep = aws ? aws.sweep(store, c.ctx.log) : () => undefined;
         lock.setUrl(c.url);
         c.ctx.log.info({ url: c.url, store: store.dialect, portable: o.portable }, "berth coordinator listening");

@@ -11,7 +11,7 @@
  */
 import { BerthError } from "../../core/errors.js";
 import { parseId } from "../../core/ids.js";
-import { checkBudget, type Budget } from "../../core/allocation-budget.js";
+import { checkBudget, DEFAULT_DISK_PER_ALLOCATION_MIB, type Budget } from "../../core/allocation-budget.js";
 import type { HostStanding } from "../../core/allocation-placement.js";
 import { clearDue, setDue } from "../../store/due.js";
 import { ackStanding } from "../../store/host-standing.js";
@@ -22,16 +22,21 @@ import { appendLedger } from "../../store/allocation-ledger.js";
 import type { Tx } from "../../store/store.js";
 import type { AllocCtx } from "./allocation-create.js";
 
-export async function setOwnerBudget(ctx: AllocCtx, org: string, rawOwner: string, budget: Budget, mustExist: boolean): Promise<OwnerRecord> {
+/** A budget as asked: without a disk budget, the owner's is kept (a new owner gets 40 GiB per allocation of its count). */
+export type BudgetInput = Omit<Budget, "diskMib"> & { diskMib?: number | undefined };
+
+export async function setOwnerBudget(ctx: AllocCtx, org: string, rawOwner: string, asked: BudgetInput, mustExist: boolean): Promise<OwnerRecord> {
   const owner = parseId(rawOwner, "owner");
-  checkBudget(budget);
+  if (asked.diskMib !== undefined) checkBudget({ ...asked, diskMib: asked.diskMib });
+  else checkBudget({ ...asked, diskMib: 1 });
   const now = ctx.now();
   return ctx.store.transaction(async (tx) => {
     if (!(await isPrincipalOf(tx, owner, org))) throw new BerthError("not_found", `not_found: no API token ${owner} in this organisation; owners are API principals (see berth token ls)`);
     const before = await lockOwner(tx, org, owner);
     if (mustExist && !before) throw new BerthError("not_admitted", `not_admitted: ${owner} is not admitted yet; run berth owner admit ${owner} first`);
+    const budget: Budget = { ...asked, diskMib: asked.diskMib ?? before?.budget.diskMib ?? asked.count * DEFAULT_DISK_PER_ALLOCATION_MIB };
     await upsertOwnerBudget(tx, org, owner, budget, now);
-    await appendLedger(tx, { at: now, event: "budget", org, allocation_id: null, owner, host_id: null, vcpu: budget.vcpu, memory_mib: budget.memoryMib, detail: String(budget.count), actor: ctx.actor });
+    await appendLedger(tx, { at: now, event: "budget", org, allocation_id: null, owner, host_id: null, vcpu: budget.vcpu, memory_mib: budget.memoryMib, disk_mib: budget.diskMib, detail: String(budget.count), actor: ctx.actor });
     return (await lockOwner(tx, org, owner))!;
   }, { name: "owner_budget" });
 }
@@ -65,16 +70,16 @@ export async function changeHostStanding(ctx: AllocCtx, org: string, rawHost: st
       await ackStanding(tx, hostId, epoch);
       await clearDue(tx, "host_standing", hostId);
     } else await setDue(tx, "host_standing", hostId, now + STANDING_RETRY_MS);
-    await appendLedger(tx, { at: now, event: "host_account", org, allocation_id: null, owner: null, host_id: hostId, vcpu: h.capacity.vcpu, memory_mib: h.capacity.memoryMib, detail: `${standing} epoch=${epoch}${goneBy !== null ? ` host gone: attested by operator ${goneBy}, not acknowledged by its agent` : ""}`, actor: ctx.actor });
+    await appendLedger(tx, { at: now, event: "host_account", org, allocation_id: null, owner: null, host_id: hostId, vcpu: h.capacity.vcpu, memory_mib: h.capacity.memoryMib, disk_mib: h.capacity.diskMib ?? 0, detail: `${standing} epoch=${epoch}${goneBy !== null ? ` host gone: attested by operator ${goneBy}, not acknowledged by its agent` : ""}`, actor: ctx.actor });
     return { hostId, epoch };
   }, { name: "host_standing" });
 }
 
 /** Called in the enrollment transaction: the host's account follows its declared capacity. */
-export async function accountEnrolledHost(tx: Tx, actor: string, host: { id: string; org: string; name: string; vcpu: number; memoryMib: number; slots: number }, now: number): Promise<void> {
-  await upsertHostAccount(tx, host.id, host.org, host.name, { vcpu: host.vcpu, memoryMib: host.memoryMib, slots: host.slots }, now);
+export async function accountEnrolledHost(tx: Tx, actor: string, host: { id: string; org: string; name: string; vcpu: number; memoryMib: number; diskMib?: number | null; slots: number }, now: number): Promise<void> {
+  await upsertHostAccount(tx, host.id, host.org, host.name, { vcpu: host.vcpu, memoryMib: host.memoryMib, diskMib: host.diskMib ?? null, slots: host.slots }, now);
   const h = await lockHostAccount(tx, host.id);
-  await appendLedger(tx, { at: now, event: "host_account", org: host.org, allocation_id: null, owner: null, host_id: host.id, vcpu: host.vcpu, memory_mib: host.memoryMib, detail: `${h?.standing ?? "ready"} slots=${host.slots}`, actor });
+  await appendLedger(tx, { at: now, event: "host_account", org: host.org, allocation_id: null, owner: null, host_id: host.id, vcpu: host.vcpu, memory_mib: host.memoryMib, disk_mib: host.diskMib ?? 0, detail: `${h?.standing ?? "ready"} slots=${host.slots}`, actor });
 }
 
 export { listHostAccounts };

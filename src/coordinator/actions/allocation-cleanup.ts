@@ -116,9 +116,9 @@ async function finish(tx: Tx, d: AllocWorkerDeps, a0: AllocationRecord, result: 
     if (!owner) throw new Error(`allocation ${a.id} has no owner row for ${a.owner}`);
     const host = await lockHostAccount(tx, a.hostId);
     if (!host) throw new Error(`allocation ${a.id} has no host account ${a.hostId}`);
-    await setOwnerUsage(tx, a.org, a.owner, refund(owner.used, { name: a.size, vcpu: a.vcpu, memoryMib: a.memoryMib }), now);
-    await setHostUsage(tx, a.hostId, { vcpu: host.used.vcpu - a.vcpu, memoryMib: host.used.memoryMib - a.memoryMib, slots: host.used.slots - 1 });
-    await appendLedger(tx, { at: now, event: "refund", org: a.org, allocation_id: a.id, owner: a.owner, host_id: a.hostId, vcpu: a.vcpu, memory_mib: a.memoryMib, detail: `cleanup proven: ${result.processesRemaining} processes, volume ${result.volume}${resolve ? `; quarantine resolved by operator ${resolve.by}` : ""}`, actor: ctx.actor });
+    await setOwnerUsage(tx, a.org, a.owner, refund(owner.used, { name: a.size, vcpu: a.vcpu, memoryMib: a.memoryMib, diskMib: a.diskMib }), now);
+    await setHostUsage(tx, a.hostId, { vcpu: host.used.vcpu - a.vcpu, memoryMib: host.used.memoryMib - a.memoryMib, diskMib: (host.used.diskMib ?? 0) - a.diskMib, slots: host.used.slots - 1 });
+    await appendLedger(tx, { at: now, event: "refund", org: a.org, allocation_id: a.id, owner: a.owner, host_id: a.hostId, vcpu: a.vcpu, memory_mib: a.memoryMib, disk_mib: a.diskMib, detail: `cleanup proven: ${result.processesRemaining} processes, volume ${result.volume}${resolve ? `; quarantine resolved by operator ${resolve.by}` : ""}`, actor: ctx.actor });
   }
   const reason = resolve && a.state === "quarantined" ? `quarantine resolved by an operator (${resolve.by}); volume ${result.volume}` : (t.reason ?? `cleanup proven; volume ${result.volume}`);
   await moveLocked(tx, a.id, a.state, t.state, now, reason);

@@ -127,10 +127,11 @@ export async function createAllocation(ctx: AllocCtx, org: string, owner: string
           size: size.name,
           vcpu: size.vcpu,
           memoryMib: size.memoryMib,
+          diskMib: size.diskMib,
           requestHash: hash,
           state: "placed",
           hostId: host.hostId,
-          plan: { hostId: host.hostId, hostName: host.name, strategy: input.strategy, size: size.name, vcpu: size.vcpu, memoryMib: size.memoryMib, placedAt: now },
+          plan: { hostId: host.hostId, hostName: host.name, strategy: input.strategy, size: size.name, vcpu: size.vcpu, memoryMib: size.memoryMib, diskMib: size.diskMib, placedAt: now },
           createdAt: now,
           expiresAt: expiry.expiresAt,
           stateSince: now,
@@ -139,8 +140,8 @@ export async function createAllocation(ctx: AllocCtx, org: string, owner: string
         // Another owner took this id after our read: start over (the re-read then answers conflict).
         if (!(await insertAllocation(tx, allocation))) return "raced";
         await setOwnerUsage(tx, org, owner, adm.after, now);
-        await setHostUsage(tx, host.hostId, { vcpu: host.used.vcpu + size.vcpu, memoryMib: host.used.memoryMib + size.memoryMib, slots: host.used.slots + 1 });
-        await appendLedger(tx, { at: now, event: "reserve", org, allocation_id: id, owner, host_id: host.hostId, vcpu: size.vcpu, memory_mib: size.memoryMib, detail: size.name, actor: ctx.actor });
+        await setHostUsage(tx, host.hostId, { vcpu: host.used.vcpu + size.vcpu, memoryMib: host.used.memoryMib + size.memoryMib, diskMib: (host.used.diskMib ?? 0) + size.diskMib, slots: host.used.slots + 1 });
+        await appendLedger(tx, { at: now, event: "reserve", org, allocation_id: id, owner, host_id: host.hostId, vcpu: size.vcpu, memory_mib: size.memoryMib, disk_mib: size.diskMib, detail: size.name, actor: ctx.actor });
         await setDue(tx, "alloc_expiry", id, expiry.expiresAt);
         if (input.publicKey) {
           // The launch's durable inputs and its due row, in the reserving transaction: any coordinator launches it.

@@ -26,7 +26,7 @@ export async function listAllocationsFor(ctx: AllocCtx, who: Requester, all: boo
 }
 
 export interface PlanResult {
-  size: { name: string; vcpu: number; memoryMib: number };
+  size: { name: string; vcpu: number; memoryMib: number; diskMib: number };
   strategy: Strategy;
   decision: PlacementDecision;
   /** The caller's budget check: null if the caller is not an admitted owner. */
@@ -60,7 +60,7 @@ export interface AllocationDetail {
     incarnation: string | null;
     runtime: string | null;
     enforcement: string | null;
-    volume: { path: string; dev: string; ino: string } | null;
+    volume: { path: string; dev: string; ino: string; disk?: { enforced: boolean; how: string; sizeMib: number } | undefined } | null;
     /** The allocation whose kept volume this one attached (`alloc create --volume`); null: its own. */
     volumeFrom: string | null;
     release: AllocReleaseResult | null;

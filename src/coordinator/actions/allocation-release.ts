@@ -65,10 +65,10 @@ export async function releaseIn(tx: Tx, ctx: AllocCtx, a0: AllocationRecord, cau
     if (!owner) throw new Error(`allocation ${a.id} has no owner row for ${a.owner}`);
     const host = await lockHostAccount(tx, a.hostId);
     if (!host) throw new Error(`allocation ${a.id} has no host account ${a.hostId}`);
-    const size = { name: a.size, vcpu: a.vcpu, memoryMib: a.memoryMib };
+    const size = { name: a.size, vcpu: a.vcpu, memoryMib: a.memoryMib, diskMib: a.diskMib };
     await setOwnerUsage(tx, a.org, a.owner, refund(owner.used, size), now);
-    await setHostUsage(tx, a.hostId, { vcpu: host.used.vcpu - a.vcpu, memoryMib: host.used.memoryMib - a.memoryMib, slots: host.used.slots - 1 });
-    await appendLedger(tx, { at: now, event: "refund", org: a.org, allocation_id: a.id, owner: a.owner, host_id: a.hostId, vcpu: a.vcpu, memory_mib: a.memoryMib, detail: cause, actor: ctx.actor });
+    await setHostUsage(tx, a.hostId, { vcpu: host.used.vcpu - a.vcpu, memoryMib: host.used.memoryMib - a.memoryMib, diskMib: (host.used.diskMib ?? 0) - a.diskMib, slots: host.used.slots - 1 });
+    await appendLedger(tx, { at: now, event: "refund", org: a.org, allocation_id: a.id, owner: a.owner, host_id: a.hostId, vcpu: a.vcpu, memory_mib: a.memoryMib, disk_mib: a.diskMib, detail: cause, actor: ctx.actor });
   }
   await moveLocked(tx, a.id, a.state, t.state, now, t.reason);
   for (const e of t.effects) {
@@ -143,9 +143,9 @@ async function endOnGoneHost(tx: Tx, ctx: AllocCtx, a: AllocationRecord, who: Re
   const t = allocationTransition(a.state, { kind: "host_gone", by: who.principal });
   if (!t.ok) throw new BerthError("conflict", `conflict: allocation ${a.id}: ${t.refusal}`);
   const owner = await getOwnerLocked(tx, a);
-  await setOwnerUsage(tx, a.org, a.owner, refund(owner.used, { name: a.size, vcpu: a.vcpu, memoryMib: a.memoryMib }), now);
-  await setHostUsage(tx, a.hostId, { vcpu: host.used.vcpu - a.vcpu, memoryMib: host.used.memoryMib - a.memoryMib, slots: host.used.slots - 1 });
-  await appendLedger(tx, { at: now, event: "refund", org: a.org, allocation_id: a.id, owner: a.owner, host_id: a.hostId, vcpu: a.vcpu, memory_mib: a.memoryMib, detail: `host gone, attested by operator ${who.principal}: cleanup not proven`, actor: ctx.actor });
+  await setOwnerUsage(tx, a.org, a.owner, refund(owner.used, { name: a.size, vcpu: a.vcpu, memoryMib: a.memoryMib, diskMib: a.diskMib }), now);
+  await setHostUsage(tx, a.hostId, { vcpu: host.used.vcpu - a.vcpu, memoryMib: host.used.memoryMib - a.memoryMib, diskMib: (host.used.diskMib ?? 0) - a.diskMib, slots: host.used.slots - 1 });
+  await appendLedger(tx, { at: now, event: "refund", org: a.org, allocation_id: a.id, owner: a.owner, host_id: a.hostId, vcpu: a.vcpu, memory_mib: a.memoryMib, disk_mib: a.diskMib, detail: `host gone, attested by operator ${who.principal}: cleanup not proven`, actor: ctx.actor });
   await moveLocked(tx, a.id, a.state, t.state, now, t.reason);
   await clearDue(tx, "alloc_cleanup", a.id);
   await clearDue(tx, "alloc_launch", a.id);

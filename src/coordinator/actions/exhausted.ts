@@ -10,17 +10,13 @@ import type { CapacityCounts, PoolRecord } from "../../core/pool.js";
 import { formatDuration } from "../../core/durations.js";
 import { countCapacity } from "./capacity.js";
 import { lastProvisionError } from "../../store/images.js";
+import { hostSlotTotals } from "../../store/hosts.js";
+import { hostMachinesByPool } from "../../store/machines.js";
 
 async function slotHolders(tx: Tx, org: string): Promise<{ free: number; slots: number; byPool: string }> {
-  const h = await tx.get<{ free: number | null; slots: number | null }>(
-    "SELECT SUM(CASE WHEN used_slots < slots THEN slots - used_slots ELSE 0 END) AS free, SUM(slots) AS slots FROM hosts WHERE org = ? AND identity_state IN ('legacy', 'active') AND removing_since IS NULL",
-    [org],
-  );
-  const rows = await tx.all<{ pool: string; n: number }>(
-    "SELECT pool, COUNT(*) AS n FROM machines WHERE org = ? AND host_id IS NOT NULL AND state <> 'destroyed' GROUP BY pool ORDER BY COUNT(*) DESC, pool",
-    [org],
-  );
-  return { free: Number(h?.free ?? 0), slots: Number(h?.slots ?? 0), byPool: rows.map((r) => `${r.pool} ${Number(r.n)}`).join(", ") };
+  const { free, slots } = await hostSlotTotals(tx, org);
+  const rows = await hostMachinesByPool(tx, org);
+  return { free, slots, byPool: rows.map((r) => `${r.pool} ${r.n}`).join(", ") };
 }
 
 /** The tail of a `pool_exhausted` message: why nothing is ready, and what ends the wait. */

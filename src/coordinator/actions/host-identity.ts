@@ -50,7 +50,7 @@ import {
   setIdentityState,
   useChallenge,
 } from "../../store/host-identity.js";
-import { lockHostByName, readHost, releaseHostSlot, updateHost, type HostDescription, type HostRow } from "../../store/hosts.js";
+import { lockHost, lockHostByName, readHost, releaseHostSlot, updateHost, type HostDescription, type HostRow } from "../../store/hosts.js";
 import { markDestroyedByKeeper, setHostAddressOfMachines, type MachineRow } from "../../store/machines.js";
 import { poolNamesOfProvider } from "../../store/pools.js";
 import type { Tx } from "../../store/store.js";
@@ -243,7 +243,7 @@ async function endBorrowsOfRetired(tx: Tx, ctx: Ctx, m: MachineRow, now: number)
 }
 
 async function readHostForUpdate(tx: Tx, id: string): Promise<HostRow> {
-  const h = await tx.get<HostRow>(`SELECT * FROM hosts WHERE id = ?${tx.forUpdate}`, [id]);
+  const h = await lockHost(tx, id);
   if (!h) throw new BerthError("not_found", `not_found: host ${id} is gone`);
   return h;
 }

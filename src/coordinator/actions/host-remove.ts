@@ -19,6 +19,7 @@ import { liveMachinesOfHost } from "../../store/host-identity.js";
 import { deleteHostRow, liveOnHost, markRemoving } from "../../store/host-removal.js";
 import { lockHostByName } from "../../store/hosts.js";
 import type { MachineRow } from "../../store/machines.js";
+import { unreleasedAllocationsOnHost } from "../../store/allocations.js";
 import type { Principal } from "../auth.js";
 import { requireRole } from "../auth.js";
 import type { Ctx } from "../context.js";
@@ -43,7 +44,7 @@ export async function removeHost(ctx: Ctx, p: Principal, name: string, force: bo
     const h = await lockHostByName(tx, p.org, name);
     if (!h) throw new BerthError("not_found", `not_found: no host named ${name} in this organisation (see \`berth host ls\`)`);
     const machines = await liveMachinesOfHost<MachineRow>(tx, h.id);
-    const allocations = await tx.all<{ id: string; state: string }>("SELECT id, state FROM allocations WHERE host_id = ? AND state <> 'released' ORDER BY id", [h.id]);
+    const allocations = await unreleasedAllocationsOnHost(tx, h.id);
     const lent = machines.filter((m) => LENT.has(m.state));
     if (!force && (lent.length > 0 || allocations.length > 0)) {
       const what = [...lent.map((m) => `machine ${m.id} (${m.state}, pool ${m.pool})`), ...allocations.map((a) => `allocation ${a.id} (${a.state})`)];

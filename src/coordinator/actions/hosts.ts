@@ -39,7 +39,8 @@ export interface EnrollInput {
   url: string;
   runtime: "process" | "gvisor";
   runtimeDetail?: HostRuntimeDetail;
-  capacity: { vcpu: number; memoryMib: number; slots: number };
+  /** diskMib absent or null: not declared (an agent older than the disk dimension). */
+  capacity: { vcpu: number; memoryMib: number; diskMib?: number | null; slots: number };
   ssh: { host: string; port: number; hostKey: string; fingerprint: string };
   identity?: { publicKey: string; challenge: string; signature: string };
 }

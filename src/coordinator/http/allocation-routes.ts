@@ -43,6 +43,7 @@ export function presentAllocation(a: AllocationRecord) {
     size: a.size,
     vcpu: a.vcpu,
     memoryMib: a.memoryMib,
+    diskMib: a.diskMib,
     state: a.state,
     hostId: a.hostId,
     plan: a.plan,

@@ -65,7 +65,7 @@ export function presentHost(h: HostRow) {
     /** gvisor: the runsc release and the platform its sandboxes use (null: not reported, or the process runtime). */
     runsc: detail?.runsc ?? null,
     runtimeWarning: detail?.warning ?? null,
-    capacity: { vcpu: h.vcpu, memoryMib: h.memory_mb, memoryMb: h.memory_mb, slots: h.slots },
+    capacity: { vcpu: h.vcpu, memoryMib: h.memory_mb, memoryMb: h.memory_mb, diskMib: h.disk_mib === null || h.disk_mib === undefined ? null : Number(h.disk_mib), slots: h.slots },
     usedSlots: h.used_slots,
     ssh: { host: h.ssh_host, port: h.ssh_port, fingerprint: h.fingerprint },
     enrolledAt: h.enrolled_at,

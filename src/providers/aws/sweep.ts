@@ -15,6 +15,7 @@
 import { describe, tagOf, terminate, TAG } from "./ec2.js";
 import type { AwsProvider } from "./aws-provider.js";
 import type { Store } from "../../store/store.js";
+import { liveMachineIdsOf } from "../../store/machines.js";
 
 export interface SweptInstance {
   instanceId: string;
@@ -44,10 +45,7 @@ export type LiveMachines = (machineIds: string[]) => Promise<Set<string>>;
 export function liveMachinesIn(store: Store): LiveMachines {
   return async (ids) => {
     if (ids.length === 0) return new Set();
-    const rows = await store.transaction((tx) =>
-      tx.all<{ id: string }>(`SELECT id FROM machines WHERE provider = 'aws' AND state <> 'destroyed' AND id IN (${ids.map(() => "?").join(", ")})`, ids),
-    );
-    return new Set(rows.map((r) => r.id));
+    return new Set(await store.transaction((tx) => liveMachineIdsOf(tx, "aws", ids)));
   };
 }
 

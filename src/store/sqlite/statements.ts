@@ -54,6 +54,5 @@ function rowMaker(names: string[]): (values: unknown[]) => Record<string, unknow
     };
   }
   // The names are the statement's own column names (berth's SQL), each written as a JSON string literal.
-  // eslint-disable-next-line @typescript-eslint/no-implied-eval
   return new Function("v", `return {${names.map((n, i) => `${JSON.stringify(n)}: v[${i}]`).join(", ")}};`) as (values: unknown[]) => Record<string, unknown>;
 }
