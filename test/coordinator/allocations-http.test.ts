@@ -83,7 +83,7 @@ test("an admitted id round-trips through create, show, list and release; a retry
       // The owner's budget is whole again.
       const owners = await send(t.coord.url, "GET", "/v1/owners", admin.token);
       const mine = (owners.body.owners as { owner: string; used: unknown }[]).find((o) => o.owner === member.id)!;
-      assert.deepEqual(mine.used, { vcpu: 0, memoryMib: 0, count: 0 });
+      assert.deepEqual(mine.used, { vcpu: 0, memoryMib: 0, diskMib: 0, count: 0 });
     } finally {
       await api.close();
     }

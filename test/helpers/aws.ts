@@ -24,7 +24,7 @@ import { tempDir } from "./env.js";
 export const FAKE_CREDENTIALS = { accessKeyId: "AKIDEMULATOR", secretAccessKey: "emulator-secret-not-a-real-key" };
 
 export function awsConfigFor(emu: AwsEmulator, pools: string[] = ["ci"], o: { deployment?: string; region?: string; pool?: Record<string, unknown> } = {}): AwsConfig {
-  const pool = { ...o.pool, region: o.region ?? "eu-west-1", subnetId: "subnet-0abc", securityGroupIds: ["sg-0abc"], instanceType: "t3.micro", imageId: "ami-0abc1234", instanceProfile: "berth-ssm", sshAddress: "private", sshPort: emu.sshPort };
+  const pool = { region: o.region ?? "eu-west-1", subnetId: "subnet-0abc", securityGroupIds: ["sg-0abc"], instanceType: "t3.micro", imageId: "ami-0abc1234", instanceProfile: "berth-ssm", sshAddress: "private", sshPort: emu.sshPort, ...o.pool };
   return parseAwsConfig({ deployment: o.deployment ?? "test", endpoint: emu.url, pools: Object.fromEntries(pools.map((p) => [p, pool])) });
 }
 
@@ -35,7 +35,7 @@ export interface AwsWorld {
   store: Store;
   dir: string;
   /** Another provider on the same emulator and records, under an edited configuration (a restart after a config change). */
-  providerWith(o: { deployment?: string; region?: string; pools?: string[] }): AwsProvider;
+  providerWith(o: { deployment?: string; region?: string; pools?: string[]; pool?: Record<string, unknown> }): AwsProvider;
   close(): Promise<void>;
 }
 

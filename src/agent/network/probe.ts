@@ -178,10 +178,15 @@ export async function runInside(
   refuseCounter: () => Promise<number | null>, timeoutMs = 20_000,
 ): Promise<Array<StepReport | null>> {
   const h = await runtime.exec(machineId, { argv: [nodeBin, "-e", PROBE_PROGRAM, JSON.stringify(plan), dnsName], env: {} });
-  h.stderr.resume();
+  // The probe's stderr, kept (bounded) to say why when it ends before answering every step.
+  let stderr = "";
+  h.stderr.on("data", (c: Buffer) => {
+    if (stderr.length < 2048) stderr += c.toString("utf8");
+  });
   const reader = new LineReader(h.stdout, Date.now() + timeoutMs);
   const out: Array<StepReport | null> = [];
   let timedOut = false;
+  let endedEarly = false;
   try {
     for (let i = 0; i < plan.length; i++) {
       const t = plan[i] as ProbeTarget;
@@ -190,6 +195,7 @@ export async function runInside(
       const line = await reader.next();
       if (line === null) {
         timedOut = !reader.ended;
+        endedEarly = reader.ended;
         break;
       }
       const after = isRefusal(t) ? await refuseCounter() : null;
@@ -203,7 +209,11 @@ export async function runInside(
     h.killClient("SIGKILL");
     throw new Error(`the network probe in machine ${machineId} did not finish within ${timeoutMs} ms`);
   }
-  await Promise.race([h.exited, new Promise((r) => setTimeout(r, 2_000))]);
+  const status = await Promise.race([h.exited, new Promise<null>((r) => setTimeout(() => r(null), 2_000))]);
+  if (endedEarly) {
+    const how = status === null ? "still running" : status.signal ? `killed by ${status.signal}` : `exit ${status.code}`;
+    throw new Error(`the network probe in machine ${machineId} ended its output after ${out.length} of ${plan.length} steps (${how}): ${stderr.trim().slice(-400) || "no stderr"}`);
+  }
   return out;
 }
 

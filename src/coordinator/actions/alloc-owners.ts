@@ -20,7 +20,7 @@ import { isPrincipalOf, listOwners, lockOwner, upsertOwnerBudget, type OwnerReco
 import { lockHostAccount, setHostStanding, upsertHostAccount, listHostAccounts } from "../../store/host-accounts.js";
 import { appendLedger } from "../../store/allocation-ledger.js";
 import type { Tx } from "../../store/store.js";
-import type { AllocCtx } from "./allocation-create.js";
+import type { AllocCtx } from "./allocation-context.js";
 
 /** A budget as asked: without a disk budget, the owner's is kept (a new owner gets 40 GiB per allocation of its count). */
 export type BudgetInput = Omit<Budget, "diskMib"> & { diskMib?: number | undefined };

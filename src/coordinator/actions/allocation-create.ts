@@ -26,8 +26,7 @@ import { admit } from "../../core/allocation-budget.js";
 import { lookupSize, sizeCatalog } from "../../core/allocation-sizes.js";
 import { choose, noCapacityMessage, place, verdict, type Strategy } from "../../core/allocation-placement.js";
 import { expiryFor } from "../../core/allocation.js";
-import type { Store } from "../../store/store.js";
-import type { CoordinatorConfig } from "../context.js";
+import type { AllocCtx } from "./allocation-context.js";
 import { lockOwner, setOwnerUsage } from "../../store/alloc-owners.js";
 import { candidateHostAccounts, listHostAccounts, lockHostAccount, setHostUsage } from "../../store/host-accounts.js";
 import { getAllocation, insertAllocation, type AllocationRecord } from "../../store/allocations.js";
@@ -40,19 +39,6 @@ import { keptVolumeIn, volumeHostIn } from "./allocation-volume.js";
 
 /** How many best candidates the database returns per placement attempt. */
 const CANDIDATES = 8;
-
-/** What allocation actions need from the coordinator's Ctx. */
-export interface AllocCtx {
-  store: Store;
-  now: () => number;
-  /** This coordinator instance, for the ledger. */
-  actor: string;
-  config: Pick<CoordinatorConfig, "allocationSizes" | "maxAllocationMs">;
-  /** Counts a refusal by reason (metrics); optional so store tests need no metrics. */
-  onRefusal?: (reason: string) => void;
-  /** Wakes the reconciler after a commit that made work (launch, cleanup); optional for store tests. */
-  kick?: () => void;
-}
 
 export interface CreateInput {
   id: string;

@@ -7,7 +7,7 @@ import { place, type PlacementDecision, type Strategy } from "../../core/allocat
 import { getAllocation, listAllocations, type AllocationRecord } from "../../store/allocations.js";
 import { getOwner } from "../../store/alloc-owners.js";
 import { listHostAccounts } from "../../store/host-accounts.js";
-import type { AllocCtx } from "./allocation-create.js";
+import type { AllocCtx } from "./allocation-context.js";
 import type { Requester } from "./allocation-release.js";
 import { getLaunch } from "../../store/allocation-launches.js";
 import { readHost } from "../../store/hosts.js";

@@ -23,7 +23,7 @@ import { casAllocationState, getAllocation, type AllocationRecord } from "../../
 import { appendLedger } from "../../store/allocation-ledger.js";
 import { clearDue, setDue } from "../../store/due.js";
 import { getLaunch, setKeepVolume, setResolve, type ResolveChoice } from "../../store/allocation-launches.js";
-import type { AllocCtx } from "./allocation-create.js";
+import type { AllocCtx } from "./allocation-context.js";
 
 export interface Requester {
   org: string;

@@ -25,7 +25,7 @@ import { getAllocation } from "../../store/allocations.js";
 import { attachmentsOf, getLaunch } from "../../store/allocation-launches.js";
 import { lockHostAccount } from "../../store/host-accounts.js";
 import type { AllocationAgent } from "../allocation-agent.js";
-import type { AllocCtx } from "./allocation-create.js";
+import type { AllocCtx } from "./allocation-context.js";
 
 export interface KeptVolume {
   /** The allocation the volume belongs to (its name). */

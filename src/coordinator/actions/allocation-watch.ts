@@ -34,7 +34,7 @@ import { getLaunch, noteLaunchError, setLaunched } from "../../store/allocation-
 import { lockHostAccount } from "../../store/host-accounts.js";
 import { clearDue, hasDue, setDue } from "../../store/due.js";
 import { launchVolume, opBase, type AllocWorkerDeps } from "./allocation-launch.js";
-import type { AllocCtx } from "./allocation-create.js";
+import type { AllocCtx } from "./allocation-context.js";
 import { lockRequested, moveLocked, type Requester } from "./allocation-release.js";
 import type { Ctx } from "../context.js";
 import type { SandboxObservation } from "../allocation-agent.js";

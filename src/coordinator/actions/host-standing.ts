@@ -17,7 +17,7 @@ import { reportedStanding, type ReportedStanding } from "../../core/host-standin
 import { lockHostAccount } from "../../store/host-accounts.js";
 import { ackStanding } from "../../store/host-standing.js";
 import { clearDue } from "../../store/due.js";
-import type { AllocCtx } from "./allocation-create.js";
+import type { AllocCtx } from "./allocation-context.js";
 import type { AllocationAgent } from "../allocation-agent.js";
 
 /** How soon an unacknowledged standing is pushed again. */

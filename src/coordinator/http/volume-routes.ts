@@ -17,7 +17,7 @@ import type { IncomingMessage } from "node:http";
 import type { HttpServer } from "../../http/server.js";
 import type { Principal, Role } from "../auth.js";
 import type { AllocationAgent } from "../allocation-agent.js";
-import type { AllocCtx } from "../actions/allocation-create.js";
+import type { AllocCtx } from "../actions/allocation-context.js";
 import type { Requester } from "../actions/allocation-release.js";
 import { listAllocationsFor, showAllocation } from "../actions/allocation-read.js";
 import { BerthError } from "../../core/errors.js";

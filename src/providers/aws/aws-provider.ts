@@ -201,22 +201,24 @@ export class AwsProvider implements Provider {
    * consistency) and a machine with no instance on record are left alone.
    */
   async checkMachines(machines: MachineRow[]): Promise<MachineLoss[]> {
-    const byRegion = new Map<string, Array<{ machineId: string; instanceId: string }>>();
+    const byRegion = new Map<string, Array<{ machineId: string; instanceId: string; requestedAt: number }>>();
     for (const m of machines) {
       const rec = (await this.deps.records.openFor(m.id)).filter((r) => r.instanceId).at(-1);
       if (!rec) continue;
-      byRegion.set(rec.region, [...(byRegion.get(rec.region) ?? []), { machineId: m.id, instanceId: rec.instanceId! }]);
+      byRegion.set(rec.region, [...(byRegion.get(rec.region) ?? []), { machineId: m.id, instanceId: rec.instanceId!, requestedAt: rec.requestedAt }]);
     }
     const out: MachineLoss[] = [];
     for (const [region, list] of byRegion) {
       const { ec2 } = this.clientsFor(region);
       const statuses = await instanceStatuses(ec2);
-      for (const { machineId, instanceId } of list) {
+      for (const { machineId, instanceId, requestedAt } of list) {
         const s = statuses.get(instanceId);
         let state: string | undefined = s?.InstanceState?.Name;
         let why = "";
         if (!s) {
           const inst = await byInstanceId(ec2, instanceId);
+          // Not listed at all yet, soon after its launch: EC2 has not caught up (eventual consistency); not gone.
+          if (!inst && this.#clock.now() - requestedAt < LAUNCH_SETTLE_MS) continue;
           state = inst ? stateOf(inst) : "gone";
           why = inst?.StateReason?.Message ? ` (${inst.StateReason.Message})` : inst ? "" : " (no longer listed by EC2)";
         }
@@ -287,7 +289,11 @@ export class AwsProvider implements Provider {
     const id = inst.InstanceId!;
     const { ec2 } = x.c;
     const running = await this.#waitFor(async () => {
-      const now = await byId(ec2, id);
+      // Right after RunInstances, EC2 may not know the id yet (eventual consistency): not yet, not an error.
+      const now = await byId(ec2, id).catch((e: unknown) => {
+        if (errorName(e) === "InvalidInstanceID.NotFound") return undefined;
+        throw e;
+      });
       if (now && ["shutting-down", "terminated", "stopping", "stopped"].includes(stateOf(now))) throw new Error(`instance ${id} is ${stateOf(now)}`);
       return now && stateOf(now) === "running" ? now : null;
     }, x.deadline);
@@ -311,7 +317,7 @@ export class AwsProvider implements Provider {
    * observed terminated, or whose token launched nothing, is closed), and
    * those tagged for it under today's deployment in today's region.
    */
-  async #located(x: Ctx, gone: string[] = []): Promise<Located[]> {
+  async #located(x: Ctx, gone: string[] = [], unlisted: string[] = []): Promise<Located[]> {
     const out: Located[] = [];
     const seen = new Set<string>();
     const now = this.#clock.now();
@@ -321,6 +327,8 @@ export class AwsProvider implements Provider {
       if (inst?.InstanceId && !rec.instanceId) await this.deps.records.launched(rec.clientToken, inst.InstanceId, null);
       if (!inst) {
         if (now - rec.requestedAt >= LAUNCH_SETTLE_MS) await this.deps.records.ended(rec.clientToken, now, rec.instanceId ? "no longer listed by EC2" : "no instance launched with this client token");
+        // RunInstances named this instance and EC2 does not list it yet (eventual consistency): it exists, and may be billed.
+        else if (rec.instanceId) unlisted.push(rec.instanceId);
         continue;
       }
       if (stateOf(inst) === "terminated") {
@@ -338,8 +346,10 @@ export class AwsProvider implements Provider {
   /** The one instance bound to the machine, running; or why there is none. */
   async #bound(x: Ctx): Promise<{ inst: Instance; c: AwsClients } | { outcome: OperationOutcome }> {
     const gone: string[] = [];
-    const located = await this.#located(x, gone);
+    const unlisted: string[] = [];
+    const located = await this.#located(x, gone, unlisted);
     const found = located.map((l) => l.inst);
+    if (found.length === 0 && unlisted.length > 0) return { outcome: { kind: "ambiguous", error: `instance ${unlisted.join(", ")} of machine ${x.b.machineId} was launched and is not listed by EC2 yet` } };
     if (found.length === 0) {
       const seen = gone.length > 0 ? `: instance ${gone.join(", ")}, not ended by berth` : "";
       return { outcome: { kind: "failed", error: `machine_lost: no live instance is bound to machine ${x.b.machineId}${seen}`, retryable: false } };
@@ -416,12 +426,15 @@ export class AwsProvider implements Provider {
   }
 
   async #destroy(x: Ctx): Promise<OperationOutcome> {
-    const live = await this.#located(x);
-    if (live.length === 0) return { kind: "done", result: { existed: false, terminated: [] } };
+    const unlisted: string[] = [];
+    const live = await this.#located(x, [], unlisted);
+    if (live.length === 0 && unlisted.length === 0) return { kind: "done", result: { existed: false, terminated: [] } };
     const ids = live.map((l) => l.inst.InstanceId!);
     const byClient = new Map<AwsClients, string[]>();
     for (const l of live) if (stateOf(l.inst) !== "shutting-down") byClient.set(l.c, [...(byClient.get(l.c) ?? []), l.inst.InstanceId!]);
     for (const [c, list] of byClient) await terminate(c.ec2, list);
+    // An instance RunInstances named that EC2 does not list yet cannot be terminated yet, and is not gone: never "done" over it.
+    if (unlisted.length > 0) return { kind: "ambiguous", error: `instance ${unlisted.join(", ")} of machine ${x.b.machineId} was launched and is not listed by EC2 yet; destroy waits for it` };
     const gone = await this.#waitFor(async () => ((await this.#located(x)).length === 0 ? true : null), x.deadline);
     if (!gone) return { kind: "ambiguous", error: `termination of ${ids.join(", ")} requested; not yet observed terminated` };
     return { kind: "done", result: { existed: true, terminated: ids, evidence: "instances observed terminated" } };

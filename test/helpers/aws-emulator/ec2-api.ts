@@ -2,6 +2,13 @@
  * The EC2 Query API actions of the emulator: form-encoded requests in,
  * `<ActionResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">` XML out,
  * member names as the ec2 protocol spells them (instanceState, tagSet, …).
+ *
+ * Eventual consistency: an instance younger than `describeLagMs` is not
+ * listed and its id is InvalidInstanceID.NotFound to every call but
+ * RunInstances' idempotency. Paging: `MaxResults` with instance ids is
+ * InvalidParameterCombination, as on EC2; DescribeInstances filters each
+ * page after cutting it, so a page may hold fewer items than asked, or none,
+ * and still carry a NextToken.
  */
 import { randomUUID } from "node:crypto";
 import type { AwsEmulator } from "./emulator.js";
@@ -40,7 +47,9 @@ function instanceXml(i: EmulatedInstance): string {
     .map(([k, v]) => `<item><key>${esc(k)}</key><value>${esc(v)}</value></item>`)
     .join("");
   const addr = i.state === "terminated" ? "" : `<privateIpAddress>${i.ip}</privateIpAddress>${i.publicIp ? `<ipAddress>${i.ip}</ipAddress>` : ""}`;
-  return `<item><instanceId>${i.id}</instanceId><imageId>${esc(i.tags["emu:image"] ?? "")}</imageId>${stateXml("instanceState", i.state)}<instanceType>${esc(i.instanceType)}</instanceType><subnetId>${esc(i.subnetId)}</subnetId><launchTime>${new Date(i.launchedAt).toISOString()}</launchTime>${addr}<clientToken>${esc(i.clientToken)}</clientToken><tagSet>${tags}</tagSet></item>`;
+  const reason = i.stateReason ? `<stateReason><code>${esc(i.stateReason.code)}</code><message>${esc(i.stateReason.message)}</message></stateReason>` : "";
+  const lifecycle = i.spot ? "<instanceLifecycle>spot</instanceLifecycle>" : "";
+  return `<item><instanceId>${i.id}</instanceId><imageId>${esc(i.tags["emu:image"] ?? "")}</imageId>${stateXml("instanceState", i.state)}${reason}<instanceType>${esc(i.instanceType)}</instanceType><subnetId>${esc(i.subnetId)}</subnetId><launchTime>${new Date(i.launchedAt).toISOString()}</launchTime>${addr}${lifecycle}<clientToken>${esc(i.clientToken)}</clientToken><tagSet>${tags}</tagSet></item>`;
 }
 
 /** One page of a list call: `MaxResults` (capped by the emulator's page size) from the offset `NextToken` names. */
@@ -62,7 +71,12 @@ function notFound(ids: string[]): { status: number; body: string } {
 
 export async function ec2Action(emu: AwsEmulator, action: string, p: URLSearchParams, region: string): Promise<{ status: number; body: string }> {
   // Each region is its own namespace: ids, client tokens and filters see only its instances.
-  const here = new Map(emu.inRegion(region).map((i) => [i.id, i]));
+  const all = new Map(emu.inRegion(region).map((i) => [i.id, i]));
+  // What the read side lists yet (eventual consistency after a launch).
+  const here = new Map([...all].filter(([, i]) => emu.visible(i)));
+  if ((action === "DescribeInstances" || action === "DescribeInstanceStatus") && p.has("MaxResults") && p.has("InstanceId.1")) {
+    return { status: 400, body: errorXml("InvalidParameterCombination", "The parameter instancesSet cannot be used with the parameter maxResults") };
+  }
   switch (action) {
     case "RunInstances": {
       const refusal = emu.faults.runRefusals.shift();
@@ -76,7 +90,7 @@ export async function ec2Action(emu: AwsEmulator, action: string, p: URLSearchPa
       const token = p.get("ClientToken") ?? randomUUID();
       // Idempotency: the same client token returns the instance it launched, whatever its state;
       // the same token with other parameters (region and zone aside) is IdempotentParameterMismatch.
-      let inst = [...here.values()].find((i) => i.clientToken === token && p.get("ClientToken"));
+      let inst = [...all.values()].find((i) => i.clientToken === token && p.get("ClientToken"));
       if (inst && (inst.instanceType !== type || inst.subnetId !== subnet || inst.tags["emu:image"] !== (p.get("ImageId") ?? ""))) {
         return { status: 400, body: errorXml("IdempotentParameterMismatch", "Arguments on this idempotent request are inconsistent with arguments used in previous request(s).") };
       }
@@ -95,6 +109,7 @@ export async function ec2Action(emu: AwsEmulator, action: string, p: URLSearchPa
         inst.subnetId = subnet;
         // A public IPv4 address only when the call asks for one (the emulated subnets do not map them on launch).
         inst.publicIp = p.get("NetworkInterface.1.AssociatePublicIpAddress") === "true";
+        inst.spot = p.get("InstanceMarketOptions.MarketType") === "spot";
         inst.launchParams = Object.fromEntries([...p.entries()].filter(([k]) => !k.startsWith("TagSpecification.")));
       }
       return reply(action, `<reservationId>r-${inst.id.slice(2)}</reservationId><ownerId>000000000000</ownerId><instancesSet>${instanceXml(inst)}</instancesSet>`);
@@ -104,10 +119,10 @@ export async function ec2Action(emu: AwsEmulator, action: string, p: URLSearchPa
       const missing = ids.filter((id) => !here.has(id));
       if (missing.length > 0) return notFound(missing);
       const fs = filters(p);
-      const found = [...here.values()].filter((i) => (ids.length === 0 || ids.includes(i.id)) && fs.every((f) => matches(i, f)));
-      // Paged only when the caller asks for pages (MaxResults), as on AWS.
-      const pg = p.has("MaxResults") ? page(found, p, emu.faults.pageSize) : { items: found, next: "" };
-      const items = pg.items.map((i) => `<item><reservationId>r-${i.id.slice(2)}</reservationId><ownerId>000000000000</ownerId><instancesSet>${instanceXml(i)}</instancesSet></item>`).join("");
+      const keep = (i: EmulatedInstance) => (ids.length === 0 || ids.includes(i.id)) && fs.every((f) => matches(i, f));
+      // Paged only when the caller asks for pages (MaxResults), as on AWS; the filters apply to each page after it is cut.
+      const pg = p.has("MaxResults") ? page([...here.values()], p, emu.faults.pageSize) : { items: [...here.values()], next: "" };
+      const items = pg.items.filter(keep).map((i) => `<item><reservationId>r-${i.id.slice(2)}</reservationId><ownerId>000000000000</ownerId><instancesSet>${instanceXml(i)}</instancesSet></item>`).join("");
       return reply(action, `<reservationSet>${items}</reservationSet>${pg.next}`);
     }
     case "DescribeInstanceStatus": {

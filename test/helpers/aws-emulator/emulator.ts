@@ -9,8 +9,11 @@
  *     RebootInstances, TerminateInstances, DescribeInstanceStatus (paged;
  *     status checks `impaired` when a test sets `instance.impaired`);
  *   - SSM JSON 1.1 (`X-Amz-Target: AmazonSSM.<Op>`): SendCommand
- *     (AWS-RunShellScript), GetCommandInvocation, ListCommands,
- *     DescribeInstanceInformation.
+ *     (AWS-RunShellScript), GetCommandInvocation, ListCommands (paged),
+ *     DescribeInstanceInformation (paged), CancelCommand; statuses as SSM
+ *     names them (Pending, Delayed, InProgress, Success, Failed, TimedOut
+ *     with StatusDetails DeliveryTimedOut or ExecutionTimedOut,
+ *     Cancelling, Cancelled).
  * Each instance is a real sandbox (instance.ts). Faults are injected by the
  * test through `faults`: lost replies (the action happens, the connection is
  * cut before the answer), throttling, delayed, held and duplicated SSM
@@ -18,13 +21,17 @@
  * terminations that lag, instances stopped or terminated behind the
  * caller's back (`stopBehind`, `terminate`), small pages (`pageSize`),
  * calls never answered (`hold`), subnets whose instances never register
- * (`ssmNeverRegistersIn`). `listen()` opens a second endpoint (per-service
+ * (`ssmNeverRegistersIn`), eventual consistency (`describeLagMs`,
+ * `invocationLagMs`), `Delayed` deliveries (`ssmDelayed`), cancelled
+ * commands (`cancel`, `cancelLagMs`), a reboot whose old boot answers for a
+ * while (`rebootGraceMs`), spot interruptions (`interruptSpot`). Every lag
+ * defaults to 0; a test turns on the ones it is about. `listen()` opens a second endpoint (per-service
  * endpoints); `portCalls` says which one each call came in on.
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { createServer as createNetServer, type AddressInfo } from "node:net";
 import { randomBytes, randomUUID } from "node:crypto";
-import { writeFileSync } from "node:fs";
+import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { EmulatedInstance, type Invocation } from "./instance.js";
 import { ec2Action } from "./ec2-api.js";
@@ -62,8 +69,22 @@ export interface Faults {
   ssmNeverRegistersIn: string[];
   rebootMs: number;
   terminateLagMs: number;
-  /** Largest page a paged list call (DescribeInstances with MaxResults, DescribeInstanceStatus) answers; the rest comes with a NextToken. */
+  /** Largest page a paged list call (DescribeInstances with MaxResults, DescribeInstanceStatus, DescribeInstanceInformation, ListCommands) answers; the rest comes with a NextToken. */
   pageSize: number;
+  /** Eventual consistency of EC2: for this long after RunInstances a new instance is not listed by DescribeInstances or DescribeInstanceStatus, and a call naming its id answers InvalidInstanceID.NotFound (RunInstances' own ClientToken idempotency sees it at once). */
+  describeLagMs: number;
+  /** Eventual consistency of SSM: for this long after SendCommand, GetCommandInvocation answers InvocationDoesNotExist. */
+  invocationLagMs: number;
+  /** The next SendCommand deliveries cannot reach the agent for this long (ms), one entry per command: the invocation is `Delayed` meanwhile, then delivered. */
+  ssmDelayed: number[];
+  /** After RebootInstances answers, the old boot keeps running (and answering SSM, SSH) this long before it goes down. */
+  rebootGraceMs: number;
+  /** After CancelCommand, a running invocation stays `Cancelling` this long before its process is killed and it ends `Cancelled`. */
+  cancelLagMs: number;
+  /** When > 0, the delivery timeout of every command in ms instead of its TimeoutSeconds (whose minimum, 30 s, is longer than a test). */
+  deliveryTimeoutMs: number;
+  /** The next SendCommand runs take this much longer (ms) on the instance, one entry per command (a slow plugin start or a busy guest). */
+  ssmSlowRuns: number[];
 }
 
 export class AwsEmulator {
@@ -74,7 +95,9 @@ export class AwsEmulator {
   readonly regionCalls: string[] = [];
   /** `port Action` of every call, in order: the local port of the listener it came in on (`url`, or one of `listen()`). */
   readonly portCalls: string[] = [];
-  readonly faults: Faults = { lose: new Map(), hold: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], runRefusals: [], noCapacity: [], rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, ssmNeverRegistersIn: [], sshdReloadFails: false, sshdIgnoresDropIns: false, rebootMs: 0, terminateLagMs: 0, pageSize: 1000 };
+  /** `Action ErrorCode` of every error the emulator answered (throttling included), in order. */
+  readonly errors: string[] = [];
+  readonly faults: Faults = { lose: new Map(), hold: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], runRefusals: [], noCapacity: [], rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, ssmNeverRegistersIn: [], sshdReloadFails: false, sshdIgnoresDropIns: false, rebootMs: 0, terminateLagMs: 0, pageSize: 1000, describeLagMs: 0, invocationLagMs: 0, ssmDelayed: [], rebootGraceMs: 0, cancelLagMs: 0, deliveryTimeoutMs: 0, ssmSlowRuns: [] };
   url = "";
   sshPort = 0;
   #server: Server | null = null;
@@ -144,6 +167,7 @@ export class AwsEmulator {
     const ip = `127.77.${1 + (this.instances.size >> 8)}.${1 + (this.instances.size % 250)}`;
     const inst = new EmulatedInstance(id, tags, clientToken, ip, this.sshPort, this.dir, Date.now());
     inst.region = region;
+    inst.visibleAt = Date.now() + this.faults.describeLagMs;
     if (this.faults.sshdReloadFails) writeFileSync(join(inst.root, ".emu/fail-reload"), "");
     if (this.faults.sshdIgnoresDropIns) writeFileSync(join(inst.root, ".emu/no-dropins"), "");
     this.instances.set(id, inst);
@@ -163,22 +187,90 @@ export class AwsEmulator {
     for (const inv of this.invocations.values()) if (inv.instanceId === inst.id && inv.status === "Pending" && !(inv as { gated?: boolean }).gated) void this.execute(inv, inst);
   }
 
+  /** Listed by DescribeInstances yet (see `describeLagMs`). */
+  visible(inst: EmulatedInstance): boolean {
+    return Date.now() >= inst.visibleAt;
+  }
+
   async execute(inv: Invocation & { instanceId: string }, inst: EmulatedInstance): Promise<void> {
     if (inv.status !== "Pending" || !inst.ssmOnline) return;
     inv.status = "InProgress";
-    const r = await inst.run(inv.script);
+    const ctl: { kill?: () => void } = {};
+    let timedOut = false;
+    const limit = setTimeout(() => {
+      timedOut = true;
+      ctl.kill?.();
+    }, (inv.executionTimeoutS ?? 3600) * 1000);
+    limit.unref();
+    inv.kill = () => ctl.kill?.();
+    const r = await inst.run(inv.script, ctl);
+    clearTimeout(limit);
+    inv.kill = undefined;
     inv.code = r.code;
     inv.stdout = r.stdout;
     inv.stderr = r.stderr;
-    inv.status = r.code === 0 ? "Success" : "Failed";
+    // A CancelCommand may have come in while it ran.
+    if ((inv.status as Invocation["status"]) === "Cancelling") inv.status = "Cancelled";
+    else if (timedOut) [inv.status, inv.details] = ["TimedOut", "ExecutionTimedOut"];
+    else inv.status = r.code === 0 ? "Success" : "Failed";
   }
 
+  /**
+   * CancelCommand for one invocation: a queued one ends `Cancelled` at once;
+   * a running one is `Cancelling` until its process is killed (`cancelLagMs`),
+   * then `Cancelled`. Whatever it did before the kill stays done.
+   */
+  cancel(inv: Invocation & { instanceId: string }): void {
+    if (inv.status === "Pending" || inv.status === "Delayed") {
+      inv.status = "Cancelled";
+      return;
+    }
+    if (inv.status !== "InProgress") return;
+    inv.status = "Cancelling";
+    this.later(this.faults.cancelLagMs, () => inv.kill?.());
+  }
+
+  /**
+   * RebootInstances as EC2 performs it: the call answers first; the old boot
+   * goes on running (and answering) for `rebootGraceMs`, then every process
+   * dies, and after `rebootMs` a new boot comes up. A request while one is in
+   * progress is coalesced into it.
+   */
   async reboot(inst: EmulatedInstance): Promise<void> {
-    await inst.halt();
-    this.later(this.faults.rebootMs, async () => {
-      if (inst.state !== "running") return;
-      await inst.boot();
-      this.deliverPending(inst);
+    if (inst.rebooting) return;
+    inst.rebooting = true;
+    const down = async () => {
+      await inst.halt();
+      this.later(this.faults.rebootMs, async () => {
+        if (inst.state === "running") {
+          await inst.boot();
+          this.deliverPending(inst);
+        }
+        inst.rebooting = false;
+      });
+    };
+    if (this.faults.rebootGraceMs > 0) this.later(this.faults.rebootGraceMs, down);
+    else await down();
+  }
+
+  /**
+   * A spot interruption: the notice is readable at once (IMDS
+   * spot/instance-action, here `interruption` and the file
+   * latest/meta-data/spot/instance-action under the instance's root) and
+   * `noticeMs` later (two minutes on AWS) the instance is terminated with
+   * StateReason Server.SpotInstanceTermination. Only spot instances are
+   * interrupted.
+   */
+  interruptSpot(inst: EmulatedInstance, noticeMs = 120_000): void {
+    if (!inst.spot) throw new Error(`emulator: ${inst.id} is not a spot instance`);
+    const time = new Date(Date.now() + noticeMs).toISOString().replace(/\.\d{3}Z$/, "Z");
+    inst.interruption = { action: "terminate", time };
+    mkdirSync(join(inst.root, "latest/meta-data/spot"), { recursive: true });
+    writeFileSync(join(inst.root, "latest/meta-data/spot/instance-action"), JSON.stringify(inst.interruption));
+    this.later(noticeMs, async () => {
+      if (inst.state !== "running" && inst.state !== "pending") return;
+      inst.stateReason = { code: "Server.SpotInstanceTermination", message: "Server.SpotInstanceTermination: Spot instance termination" };
+      await this.terminate(inst);
     });
   }
 
@@ -219,6 +311,7 @@ export class AwsEmulator {
       return;
     }
     if (take(this.faults.throttle, action)) {
+      this.errors.push(`${action} ${isSsm ? "ThrottlingException" : "RequestLimitExceeded"}`);
       if (isSsm) return sendJson(res, 400, { __type: "ThrottlingException", message: "Rate exceeded" }, "ThrottlingException");
       return sendXml(res, 503, errorXml("RequestLimitExceeded", "Request limit exceeded."));
     }
@@ -231,6 +324,7 @@ export class AwsEmulator {
         req.socket.destroy();
         return;
       }
+      if (reply.status >= 400) this.errors.push(`${action} ${isSsm ? reply.errorType : (/<Code>([^<]+)<\/Code>/.exec(reply.body as string)?.[1] ?? "?")}`);
       if (isSsm) sendJson(res, reply.status, reply.body, reply.errorType);
       else sendXml(res, reply.status, reply.body as string);
     } catch (e) {

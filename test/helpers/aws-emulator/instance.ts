@@ -36,7 +36,14 @@ export interface Invocation {
   commandId: string;
   comment: string;
   script: string;
-  status: "Pending" | "InProgress" | "Success" | "Failed" | "DeliveryTimedOut" | "Cancelled";
+  /** GetCommandInvocation's statuses as SSM names them (no DeliveryTimedOut here: that is a StatusDetails of TimedOut). */
+  status: "Pending" | "InProgress" | "Delayed" | "Success" | "Failed" | "TimedOut" | "Cancelling" | "Cancelled";
+  /** StatusDetails: the status, or why it ended (DeliveryTimedOut, ExecutionTimedOut). */
+  details?: string;
+  /** AWS-RunShellScript's executionTimeout, seconds: a run longer than this is killed and ends TimedOut. */
+  executionTimeoutS?: number;
+  /** Kills the running script (set while it runs). */
+  kill?: () => void;
   code: number;
   stdout: string;
   stderr: string;
@@ -57,6 +64,16 @@ export class EmulatedInstance {
   readonly root: string;
   readonly hostKey = generateSshKeyPair("emulated-host");
   ssmOnline = false;
+  /** Until this time (ms) DescribeInstances does not list it and calls naming its id answer InvalidInstanceID.NotFound (eventual consistency after RunInstances). */
+  visibleAt = 0;
+  /** A RebootInstances is in progress (requested, the new boot not up yet): another request is coalesced into it. */
+  rebooting = false;
+  /** Launched as a spot instance (InstanceMarketOptions.MarketType=spot). */
+  spot = false;
+  /** A spot interruption notice, as IMDS answers spot/instance-action: {action, time}. */
+  interruption: { action: "terminate" | "stop"; time: string } | null = null;
+  /** Why it last changed state (StateReason), e.g. Server.SpotInstanceTermination. */
+  stateReason: { code: string; message: string } | null = null;
   /** Failed status checks (DescribeInstanceStatus): the system (AWS hardware/network) or the instance (its OS) reachability check. */
   impaired: "system" | "instance" | null = null;
   #server: ssh2.Server | null = null;
@@ -139,11 +156,18 @@ export class EmulatedInstance {
     return { PATH: `${join(this.root, ".emu/bin")}:${process.env.PATH ?? "/usr/bin:/bin"}`, BERTH_GUEST_ROOT: this.root, BERTH_EMU_INSTANCE: this.id, LANG: "C", ...extra };
   }
 
-  /** Runs an SSM shell script the way the agent would; resolves with its exit status and output. */
-  run(script: string): Promise<{ code: number; stdout: string; stderr: string }> {
+  /** Runs an SSM shell script the way the agent would; resolves with its exit status and output. `ctl.kill` is set to end it (its whole process group). */
+  run(script: string, ctl: { kill?: () => void } = {}): Promise<{ code: number; stdout: string; stderr: string }> {
     return new Promise((resolve) => {
       const ch = spawn("bash", ["-c", script], { cwd: this.root, env: this.env(), stdio: ["ignore", "pipe", "pipe"], detached: true });
       this.#children.add(ch);
+      ctl.kill = () => {
+        try {
+          process.kill(-ch.pid!, "SIGKILL");
+        } catch {
+          /* gone */
+        }
+      };
       let out = "";
       let err = "";
       ch.stdout.on("data", (d: Buffer) => (out += d.toString()));

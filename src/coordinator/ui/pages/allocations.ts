@@ -8,7 +8,7 @@
  */
 import type { Principal } from "../../auth.js";
 import { allows } from "../../auth.js";
-import type { AllocCtx } from "../../actions/allocation-create.js";
+import type { AllocCtx } from "../../actions/allocation-context.js";
 import { listAllocationsFor } from "../../actions/allocation-read.js";
 import { ownersOf } from "../../actions/alloc-owners.js";
 import type { AllocationRecord } from "../../../store/allocations.js";
