@@ -76,39 +76,86 @@ export interface Coordinator {
   stop(): Promise<void>;
 }
 
+/**
+ * Its steps, in the order of the dependency graph: the context (store, clock,
+ * log, metrics, config, providers), the workers (executor, portable API,
+ * allocation calls and worker, reconciler), the HTTP API and dashboard, then
+ * listening, the reconciler loop, the history writer and the ready check.
+ */
 export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinator> {
-  const log = o.log ?? pino({ level: process.env.BERTH_LOG_LEVEL ?? "info" });
-  const metrics = new Metrics();
-  const config: CoordinatorConfig = { ...DEFAULT_CONFIG, ...o.config };
   const hosts = new HostsProvider({
     secret: o.secret,
     host: (id) => readHostCommitted(o.store, id),
   });
   let loop: ReconcilerLoop | null = null;
-  const ctx: Ctx = {
+  const ctx = coordinatorContext(o, hosts, () => loop?.kick());
+  const { executor, portable, allocationAgent, allocations, reconciler } = coordinatorWorkers(ctx, hosts);
+  loop = new ReconcilerLoop(reconciler, o.reconcileIntervalMs ?? 250);
+  const { app, ui } = coordinatorApi(o, ctx, portable, allocationAgent);
+  const { url, port } = await app.listen(o.host ?? "127.0.0.1", o.port ?? 0);
+  if (o.reconcile !== false) loop.start();
+  const history = startHistory(ctx);
+  const checked = (o.providers ?? []).filter((p) => p.checkMachines).map((p) => p.name);
+  const readyCheck = o.reconcile !== false && checked.length > 0 && ctx.config.readyCheckMs > 0 ? startReadyCheck(ctx, checked, ctx.config.readyCheckMs) : null;
+  return {
+    url,
+    port,
+    ctx,
+    executor,
+    reconciler,
+    allocations,
+    allocationAgent,
+    portable,
+    loop,
+    server: app.server,
+    routes: () => app.routes(),
+    async stop() {
+      await readyCheck?.stop();
+      await loop!.stop();
+      await history.stop();
+      ui.stop();
+      await allocations.idle();
+      await app.close();
+    },
+  };
+}
+
+/** Step 1: what every part is given (store, clock, randomness, metrics, log, this process's actor id, config, providers, a kick of the reconciler). */
+function coordinatorContext(o: CoordinatorOptions, hosts: HostsProvider, kick: () => void): Ctx {
+  return {
     store: o.store,
     now: o.now ?? Date.now,
     randomBytes: o.randomBytes ?? pooledRandomBytes(),
-    metrics,
-    log,
+    metrics: new Metrics(),
+    log: o.log ?? pino({ level: process.env.BERTH_LOG_LEVEL ?? "info" }),
     actor: `c-${randomUUID().slice(0, 8)}`,
-    config,
+    config: { ...DEFAULT_CONFIG, ...o.config },
     providers: providerRegistry([hosts, ...(o.providers ?? [])]),
-    kick: () => loop?.kick(),
+    kick,
   };
-  // The order of construction is the dependency graph: the executor is given
-  // the grant and registration steps its proofs drive; the portable API (the
-  // ack runs the install it leased) and the reconciler are given the executor.
+}
+
+/**
+ * Step 2. The order of construction is the dependency graph: the executor is given
+ * the grant and registration steps its proofs drive; the portable API (the
+ * ack runs the install it leased) and the reconciler are given the executor.
+ */
+function coordinatorWorkers(ctx: Ctx, hosts: HostsProvider) {
   const executor = new OperationExecutor({
     ctx,
     grants: grantHooks(ctx),
     registerProvisioned: (tx, m, found, now) => registerProvisioned(tx, ctx, m, found, now),
   });
-  const portable = config.portable ? createPortable(ctx, { runLeased: (s, read) => executor.execute(s, read) }) : null;
+  const portable = ctx.config.portable ? createPortable(ctx, { runLeased: (s, read) => executor.execute(s, read) }) : null;
   const allocationAgent = new AllocationAgent((hostId, method, path, body) => hosts.agentCall(hostId, method, path, body));
   const allocations = new AllocationWorker({ ctx, agent: allocationAgent, pauseAt: pauseForTestAt });
   const reconciler = new Reconciler({ ctx, executor, allocations });
-  loop = new ReconcilerLoop(reconciler, o.reconcileIntervalMs ?? 250);
+  return { executor, portable, allocationAgent, allocations, reconciler };
+}
+
+/** Step 3: the HTTP API (refusals counted, `/metrics` text) and the dashboard, not yet listening. */
+function coordinatorApi(o: CoordinatorOptions, ctx: Ctx, portable: PortableApi | null, allocationAgent: AllocationAgent) {
+  const { metrics, log } = ctx;
   let openConnections = () => 0;
   const metricsText = async () => {
     metrics.httpConnections.set(openConnections());
@@ -126,35 +173,19 @@ export async function startCoordinator(o: CoordinatorOptions): Promise<Coordinat
   openConnections = () => app.connections();
   addRoutes(app, { ctx, secret: o.secret, metricsText, metricsTokenHash: o.metricsTokenHash ?? null, portable, version: VERSION, allocationAgent });
   const ui = addUiRoutes(app, ctx, { ...o.ui, sandboxProbe: (h, a) => allocationAgent.sandbox(h, a) });
-  const { url, port } = await app.listen(o.host ?? "127.0.0.1", o.port ?? 0);
-  if (o.reconcile !== false) loop.start();
-  // The dashboard's history: closed 10-second buckets are written every 10 s (the open one at the stop).
+  return { app, ui };
+}
+
+/** Step 4: the dashboard's history: closed 10-second buckets are written every 10 s (the open one at the stop). */
+function startHistory(ctx: Ctx): { stop(): Promise<void> } {
   const writeHistory = (all: boolean) =>
-    metrics.history.flush(ctx.store, ctx.actor, ctx.now(), all).catch((e: unknown) => log.warn({ err: e }, "history: buckets not written; kept in memory for the next try"));
+    ctx.metrics.history.flush(ctx.store, ctx.actor, ctx.now(), all).catch((e: unknown) => ctx.log.warn({ err: e }, "history: buckets not written; kept in memory for the next try"));
   const historyTimer = setInterval(() => void writeHistory(false), HISTORY_BUCKET_MS);
   historyTimer.unref();
-  const checked = (o.providers ?? []).filter((p) => p.checkMachines).map((p) => p.name);
-  const readyCheck = o.reconcile !== false && checked.length > 0 && config.readyCheckMs > 0 ? startReadyCheck(ctx, checked, config.readyCheckMs) : null;
   return {
-    url,
-    port,
-    ctx,
-    executor,
-    reconciler,
-    allocations,
-    allocationAgent,
-    portable,
-    loop,
-    server: app.server,
-    routes: () => app.routes(),
     async stop() {
-      await readyCheck?.stop();
-      await loop!.stop();
       clearInterval(historyTimer);
       await writeHistory(true);
-      ui.stop();
-      await allocations.idle();
-      await app.close();
     },
   };
 }

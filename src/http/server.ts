@@ -37,6 +37,7 @@ import type { z } from "zod";
 import { BerthError, isBerthError } from "../core/errors.js";
 import type { Id } from "../core/ids.js";
 import { zodRefusal } from "../core/refusal.js";
+import { discardBounded, LINGER_BYTES, LINGER_MS, parseForm, parseJson, readBody } from "./body.js";
 import { Router } from "./router.js";
 import { AddressRate, checkIntervalMs, ConnectionCaps, defaultHttpLimits, refuseConnection, type HttpLimits, type RefusalReason } from "./admission.js";
 
@@ -134,50 +135,20 @@ export interface HttpServer {
   routes(): Array<{ method: string; path: string }>;
 }
 
+/**
+ * Its steps: limits, router, caps and rate; the request pipeline (`answer`); the caps at
+ * accept (`admitConnections`); bytes Node's parser refuses (`answerClientErrors`); routes.
+ */
 export function createHttpServer(o: HttpServerOptions): HttpServer {
   const bodyLimit = o.bodyLimit ?? DEFAULT_BODY_LIMIT;
   const limits: HttpLimits = { ...defaultHttpLimits(), ...o.limits };
   const router = new Router<Route>();
   const caps = new ConnectionCaps(limits.maxConnections, limits.maxConnectionsPerAddress);
   const rate = new AddressRate(limits.unauthenticatedRate, limits.unauthenticatedBurst);
-
-  const handle = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
-    const method = req.method ?? "GET";
-    const url = req.url ?? "/";
-    const q = url.indexOf("?");
-    const m = router.match(method, q < 0 ? url : url.slice(0, q));
-    if ("error" in m) {
-      if (m.allow) res.setHeader("allow", m.allow.join(", "));
-      throw m.error;
-    }
-    const { route, params } = m;
-    if (route.limited && !(route.exempt && (await route.exempt(req)))) {
-      const wait = rate.take(req.socket.remoteAddress ?? "", Date.now());
-      if (wait > 0) {
-        o.onRefused?.("rate");
-        res.setHeader("retry-after", String(wait));
-        throw new BerthError("rate_limited", `rate_limited: too many requests without a token from this address; try again in ${wait} s`);
-      }
-    }
-    const auth = route.auth ? await route.auth(req) : undefined;
-    let body: unknown = undefined;
-    if (method !== "GET" && method !== "HEAD") {
-      const buf = await readBody(req, bodyLimit);
-      body = route.bodyType === "form" ? parseForm(buf) : parseJson(buf);
-    }
-    if (route.body) {
-      const r = route.body.safeParse(body ?? {});
-      if (!r.success) throw zodRefusal(r.error);
-      body = r.data;
-    }
-    const out = await route.handler({ method, params, headers: req.headers, body, auth, raw: req, res });
-    if (out === TAKEN) return;
-    if (out instanceof Reply) send(res, out.status, out.body, out.contentType);
-    else send(res, 200, out, null);
-  };
+  const pipeline: Pipeline = { router, rate, bodyLimit, o };
 
   const server = createServer({ connectionsCheckingInterval: checkIntervalMs(limits) }, (req, res) => {
-    handle(req, res).catch((e: unknown) => refuse(req, res, e, o, bodyLimit));
+    answer(pipeline, req, res).catch((e: unknown) => refuse(req, res, e, o, bodyLimit));
   });
   // Deadlines for receiving a request only: Node stops timing a request once it is complete, so a
   // handler may take as long as its work (a gVisor fence) needs. Past either deadline Node answers
@@ -185,7 +156,74 @@ export function createHttpServer(o: HttpServerOptions): HttpServer {
   server.headersTimeout = Math.min(limits.headerTimeoutMs, limits.requestTimeoutMs);
   server.requestTimeout = limits.requestTimeoutMs;
   server.keepAliveTimeout = limits.idleTimeoutMs;
-  // The caps come before Node's HTTP parser sees the socket: a refused connection costs one write.
+  admitConnections(server, caps, o);
+  answerClientErrors(server);
+
+  const add = (method: string) => (path: string, ro: RouteOptions<z.ZodType | undefined, unknown>, handler: Handler<unknown, unknown>) =>
+    router.add(method, path, { auth: ro.auth, body: ro.body, bodyType: ro.bodyType, limited: ro.auth === undefined && ro.unlimited !== true, ...(ro.exempt ? { exempt: ro.exempt } : {}), handler });
+  return {
+    get: add("GET") as HttpServer["get"],
+    post: add("POST") as HttpServer["post"],
+    server,
+    limits,
+    connections: () => caps.open,
+    routes: () => router.list(),
+    listen: (host, port) => listenOn(server, host, port),
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }),
+  };
+}
+
+/** What answering a request needs: the routes, the unauthenticated rate, the body limit, the options. */
+interface Pipeline {
+  router: Router<Route>;
+  rate: AddressRate;
+  bodyLimit: number;
+  o: HttpServerOptions;
+}
+
+/** One request through steps 1–5 of the header; a refusal is thrown (and answered by `refuse`). */
+async function answer(p: Pipeline, req: IncomingMessage, res: ServerResponse): Promise<void> {
+  const { router, rate, bodyLimit, o } = p;
+  const method = req.method ?? "GET";
+  const url = req.url ?? "/";
+  const q = url.indexOf("?");
+  const m = router.match(method, q < 0 ? url : url.slice(0, q));
+  if ("error" in m) {
+    if (m.allow) res.setHeader("allow", m.allow.join(", "));
+    throw m.error;
+  }
+  const { route, params } = m;
+  if (route.limited && !(route.exempt && (await route.exempt(req)))) {
+    const wait = rate.take(req.socket.remoteAddress ?? "", Date.now());
+    if (wait > 0) {
+      o.onRefused?.("rate");
+      res.setHeader("retry-after", String(wait));
+      throw new BerthError("rate_limited", `rate_limited: too many requests without a token from this address; try again in ${wait} s`);
+    }
+  }
+  const auth = route.auth ? await route.auth(req) : undefined;
+  let body: unknown = undefined;
+  if (method !== "GET" && method !== "HEAD") {
+    const buf = await readBody(req, bodyLimit);
+    body = route.bodyType === "form" ? parseForm(buf) : parseJson(buf);
+  }
+  if (route.body) {
+    const r = route.body.safeParse(body ?? {});
+    if (!r.success) throw zodRefusal(r.error);
+    body = r.data;
+  }
+  const out = await route.handler({ method, params, headers: req.headers, body, auth, raw: req, res });
+  if (out === TAKEN) return;
+  if (out instanceof Reply) send(res, out.status, out.body, out.contentType);
+  else send(res, 200, out, null);
+}
+
+/** The caps come before Node's HTTP parser sees the socket: a refused connection costs one write. */
+function admitConnections(server: Server, caps: ConnectionCaps, o: HttpServerOptions): void {
   const parse = server.listeners("connection") as Array<(socket: Socket) => void>;
   server.removeAllListeners("connection");
   server.on("connection", (socket: Socket) => {
@@ -197,7 +235,10 @@ export function createHttpServer(o: HttpServerOptions): HttpServer {
     }
     for (const l of parse) l.call(server, socket);
   });
-  // Bytes Node's parser refuses (a bad request line or header) get the same shape.
+}
+
+/** Bytes Node's parser refuses (a bad request line or header) get the same shape. */
+function answerClientErrors(server: Server): void {
   server.on("clientError", (e: NodeJS.ErrnoException, socket) => {
     if (!socket.writable || e.code === "ECONNRESET") {
       socket.destroy();
@@ -215,34 +256,19 @@ export function createHttpServer(o: HttpServerOptions): HttpServer {
     // Whatever the client does next (it may never read or close), the connection is gone a second later.
     setTimeout(() => socket.destroy(), 1000).unref();
   });
+}
 
-  const add = (method: string) => (path: string, ro: RouteOptions<z.ZodType | undefined, unknown>, handler: Handler<unknown, unknown>) =>
-    router.add(method, path, { auth: ro.auth, body: ro.body, bodyType: ro.bodyType, limited: ro.auth === undefined && ro.unlimited !== true, ...(ro.exempt ? { exempt: ro.exempt } : {}), handler });
-  return {
-    get: add("GET") as HttpServer["get"],
-    post: add("POST") as HttpServer["post"],
-    server,
-    limits,
-    connections: () => caps.open,
-    routes: () => router.list(),
-    async listen(host, port) {
-      await new Promise<void>((resolve, reject) => {
-        server.once("error", reject);
-        server.listen(port, host, () => {
-          server.off("error", reject);
-          resolve();
-        });
-      });
-      const addr = server.address() as AddressInfo;
-      const shown = addr.family === "IPv6" ? `[${addr.address}]` : addr.address;
-      return { url: `http://${shown}:${addr.port}`, port: addr.port };
-    },
-    close: () =>
-      new Promise<void>((resolve) => {
-        server.close(() => resolve());
-        server.closeAllConnections();
-      }),
-  };
+async function listenOn(server: Server, host: string, port: number): Promise<{ url: string; port: number }> {
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(port, host, () => {
+      server.off("error", reject);
+      resolve();
+    });
+  });
+  const addr = server.address() as AddressInfo;
+  const shown = addr.family === "IPv6" ? `[${addr.address}]` : addr.address;
+  return { url: `http://${shown}:${addr.port}`, port: addr.port };
 }
 
 function send(res: ServerResponse, status: number, body: unknown, contentType: string | null): void {
@@ -271,70 +297,4 @@ function refuse(req: IncomingMessage, res: ServerResponse, e: unknown, o: HttpSe
     discardBounded(req, Math.max(bodyLimit * 16, LINGER_BYTES), LINGER_MS);
   }
   send(res, r.status, { error: { code: r.code, message: r.message } }, null);
-}
-
-/** How much of an unread body is discarded after a refusal, and for how long, before the connection is cut. */
-const LINGER_BYTES = 64 * 1024 * 1024;
-const LINGER_MS = 5_000;
-
-function discardBounded(req: IncomingMessage, bound: number, ms: number): void {
-  let seen = 0;
-  const cut = setTimeout(() => req.socket.destroy(), ms);
-  cut.unref();
-  req.removeAllListeners("data");
-  req.on("data", (c: Buffer) => {
-    seen += c.length;
-    if (seen > bound) req.socket.destroy();
-  });
-  req.once("end", () => clearTimeout(cut));
-  req.once("close", () => clearTimeout(cut));
-  req.resume();
-}
-
-function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
-  return new Promise((resolve, reject) => {
-    const tooLarge = () => new BerthError("body_too_large", `body_too_large: request bodies are limited to ${limit} bytes`);
-    if (Number(req.headers["content-length"] ?? "0") > limit) {
-      reject(tooLarge());
-      return;
-    }
-    const chunks: Buffer[] = [];
-    let size = 0;
-    let done = false;
-    req.on("data", (c: Buffer) => {
-      if (done) return;
-      size += c.length;
-      if (size > limit) {
-        done = true;
-        chunks.length = 0;
-        reject(tooLarge());
-        return;
-      }
-      chunks.push(c);
-    });
-    req.on("end", () => {
-      if (done) return;
-      done = true;
-      resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks));
-    });
-    req.on("error", () => {
-      if (done) return;
-      done = true;
-      // The connection ended before the body did (the client went, or the request deadline closed it).
-      reject(new BerthError("invalid_request", "invalid_request: the connection ended before the request body was whole"));
-    });
-  });
-}
-
-function parseForm(buf: Buffer): Record<string, string> {
-  return Object.fromEntries(new URLSearchParams(buf.toString("utf8")));
-}
-
-function parseJson(buf: Buffer): unknown {
-  if (buf.length === 0) return undefined;
-  try {
-    return JSON.parse(buf.toString("utf8"));
-  } catch {
-    throw new BerthError("invalid_request", "invalid_request: the body is not valid JSON");
-  }
 }
