@@ -136,10 +136,20 @@ async function realTerminal(tmux: Tmux): Promise<void> {
   // vim: insert text, write, quit; the file holds it.
   tmux.type("vim -u NONE -N vt.txt");
   await tmux.waitFor(/"vt\.txt" \[New\]/, "vim's screen", 0, 20_000);
+  // Each key waits for vim to show it took the one before: an Escape followed at once by ':' can reach vim as one
+  // Alt-: key (seen on a loaded host: the text was never written).
   tmux.keys("i");
+  await tmux.waitFor(/-- INSERT --/, "vim's insert mode", 0, 20_000);
   tmux.cmd("send-keys", "-t", "t", "-l", "typed-in-vim");
+  await tmux.waitFor(/^typed-in-vim/m, "the typed text in vim", 0, 20_000);
   tmux.keys("Escape");
+  for (const deadline = Date.now() + 20_000; /-- INSERT --/.test(tmux.lastLine()); ) {
+    if (Date.now() > deadline) throw new Error(`vim stayed in insert mode after Escape; screen:\n${tmux.screen().slice(-1500)}`);
+    await pause(50);
+  }
   tmux.type(":wq");
+  // vim leaves the terminal's input behind it when it exits: the next line is typed once the prompt is back.
+  await tmux.waitFor(/vim -u NONE -N vt\.txt\nREMOTE>$/, "the prompt after vim", 0, 20_000);
   tmux.type("echo file=$(cat vt.txt)");
   await tmux.waitFor(/^file=typed-in-vim$/m, "the file vim wrote", 0, 20_000);
 }

@@ -147,6 +147,25 @@ describe("aws provider against AWS's consistency and statuses (emulator)", { tim
     }
   });
 
+  test("TimedOut (ExecutionTimedOut): a run killed at its execution timeout is sent again and acts once", async () => {
+    const w = await awsWorld({ stepBudgetMs: 6_000 });
+    try {
+      const { m, instanceId, target } = await provisioned(w, "m_exectimeout");
+      w.emu.faults.executionTimeoutMs = 400;
+      w.emu.faults.ssmSlowRuns.push(3_000);
+      const k = generateSshKeyPair("x");
+      const req = op("install_key", { ...m, generation: 1 }, 1, grantArgs(k.publicKey, "g_x", Date.now() + 600_000));
+      done((await untilSettled(w.provider, req)).outcome);
+      const runs = invocationsFor(w, req.opId, "install_key");
+      assert.equal(runs.length, 2, "the killed run was followed by one more");
+      assert.deepEqual([runs[0]!.status, runs[0]!.details], ["TimedOut", "ExecutionTimedOut"]);
+      assert.equal(guestKeys(w.emu, instanceId, m.id).length, 1);
+      assert.equal((await ssh(target, k.privateKey, "echo ok")).out, "ok\n");
+    } finally {
+      await w.close();
+    }
+  });
+
   test("a command cancelled by someone else (Cancelling, then Cancelled) ends that run; the step runs again and acts once", async () => {
     const w = await awsWorld({ stepBudgetMs: 6_000 });
     try {
@@ -204,6 +223,7 @@ describe("aws provider against AWS's consistency and statuses (emulator)", { tim
       assert.deepEqual(r.terminated, [b.instanceId]);
       assert.ok(count(w, "DescribeInstances") - describes >= 6, "the lookups went page by page");
       for (const x of [a, c]) assert.equal(w.emu.instances.get(x.instanceId)!.state, "running");
+      assert.deepEqual(w.emu.errors.filter((e) => e.includes("InvalidParameterCombination")), [], "no call combines MaxResults with instance ids");
       const k = generateSshKeyPair("p");
       done((await untilSettled(w.provider, op("install_key", { ...c.m, generation: 1 }, 1, grantArgs(k.publicKey, "g_p", Date.now() + 600_000)))).outcome);
       assert.equal((await ssh(c.target, k.privateKey, "echo ok")).out, "ok\n");

@@ -83,6 +83,8 @@ export interface Faults {
   cancelLagMs: number;
   /** When > 0, the delivery timeout of every command in ms instead of its TimeoutSeconds (whose minimum, 30 s, is longer than a test). */
   deliveryTimeoutMs: number;
+  /** When > 0, the execution timeout of every run in ms instead of its executionTimeout parameter (berth asks for 120 s). */
+  executionTimeoutMs: number;
   /** The next SendCommand runs take this much longer (ms) on the instance, one entry per command (a slow plugin start or a busy guest). */
   ssmSlowRuns: number[];
 }
@@ -97,7 +99,7 @@ export class AwsEmulator {
   readonly portCalls: string[] = [];
   /** `Action ErrorCode` of every error the emulator answered (throttling included), in order. */
   readonly errors: string[] = [];
-  readonly faults: Faults = { lose: new Map(), hold: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], runRefusals: [], noCapacity: [], rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, ssmNeverRegistersIn: [], sshdReloadFails: false, sshdIgnoresDropIns: false, rebootMs: 0, terminateLagMs: 0, pageSize: 1000, describeLagMs: 0, invocationLagMs: 0, ssmDelayed: [], rebootGraceMs: 0, cancelLagMs: 0, deliveryTimeoutMs: 0, ssmSlowRuns: [] };
+  readonly faults: Faults = { lose: new Map(), hold: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], runRefusals: [], noCapacity: [], rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, ssmNeverRegistersIn: [], sshdReloadFails: false, sshdIgnoresDropIns: false, rebootMs: 0, terminateLagMs: 0, pageSize: 1000, describeLagMs: 0, invocationLagMs: 0, ssmDelayed: [], rebootGraceMs: 0, cancelLagMs: 0, deliveryTimeoutMs: 0, executionTimeoutMs: 0, ssmSlowRuns: [] };
   url = "";
   sshPort = 0;
   #server: Server | null = null;
@@ -200,7 +202,7 @@ export class AwsEmulator {
     const limit = setTimeout(() => {
       timedOut = true;
       ctl.kill?.();
-    }, (inv.executionTimeoutS ?? 3600) * 1000);
+    }, this.faults.executionTimeoutMs || (inv.executionTimeoutS ?? 3600) * 1000);
     limit.unref();
     inv.kill = () => ctl.kill?.();
     const r = await inst.run(inv.script, ctl);
