@@ -57,6 +57,8 @@ export interface AgentOptions {
   slots?: number;
   vcpu?: number;
   memoryMb?: number;
+  /** Whether each volume's disk is limited by a mounted image (volume-disk.ts); default auto. */
+  diskEnforce?: "required" | "auto" | "off";
   /** Disk offered to allocation volumes, MiB (default: free space of the volumes filesystem minus a reserve). */
   diskMib?: number;
   name?: string;

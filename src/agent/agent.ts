@@ -27,6 +27,7 @@ import { META_TOKEN_HASH } from "./identity/host-switch.js";
 import { silentLog } from "./log.js";
 import type { AgentOptions, RunningAgent } from "./agent-options.js";
 import { HostEnrollment } from "./host-enrollment.js";
+import { checkDiskMode, probeDisk } from "./volume-disk.js";
 import { agentOperations, hostSettings, offeredDisk, startAgentGateway, startAgentHttp, startLocal, Teardown } from "./startup.js";
 import { AgentStore } from "./store/store.js";
 
@@ -42,11 +43,15 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
   // 1. The store takes the state directory's lock.
   const store = AgentStore.open(opts.stateDir);
   const diskMib = offeredDisk(opts);
+  // Probed before anything starts: under `required` a host that cannot limit a volume's disk refuses to start, saying why.
+  const disk = { mode: opts.diskEnforce ?? "auto", cap: opts.diskEnforce === "off" ? ({ can: false, why: "--disk-enforce off" } as const) : probeDisk() };
   const teardown = new Teardown(log);
   teardown.push(() => store.close());
   try {
     // An agent built before the floor this state directory claimed would use the enroll token again.
     checkFloor(opts.stateDir, AGENT_VERSION);
+    checkDiskMode(disk.mode, disk.cap);
+    log.info({ diskEnforce: disk.mode, enforced: disk.cap.can, ...(disk.cap.can ? {} : { why: disk.cap.why }), diskMib }, "volume disk limit");
     if (opts.hostCallToken !== undefined) store.meta.set(META_TOKEN_HASH, hashToken("host-call", opts.hostCallToken));
     // 2–4. Runtime, images, keys, networks, recovery, guard.
     const local = await startLocal(opts, store, teardown, log, now);
@@ -55,7 +60,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     const gateway = await startAgentGateway(opts, sshListen, store, local, teardown, log, now);
     const sessions = gateway.sessions;
     // 6. Operations, host identity and the HTTP API.
-    const { volumes, ops } = agentOperations(opts.stateDir, store, local, gateway, log, now);
+    const { volumes, ops } = agentOperations(opts.stateDir, store, local, gateway, log, now, disk);
     const advertised = opts.advertiseHost ?? (isWildcard(listen.host) ? hostname() : listen.host);
     const sshHost = opts.advertiseHost ?? (isWildcard(sshListen.host) ? hostname() : sshListen.host);
     const ssh = { host: sshHost, port: gateway.port, hostKey: gateway.hostKey, fingerprint: gateway.fingerprint };

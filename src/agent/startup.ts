@@ -30,6 +30,7 @@ import { raiseStanding, readStanding } from "./standing.js";
 import { registerAllocRoutes, type SandboxView } from "./alloc-http.js";
 import { enforcementOf } from "./runtime/limits.js";
 import { Volumes } from "./volumes.js";
+import type { DiskCapability, DiskEnforceMode } from "./volume-disk.js";
 import { MachineNetworks } from "./network/manager.js";
 import { networkAvailability } from "./network/host.js";
 import { DEFAULT_CHECK_INTERVAL_MS, NetworkGuard } from "./network/guard.js";
@@ -155,9 +156,17 @@ export async function startAgentGateway(opts: AgentOptions, sshListen: Address, 
 }
 
 /** Step 6, first half: the allocation volumes (recovered) and the operations the coordinator runs. */
-export function agentOperations(stateDir: string, store: AgentStore, local: LocalParts, gateway: Gateway, log: AgentLog, now: () => number): { volumes: Volumes; ops: AgentOperations } {
+export function agentOperations(
+  stateDir: string,
+  store: AgentStore,
+  local: LocalParts,
+  gateway: Gateway,
+  log: AgentLog,
+  now: () => number,
+  disk: { mode: DiskEnforceMode; cap: DiskCapability },
+): { volumes: Volumes; ops: AgentOperations } {
   const { runtime, keys, network, images, guard } = local;
-  const volumes = new Volumes({ stateDir, records: store.volumes, now, log });
+  const volumes = new Volumes({ stateDir, records: store.volumes, now, log, disk });
   volumes.recover();
   const ops = new AgentOperations({
     store, keys, runtime, sessions: gateway.sessions, network, volumes, images, now, log,

@@ -34,8 +34,20 @@
  * path, identity and marker; from then on the volume is that allocation's
  * (listed, verified, kept or wiped by it). The marker names the directory
  * (the allocation it was first made for), so it is never rewritten.
+ *
+ * Disk limit (volume-disk.ts): with enforcement, create is record `intent`
+ * (with the size and the decision) → sparse image `disk.img` made and
+ * formatted → data/ made → the image mounted on data/ → marker → identity →
+ * `ready`; the image exists before the directory is recorded ready. An
+ * interrupted create is undone at start-up (data/ unmounted, image removed)
+ * and made again by the next launch. Release and `volume rm` unmount data/
+ * (proven) before anything is removed; the image goes with the directory. At
+ * start-up a ready volume whose image is not mounted (a host reboot) is
+ * mounted again and its identity (the mount's device) re-recorded: the agent
+ * mounted that very image itself. A kept volume keeps its image and size
+ * when attached; attaching it to a smaller size is refused.
  */
-import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, renameSync, rmSync, statSync, symlinkSync, unlinkSync } from "node:fs";
+import { chmodSync, existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, renameSync, rmSync, statSync, symlinkSync, unlinkSync } from "node:fs";
 import { randomBytes } from "node:crypto";
 import { basename, join, resolve } from "node:path";
 import { BerthError } from "../core/errors.js";
@@ -44,6 +56,7 @@ import { writeFileDurable } from "../store/durable-file.js";
 import { wipeDirectory } from "./runtime/durable.js";
 import type { VolumeRecord, VolumeTable } from "./store/volumes.js";
 import type { AgentLog } from "./log.js";
+import { isMounted, makeImage, mountImage, planDisk, unmountImage, type DiskCapability, type DiskEnforceMode, type DiskPlan } from "./volume-disk.js";
 
 /** The marker file's content: the directory's name (the allocation it was made for) and the record's token. */
 function markerLine(v: VolumeRecord): string {
@@ -64,6 +77,17 @@ export interface VolumesDeps {
   records: VolumeTable;
   now: () => number;
   log: AgentLog;
+  /** The disk limit: `--disk-enforce` and what this host can do (probed at start-up); absent: off. */
+  disk?: { mode: DiskEnforceMode; cap: DiskCapability };
+}
+
+/** The image of an enforced volume, inside its directory. */
+const imageOf = (v: { path: string }): string => join(v.path, "disk.img");
+
+/** The disk part of a launch result: what limits this volume, in words. */
+export function diskView(v: VolumeRecord): { enforced: boolean; how: string; sizeMib: number } | undefined {
+  if (v.diskMib === null) return undefined;
+  return v.diskEnforced ? { enforced: true, how: `ext4 image of ${v.diskMib} MiB on a loop device`, sizeMib: v.diskMib } : { enforced: false, how: v.diskWhy ?? "not enforced", sizeMib: v.diskMib };
 }
 
 export class Volumes {
@@ -104,8 +128,8 @@ export class Volumes {
     return join(this.root, parseId(allocationId, "allocation id"));
   }
 
-  /** The allocation's volume, created if needed (intent first, identity after). Idempotent. */
-  ensure(allocationId: string): VolumeRecord {
+  /** The allocation's volume, created if needed (intent first, identity after). Idempotent. `diskMib`: its size (null: none named). */
+  ensure(allocationId: string, diskMib: number | null = null): VolumeRecord {
     const { records, now } = this.d;
     let v = records.get(allocationId);
     if (v?.state === "ready") {
@@ -115,12 +139,19 @@ export class Volumes {
     }
     if (v && v.state !== "intent") throw new BerthError("conflict", `conflict: the workspace volume of allocation ${allocationId} was released (${v.state}); a released allocation is never launched again`);
     const path = v?.path ?? this.pathOf(allocationId);
+    // Our own interrupted create: its image (if any) is undone first, then it is made again.
+    if (v?.state === "intent") this.#undoDisk(v);
     if (existsSync(path) && !this.#ownUnfinished(v, path)) this.#moveAside(allocationId, path);
+    const plan = planDisk(this.d.disk?.mode ?? "off", this.d.disk?.cap ?? { can: false, why: "no disk limit configured" }, v?.diskMib ?? diskMib);
     if (!v) {
-      v = { allocationId, state: "intent", path: this.pathOf(allocationId), dev: null, ino: null, marker: randomBytes(16).toString("hex"), createdAt: now(), updatedAt: now() };
+      v = { allocationId, state: "intent", path: this.pathOf(allocationId), dev: null, ino: null, marker: randomBytes(16).toString("hex"), ...diskFields(plan), createdAt: now(), updatedAt: now() };
       records.put(v); // intent, before anything exists on disk
+    } else if (v.diskEnforced !== plan.enforce || v.diskMib !== plan.sizeMib) {
+      v = { ...v, ...diskFields(plan), updatedAt: now() };
+      records.put(v);
     }
     mkdirSync(join(v.path, "data"), { recursive: true, mode: 0o755 });
+    if (plan.enforce) v = this.#makeDisk(v, plan.sizeMib);
     writeFileDurable(join(v.path, "marker"), markerLine(v), 0o600);
     const st = statSync(join(v.path, "data"), { bigint: true });
     const ready: VolumeRecord = { ...v, state: "ready", dev: String(st.dev), ino: String(st.ino), updatedAt: now() };
@@ -137,7 +168,7 @@ export class Volumes {
    * a refusal. Again for the same allocation (a retried launch) it answers
    * the record already moved, verified like any ready volume.
    */
-  attach(allocationId: string, from: string, isHeld: (allocationId: string) => boolean, inTx: <T>(fn: () => T) => T): VolumeRecord {
+  attach(allocationId: string, from: string, isHeld: (allocationId: string) => boolean, inTx: <T>(fn: () => T) => T, diskMib: number | null = null): VolumeRecord {
     const own = this.d.records.get(allocationId);
     if (own?.state === "ready") return this.ensure(allocationId);
     if (own) throw new BerthError("conflict", `conflict: allocation ${allocationId} already has a workspace volume record (${own.state}); a kept volume is attached only to a new allocation`);
@@ -148,6 +179,10 @@ export class Volumes {
       if (isHeld(from)) throw new BerthError("conflict", `conflict: allocation ${from} still holds its slot on this host; its volume is attached only once it was released with --keep-volume`);
       const c = this.verify(from);
       if (!c.ok) throw new BerthError("conflict", `conflict: the volume of allocation ${from} failed verification (${c.problems.join("; ")}); it was not attached; an operator must inspect it (berth volume verify ${from})`);
+      // It keeps its image and size: a smaller size could not hold what it may hold.
+      if (diskMib !== null && v.diskMib !== null && diskMib < v.diskMib) {
+        throw new BerthError("conflict", `conflict: the volume of allocation ${from} has a disk of ${v.diskMib} MiB; a size with ${diskMib} MiB cannot take it; it was not attached; create with a size of at least ${v.diskMib} MiB of disk`);
+      }
       const now = this.d.now();
       this.d.records.put({ ...v, state: "moved", updatedAt: now });
       const next: VolumeRecord = { ...v, allocationId, createdAt: now, updatedAt: now };
@@ -156,6 +191,38 @@ export class Volumes {
     });
     this.d.log.info({ allocationId, from, path: attached.path }, "a kept volume was attached to a new allocation (its record moved; the directory stays)");
     return attached;
+  }
+
+  /**
+   * Makes and mounts the image of an `intent` volume on data/. A failure
+   * undoes what was made; under `required` it refuses the launch
+   * (`disk_not_enforceable`), under `auto` the volume is made as a plain
+   * directory, its record saying why it is not enforced.
+   */
+  #makeDisk(v: VolumeRecord, sizeMib: number): VolumeRecord {
+    try {
+      makeImage(imageOf(v), sizeMib);
+      mountImage(imageOf(v), join(v.path, "data"));
+      // mkfs leaves lost+found: the workspace starts empty (e2fsck makes it again if it ever needs it).
+      rmSync(join(v.path, "data", "lost+found"), { recursive: true, force: true });
+      chmodSync(join(v.path, "data"), 0o755);
+      return v;
+    } catch (e) {
+      this.#undoDisk(v);
+      if (this.d.disk?.mode === "required") throw e;
+      const why = `the image could not be made: ${(e as Error).message}`;
+      this.d.log.warn({ allocationId: v.allocationId, error: (e as Error).message }, "a volume's disk image could not be made: the volume is a plain directory, disk accounted only");
+      const plain: VolumeRecord = { ...v, diskEnforced: false, diskWhy: why, updatedAt: this.d.now() };
+      this.d.records.put(plain);
+      mkdirSync(join(v.path, "data"), { recursive: true, mode: 0o755 });
+      return plain;
+    }
+  }
+
+  /** Undoes the image of an unfinished create: data/ unmounted (proven), the image removed. */
+  #undoDisk(v: VolumeRecord): void {
+    unmountImage(join(v.path, "data"));
+    rmSync(imageOf(v), { force: true });
   }
 
   /** Points the sandbox's workspace path at the volume's data directory (before the runtime starts it). */
@@ -191,6 +258,7 @@ export class Volumes {
     } catch {
       problems.push(`${data} is missing`);
     }
+    if (v.diskEnforced && !isMounted(data)) problems.push(`the disk image is not mounted on ${data}`);
     try {
       const m = readFileSync(join(v.path, "marker"), "utf8");
       if (m !== markerLine(v)) problems.push("marker does not match the record");
@@ -224,6 +292,8 @@ export class Volumes {
   }
 
   #remove(v: VolumeRecord): void {
+    // Unmounted (proven) before anything is removed; the image goes with the directory.
+    unmountImage(join(v.path, "data"));
     rmSync(v.path, { recursive: true, force: true, maxRetries: 3 });
     if (existsSync(v.path)) throw new BerthError("operation_failed", `operation_failed: volume ${v.path} still exists after removal`);
     this.d.records.put({ ...v, state: "clean", updatedAt: this.d.now() });
@@ -243,6 +313,21 @@ export class Volumes {
     return { state: "clean" };
   }
 
+  #remount(v: VolumeRecord): void {
+    const data = join(v.path, "data");
+    if (isMounted(data)) return;
+    try {
+      if (!existsSync(imageOf(v))) throw new Error(`its image ${imageOf(v)} is missing`);
+      mountImage(imageOf(v), data);
+      const st = statSync(data, { bigint: true });
+      this.d.records.put({ ...v, dev: String(st.dev), ino: String(st.ino), updatedAt: this.d.now() });
+      this.d.log.info({ allocationId: v.allocationId }, "mounted a volume's disk image again at start-up");
+    } catch (e) {
+      // verify says so (not mounted), and a launch on it is refused until an operator looks.
+      this.d.log.warn({ allocationId: v.allocationId, error: (e as Error).message }, "a volume's disk image could not be mounted again");
+    }
+  }
+
   /** Removes one moved-aside directory (`berth volume quarantine rm`), proving it absent. */
   removeQuarantined(name: string): { removed: string } {
     parseId(name, "quarantined volume directory");
@@ -254,9 +339,26 @@ export class Volumes {
     return { removed: name };
   }
 
-  /** Start-up: finish removals a crash interrupted (release_intent → clean). */
+  /**
+   * Start-up: finish removals a crash interrupted (release_intent → clean),
+   * undo the image of an interrupted create (intent: made again by the next
+   * launch), and mount again the image of a ready volume that is not mounted
+   * (a host reboot), re-recording its identity.
+   */
   recover(): void {
     for (const v of this.d.records.list()) {
+      if (v.state === "intent" && v.diskEnforced) {
+        try {
+          this.#undoDisk(v);
+        } catch (e) {
+          this.d.log.warn({ allocationId: v.allocationId, error: (e as Error).message }, "an interrupted volume create could not be undone; retried at its next launch");
+        }
+        continue;
+      }
+      if (v.state === "ready" && v.diskEnforced) {
+        this.#remount(v);
+        continue;
+      }
       if (v.state !== "release_intent") continue;
       try {
         this.#remove(v);
@@ -266,4 +368,8 @@ export class Volumes {
       }
     }
   }
+}
+
+function diskFields(p: DiskPlan): Pick<VolumeRecord, "diskMib" | "diskEnforced" | "diskWhy"> {
+  return p.enforce ? { diskMib: p.sizeMib, diskEnforced: true, diskWhy: null } : { diskMib: p.sizeMib, diskEnforced: p.sizeMib === null ? null : false, diskWhy: p.why };
 }

@@ -6,7 +6,7 @@
  * dimension with the figures, so the owner knows what to release.
  */
 import { BerthError } from "./errors.js";
-import { gib, type Size } from "./allocation-sizes.js";
+import { diskFigures, gib, type Size } from "./allocation-sizes.js";
 
 export interface Budget {
   vcpu: number;
@@ -46,11 +46,8 @@ export function admit(budget: Budget, used: Usage, size: Size): Admission {
     };
   }
   if (used.diskMib + size.diskMib > budget.diskMib) {
-    return {
-      kind: "refuse",
-      dimension: "disk",
-      message: `budget_exhausted: disk ${gib(used.diskMib)}/${gib(budget.diskMib)} GiB used, ${size.name} needs ${gib(size.diskMib)}`,
-    };
+    const f = diskFigures(used.diskMib, budget.diskMib, size.diskMib);
+    return { kind: "refuse", dimension: "disk", message: `budget_exhausted: disk ${f.used}/${f.limit} ${f.unit} used, ${size.name} needs ${f.need}` };
   }
   if (used.count + 1 > budget.count) {
     return { kind: "refuse", dimension: "count", message: `budget_exhausted: allocations ${used.count}/${budget.count} live, ${size.name} needs 1` };

@@ -14,7 +14,7 @@
  * what `berth alloc plan` prints.
  */
 import { assertNever } from "./errors.js";
-import { gib, type Size } from "./allocation-sizes.js";
+import { diskFigures, gib, type Size } from "./allocation-sizes.js";
 
 export type HostStanding = "ready" | "draining" | "withdrawn" | "not_ready";
 export const HOST_STANDINGS: readonly HostStanding[] = ["ready", "draining", "withdrawn", "not_ready"];
@@ -71,7 +71,8 @@ export function verdict(h: HostAccount, size: Size): Verdict {
     return { ...base, fits: false, reason: `memory: ${gib(Math.max(free.memoryMib, 0))}/${gib(h.capacity.memoryMib)} GiB free, ${size.name} needs ${gib(size.memoryMib)}` };
   }
   if (free.diskMib !== null && h.capacity.diskMib !== null && free.diskMib < size.diskMib) {
-    return { ...base, fits: false, reason: `disk: ${gib(Math.max(free.diskMib, 0))}/${gib(h.capacity.diskMib)} GiB free, ${size.name} needs ${gib(size.diskMib)}` };
+    const f = diskFigures(Math.max(free.diskMib, 0), h.capacity.diskMib, size.diskMib);
+    return { ...base, fits: false, reason: `disk: ${f.used}/${f.limit} ${f.unit} free, ${size.name} needs ${f.need}` };
   }
   if (free.slots < 1) return { ...base, fits: false, reason: `slots: 0/${h.capacity.slots} free` };
   return { ...base, fits: true, freeAfter: { vcpu: free.vcpu - size.vcpu, memoryMib: free.memoryMib - size.memoryMib, diskMib: free.diskMib === null ? null : free.diskMib - size.diskMib, slots: free.slots - 1 } };

@@ -66,3 +66,9 @@ export function parseSizeSpec(text: string, parseMib: (t: string, what: string) 
   const vcpu = Number(m[2]);
   return { name: m[1]!, vcpu, memoryMib: parseMib(m[3]!, `memory of size ${m[1]}`), diskMib: parseMib(m[4]!, `disk of size ${m[1]}`) };
 }
+
+/** "used/limit GiB" for disk figures, or in MiB when any is below 1 GiB (a test size): "30/30 GiB", "64/100 MiB". */
+export function diskFigures(used: number, limit: number, need: number): { used: string; limit: string; need: string; unit: "GiB" | "MiB" } {
+  if (Math.min(limit, need) >= 1024) return { used: gib(used), limit: gib(limit), need: gib(need), unit: "GiB" };
+  return { used: String(used), limit: String(limit), need: String(need), unit: "MiB" };
+}

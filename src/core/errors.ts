@@ -48,6 +48,7 @@ export type ErrorCode =
   | "sftp_unavailable"
   | "transfer_cut"
   | "disk_full"
+  | "disk_not_enforceable"
   | "aborted"
   | "invalid_agent_reply"
   | "internal";
@@ -108,6 +109,8 @@ const STATUS: Record<ErrorCode, number> = {
   transfer_cut: 502,
   /** A write on the machine failed and its file system has less free space than the file needs. */
   disk_full: 507,
+  /** A volume's disk limit was asked for (`--disk-enforce required`) and this host cannot make or mount its image. */
+  disk_not_enforceable: 409,
   /** The caller stopped the transfer (MachineFiles.abort, Ctrl-C in `berth cp`). */
   aborted: 499,
   /** An agent answered the coordinator with a body off the coordinator↔agent contract (src/protocol/agent-api.ts). */

@@ -68,6 +68,8 @@ export const allocLaunchArgsSchema = z.strictObject({
   standingEpoch: z.number().int().nonnegative().optional(),
   /** A kept volume (the allocation id it was made for) the sandbox runs on instead of a new one (`alloc create --volume`); its record must exist here. */
   volume: z.string().optional(),
+  /** The size's disk (MiB): the volume's image is made of it (src/agent/volume-disk.ts); absent: none named. */
+  diskMib: z.number().int().min(1).max(2 ** 40).optional(),
 });
 /** The allocation operations' arguments as they travel (the agent validates them with these schemas). */
 export type AllocOpArgs = { alloc_hold: z.input<typeof allocHoldArgsSchema>; alloc_launch: z.input<typeof allocLaunchArgsSchema>; alloc_release: z.input<typeof allocReleaseArgsSchema> };
@@ -105,7 +107,7 @@ export type NormalizedArgs =
   | { kind: "scrub" }
   | { kind: "destroy" }
   | { kind: "alloc_hold"; allocationId: Id; vcpu: number; memoryMib: number }
-  | { kind: "alloc_launch"; allocationId: Id; publicKey: string; fingerprint: string; expiresAt: number; standingEpoch?: number; volume?: Id }
+  | { kind: "alloc_launch"; allocationId: Id; publicKey: string; fingerprint: string; expiresAt: number; standingEpoch?: number; volume?: Id; diskMib?: number }
   | { kind: "alloc_release"; allocationId: Id; keepVolume: boolean; resolve?: true };
 
 function invalidArgs(kind: OperationKind, error: z.ZodError): BerthError {
@@ -148,7 +150,9 @@ export function normalizeArgs(kind: OperationKind, raw: unknown): NormalizedArgs
       const standingEpoch = p.data.standingEpoch ? { standingEpoch: p.data.standingEpoch } : {};
       // Absent unless a kept volume is attached, so the arguments (and their hash) of every other launch are unchanged.
       const volume = p.data.volume !== undefined ? { volume: parseId(p.data.volume, "args.volume") } : {};
-      return { kind, allocationId: parseId(p.data.allocationId, "args.allocationId"), publicKey: key.line, fingerprint: key.fingerprint, expiresAt: p.data.expiresAt, ...standingEpoch, ...volume };
+      // Absent unless named, so the arguments (and their hash) of a launch from an older coordinator are unchanged.
+      const disk = p.data.diskMib !== undefined ? { diskMib: p.data.diskMib } : {};
+      return { kind, allocationId: parseId(p.data.allocationId, "args.allocationId"), publicKey: key.line, fingerprint: key.fingerprint, expiresAt: p.data.expiresAt, ...standingEpoch, ...volume, ...disk };
     }
     case "alloc_release": {
       const p = allocReleaseArgsSchema.safeParse(raw);

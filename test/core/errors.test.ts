@@ -32,6 +32,7 @@ const STATUS: Record<ErrorCode, number> = {
   sftp_unavailable: 422,
   transfer_cut: 502,
   disk_full: 507,
+  disk_not_enforceable: 409,
   aborted: 499,
   borrow_not_active: 409,
   borrow_expired: 409,

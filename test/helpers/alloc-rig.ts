@@ -8,6 +8,7 @@
  * once it has one, docs/host-identity.md).
  */
 import { randomBytes } from "node:crypto";
+import { spawnSync } from "node:child_process";
 import { mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { request } from "undici";
@@ -172,6 +173,9 @@ export class AllocRig {
         /* gone, or not ours */
       }
     }
+    // Volume disk images stay mounted after the agent ends (kept volumes, a test that failed before its release): unmount ours.
+    const ours = readFileSync("/proc/self/mounts", "utf8").split("\n").map((l) => l.split(" ")[1] ?? "").filter((m) => m.startsWith(this.tmp.path + "/"));
+    for (const m of ours.sort().reverse()) spawnSync("umount", [m]);
     await this.h.close();
     if (this.engine === "postgres") await (this.store as PostgresStore).pool.query(`DROP SCHEMA "${this.loc.schema}" CASCADE`).catch(() => undefined);
     await this.store.close();

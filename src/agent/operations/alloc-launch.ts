@@ -17,6 +17,7 @@
 import { launchRefusal, raiseStanding, readStanding } from "../standing.js";
 import type { AllocLaunchResult } from "../../protocol/operations.js";
 import type { ArgsOf, OpCall } from "./context.js";
+import { diskView } from "../volumes.js";
 
 export async function allocLaunch(op: OpCall, a: ArgsOf<"alloc_launch">): Promise<void> {
   const { deps } = op;
@@ -28,8 +29,8 @@ export async function allocLaunch(op: OpCall, a: ArgsOf<"alloc_launch">): Promis
     raiseStanding(deps.store.meta, { epoch: a.standingEpoch ?? 0, standing: "ready" });
   });
   const vol = a.volume
-    ? deps.volumes.attach(a.allocationId, a.volume, (id) => deps.store.holds.get(id)?.state === "held", (fn) => deps.store.transaction(fn))
-    : deps.volumes.ensure(a.allocationId);
+    ? deps.volumes.attach(a.allocationId, a.volume, (id) => deps.store.holds.get(id)?.state === "held", (fn) => deps.store.transaction(fn), a.diskMib ?? null)
+    : deps.volumes.ensure(a.allocationId, a.diskMib ?? null);
   deps.volumes.link(deps.workspacePath(op.machineId), vol);
   const prov = await op.step("p", "provision", op.generation);
   await op.step("k", "install_key", op.generation, { publicKey: a.publicKey, mode: "grant", grantId: a.allocationId, expiresAt: a.expiresAt });
@@ -41,7 +42,7 @@ export async function allocLaunch(op: OpCall, a: ArgsOf<"alloc_launch">): Promis
     incarnation: prov.incarnation,
     runtime: prov.runtime,
     fingerprint: a.fingerprint,
-    volume: { path: vol.path, dev: vol.dev ?? "", ino: vol.ino ?? "" },
+    volume: { path: vol.path, dev: vol.dev ?? "", ino: vol.ino ?? "", ...(diskView(vol) ? { disk: diskView(vol)! } : {}) },
     enforcement: deps.enforcement(hold.vcpu, hold.memoryMib),
   };
   deps.store.transaction(() => op.finish(result));

@@ -155,6 +155,16 @@ export const AGENT_MIGRATIONS: Migration[] = [
       ALTER TABLE machine_networks ADD COLUMN rules TEXT;
     `,
   },
+  {
+    // src/agent/volume-disk.ts: a volume's disk size (MiB, null: none named) and whether an image enforces it, or why not
+    version: 7,
+    name: "volume disk limit",
+    sql: `
+      ALTER TABLE volumes ADD COLUMN disk_mib INTEGER;
+      ALTER TABLE volumes ADD COLUMN disk_enforced INTEGER;
+      ALTER TABLE volumes ADD COLUMN disk_why TEXT;
+    `,
+  },
 ];
 
 /** Named migrations of the scheme before `schema_version` (adopted once, by version). */

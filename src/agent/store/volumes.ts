@@ -20,6 +20,11 @@ export interface VolumeRecord {
   dev: string | null;
   ino: string | null;
   marker: string;
+  /** The disk size (MiB) the volume was made with; null: none named (made before the disk dimension). */
+  diskMib: number | null;
+  /** true: an ext4 image of diskMib is mounted on data/ (volume-disk.ts); false: accounted only (diskWhy says why); null: made before. */
+  diskEnforced: boolean | null;
+  diskWhy: string | null;
   createdAt: number;
   updatedAt: number;
 }
@@ -31,12 +36,16 @@ interface Row {
   dev: string | null;
   ino: string | null;
   marker: string;
+  disk_mib: number | null;
+  disk_enforced: number | null;
+  disk_why: string | null;
   created_at: number;
   updated_at: number;
 }
 
 const fromRow = (r: Row): VolumeRecord => ({
   allocationId: r.allocation_id, state: r.state, path: r.path, dev: r.dev, ino: r.ino, marker: r.marker,
+  diskMib: r.disk_mib ?? null, diskEnforced: r.disk_enforced === null || r.disk_enforced === undefined ? null : r.disk_enforced === 1, diskWhy: r.disk_why ?? null,
   createdAt: r.created_at, updatedAt: r.updated_at,
 });
 
@@ -54,9 +63,9 @@ export class VolumeTable {
 
   put(v: VolumeRecord): void {
     this.q(
-      `INSERT INTO volumes (allocation_id, state, path, dev, ino, marker, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+      `INSERT INTO volumes (allocation_id, state, path, dev, ino, marker, disk_mib, disk_enforced, disk_why, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
        ON CONFLICT (allocation_id) DO UPDATE SET state = excluded.state, path = excluded.path, dev = excluded.dev, ino = excluded.ino,
-         marker = excluded.marker, updated_at = excluded.updated_at`,
-    ).run(v.allocationId, v.state, v.path, v.dev, v.ino, v.marker, v.createdAt, v.updatedAt);
+         marker = excluded.marker, disk_mib = excluded.disk_mib, disk_enforced = excluded.disk_enforced, disk_why = excluded.disk_why, updated_at = excluded.updated_at`,
+    ).run(v.allocationId, v.state, v.path, v.dev, v.ino, v.marker, v.diskMib, v.diskEnforced === null ? null : v.diskEnforced ? 1 : 0, v.diskWhy, v.createdAt, v.updatedAt);
   }
 }

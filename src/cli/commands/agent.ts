@@ -84,6 +84,11 @@ export function register(program: Command): void {
     .option("--slots <n>", "machines this host offers", positiveInt("--slots"), 4)
     .option("--vcpu <n>", "vCPUs this host offers (default: every CPU of this host)", positiveInt("--vcpu"))
     .option("--memory-mb <n>", "memory this host offers, in MiB (default: this host's memory minus max(1 GiB, 10 %) kept for the host)", positiveInt("--memory-mb"))
+    .addOption(
+      new Option("--disk-enforce <mode>", "limit each allocation volume's disk by a mounted ext4 image: required (refuse to start where it cannot), auto (where it can; else accounted only), off")
+        .choices(["required", "auto", "off"])
+        .default("auto"),
+    )
     .addOption(new Option("--disk <size>", "disk this host offers to allocation volumes, e.g. 200G (default: the space free on the filesystem of its volumes directory minus max(2 GiB, 10 % of that filesystem))").argParser(bytesArg("--disk")))
     .option("--name <name>", "this host's name at the coordinator (default: the system host name)")
     .option("--no-network", "refuse machines with a network policy (egress) on this host")
@@ -123,6 +128,7 @@ export function register(program: Command): void {
       vcpu?: number;
       memoryMb?: number;
       disk?: number;
+      diskEnforce: "required" | "auto" | "off";
       name?: string;
       logLevel: string;
       network: boolean;
@@ -178,6 +184,7 @@ export function register(program: Command): void {
           ...(o.vcpu !== undefined ? { vcpu: o.vcpu } : {}),
           ...(o.memoryMb !== undefined ? { memoryMb: o.memoryMb } : {}),
           ...(o.disk !== undefined ? { diskMib: Math.floor(o.disk / 2 ** 20) } : {}),
+          diskEnforce: o.diskEnforce,
           name: o.name,
           log,
           network: o.network ? await networkOptions(o) : false,

@@ -188,7 +188,7 @@ async function act(d: AllocWorkerDeps, a: AllocationRecord, launch: LaunchRecord
   if (gate.kind !== "launch") return;
   if (!(await renew(d, actor))) return;
   // The standing epoch this launch was decided under: the agent refuses it once a later withdrawal reached it.
-  const res = await agent.op(a.hostId, "alloc_launch", `${opBase(a.id)}-l${g}`, machineId, g, { allocationId: a.id, publicKey: launch.publicKey, expiresAt: a.expiresAt, ...(gate.epoch ? { standingEpoch: gate.epoch } : {}), ...launchVolume(launch) });
+  const res = await agent.op(a.hostId, "alloc_launch", `${opBase(a.id)}-l${g}`, machineId, g, { allocationId: a.id, publicKey: launch.publicKey, expiresAt: a.expiresAt, ...(gate.epoch ? { standingEpoch: gate.epoch } : {}), ...launchVolume(launch), ...(a.diskMib > 0 ? { diskMib: a.diskMib } : {}) });
   if (res.kind === "ambiguous") return noteFailure(d, a.id, `launch: ${res.error}`);
   await ctx.store.transaction(async (tx) => {
     const now = ctx.now();

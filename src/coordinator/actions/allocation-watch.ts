@@ -158,7 +158,7 @@ export async function driveRestart(d: AllocWorkerDeps, id: string): Promise<void
   if (!start) return;
   const { a, launch, generation: g } = start;
   const opId = `${opBase(id)}-r${a.stateSince.toString(36)}`;
-  const res = await agent.op(a.hostId, "alloc_launch", opId, allocationMachineId(id), g, { allocationId: id, publicKey: launch.publicKey, expiresAt: a.expiresAt, ...(start.epoch ? { standingEpoch: start.epoch } : {}), ...launchVolume(launch) });
+  const res = await agent.op(a.hostId, "alloc_launch", opId, allocationMachineId(id), g, { allocationId: id, publicKey: launch.publicKey, expiresAt: a.expiresAt, ...(start.epoch ? { standingEpoch: start.epoch } : {}), ...launchVolume(launch), ...(a.diskMib > 0 ? { diskMib: a.diskMib } : {}) });
   if (res.kind === "ambiguous") {
     await ctx.store.transaction(async (tx) => void (await noteLaunchError(tx, id, `restart: ${res.error}`, ctx.now())), { name: "alloc_restart_error" });
     return;
