@@ -9,14 +9,14 @@
  */
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
 import { chmodSync, createReadStream, mkdirSync, readFileSync, statSync, writeFileSync, existsSync, openSync, writeSync, closeSync } from "node:fs";
-import { createServer, connect as netConnect, type AddressInfo } from "node:net";
+import { createServer, type AddressInfo } from "node:net";
 import { join } from "node:path";
 import { AgentHarness, until, type GatewayRig } from "../helpers/agent.js";
 import { run } from "../helpers/ssh-testkit.js";
-import { gatewaySshOpts, runClient } from "../helpers/openssh.js";
+import { gatewaySshOpts, revokedKeyCutsOpenForward, runClient } from "../helpers/openssh.js";
 import { gvisorAvailability } from "../../src/agent/runtime/index.js";
 import { forwardDecision, sftpArgv } from "../../src/agent/ssh/channels.js";
 
@@ -244,35 +244,7 @@ for (const kind of ["process", "gvisor"] as const) {
       assert.match(r.stderr, /forward/i);
 
       // -L: a local port that reaches the machine's server; a revoked key cuts the open connection.
-      const local = await new Promise<number>((res) => {
-        const s = createServer();
-        s.listen(0, "127.0.0.1", () => {
-          const p = (s.address() as AddressInfo).port;
-          s.close(() => res(p));
-        });
-      });
-      const l: ChildProcess = spawn("ssh", [...o, "-p", port, "-N", "-o", "ExitOnForwardFailure=yes", "-L", `${local}:localhost:${inner}`, target], { stdio: "ignore" });
-      try {
-        const sock = await until2(async () => {
-          const s = netConnect(local, "127.0.0.1");
-          const first = await new Promise<string | null>((res) => {
-            s.once("data", (d) => res(d.toString()));
-            s.once("error", () => res(null));
-            s.once("close", () => res(null));
-          });
-          if (first === "INNER\n") return s;
-          s.destroy();
-          return null;
-        });
-        const closed = new Promise<void>((res) => sock.once("close", () => res()));
-        sock.on("error", () => {});
-        await until(() => rig.gw.sessions.count(rig.machine) >= 1, "the forward is a counted session");
-        rig.keys.remove(rig.machine, rig.pair.fingerprint);
-        await closed;
-        await until(() => rig.gw.sessions.count(rig.machine) === 0, "the forward released");
-      } finally {
-        l.kill("SIGKILL");
-      }
+      await revokedKeyCutsOpenForward(rig, o, inner);
       const proof = await rig.runtime.fence(rig.machine);
       assert.equal(proof.remaining, 0);
     } finally {
@@ -325,14 +297,4 @@ for (const kind of ["process", "gvisor"] as const) {
       await rig.close();
     }
   });
-}
-
-async function until2<T>(fn: () => Promise<T | null>, ms = 30_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await fn();
-    if (v !== null) return v;
-    if (Date.now() > deadline) throw new Error("timed out waiting for the forward");
-    await new Promise((r) => setTimeout(r, 100));
-  }
 }

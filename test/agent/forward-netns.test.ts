@@ -9,14 +9,14 @@
  */
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { mkdirSync, statSync, writeFileSync } from "node:fs";
-import { createServer, connect as netConnect, type AddressInfo, type Socket } from "node:net";
+import { createServer, type AddressInfo } from "node:net";
 import { join } from "node:path";
 import { AgentHarness, until } from "../helpers/agent.js";
 import { run } from "../helpers/ssh-testkit.js";
-import { gatewaySshOpts, runClient } from "../helpers/openssh.js";
+import { gatewaySshOpts, revokedKeyCutsOpenForward, runClient } from "../helpers/openssh.js";
 
 const harness = new AgentHarness("berth-fwdns-");
 const netns = `berth-fwdns-${randomBytes(3).toString("hex")}`;
@@ -26,22 +26,6 @@ after(async () => {
 });
 
 const skip = process.getuid?.() !== 0 ? "needs root (ip netns)" : spawnSync("ip", ["-V"]).status !== 0 ? "iproute2 is not installed" : false;
-
-async function connectFirst(port: number, deadlineMs = 30_000): Promise<Socket> {
-  const deadline = Date.now() + deadlineMs;
-  for (;;) {
-    const s = netConnect(port, "127.0.0.1");
-    const first = await new Promise<string | null>((res) => {
-      s.once("data", (d) => res(d.toString()));
-      s.once("error", () => res(null));
-      s.once("close", () => res(null));
-    });
-    if (first === "INNER\n") return s;
-    s.destroy();
-    if (Date.now() > deadline) throw new Error("timed out waiting for the -L forward");
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 
 test("process runtime with a network namespace: forwards reach the machine's own ports only; a revoked key cuts an open forward", { skip }, async () => {
   assert.equal(spawnSync("ip", ["netns", "add", netns]).status, 0);
@@ -83,25 +67,7 @@ test("process runtime with a network namespace: forwards reach the machine's own
     assert.notEqual(r.status, 0, "-R refused");
 
     // -L: an open forward is a counted session; a revoked key cuts it; the fence proves nothing left.
-    const local = await new Promise<number>((res) => {
-      const s = createServer();
-      s.listen(0, "127.0.0.1", () => {
-        const p = (s.address() as AddressInfo).port;
-        s.close(() => res(p));
-      });
-    });
-    const l: ChildProcess = spawn("ssh", [...o, "-p", port, "-N", "-o", "ExitOnForwardFailure=yes", "-L", `${local}:localhost:${inner}`, target], { stdio: "ignore" });
-    try {
-      const sock = await connectFirst(local);
-      const closed = new Promise<void>((res) => sock.once("close", () => res()));
-      sock.on("error", () => {});
-      await until(() => rig.gw.sessions.count(rig.machine) >= 1, "the forward is a counted session");
-      rig.keys.remove(rig.machine, rig.pair.fingerprint);
-      await closed;
-      await until(() => rig.gw.sessions.count(rig.machine) === 0, "the forward released");
-    } finally {
-      l.kill("SIGKILL");
-    }
+    await revokedKeyCutsOpenForward(rig, o, inner);
     const proof = await rig.runtime.fence(rig.machine);
     assert.equal(proof.remaining, 0);
   } finally {

@@ -4,10 +4,11 @@
  * asynchronous run (the gateway lives in the test's own process: a
  * synchronous spawn would starve it).
  */
-import { spawn } from "node:child_process";
+import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync, writeFileSync } from "node:fs";
+import { createServer, connect as netConnect, type AddressInfo, type Socket } from "node:net";
 import { join } from "node:path";
-import type { GatewayRig } from "./agent.js";
+import { until, type GatewayRig } from "./agent.js";
 
 /** `-i KEY -o …` for a client of `rig`'s gateway; the key and known_hosts are written into `dir` once. */
 export function gatewaySshOpts(rig: GatewayRig, dir: string): string[] {
@@ -35,4 +36,49 @@ export function runClient(cmd: string, args: string[], input = "", timeoutMs = 3
     child.stdin.on("error", () => {});
     child.stdin.end(input);
   });
+}
+
+/**
+ * `ssh -L` through `rig`'s gateway to `localhost:inner` inside the machine, where a server greets with
+ * "INNER\n": the open forward is a counted session, the rig's key is then revoked (what a return does), and
+ * the open connection must close and the session be released. The ssh client is killed at the end.
+ */
+export async function revokedKeyCutsOpenForward(rig: GatewayRig, sshOpts: string[], inner: number): Promise<void> {
+  const local = await new Promise<number>((res) => {
+    const s = createServer();
+    s.listen(0, "127.0.0.1", () => {
+      const p = (s.address() as AddressInfo).port;
+      s.close(() => res(p));
+    });
+  });
+  const args = [...sshOpts, "-p", String(rig.gw.port), "-N", "-o", "ExitOnForwardFailure=yes", "-L", `${local}:localhost:${inner}`, `${rig.machine}@127.0.0.1`];
+  const l: ChildProcess = spawn("ssh", args, { stdio: "ignore" });
+  try {
+    const sock = await greeted(local);
+    const closed = new Promise<void>((res) => sock.once("close", () => res()));
+    sock.on("error", () => {});
+    await until(() => rig.gw.sessions.count(rig.machine) >= 1, "the forward is a counted session");
+    rig.keys.remove(rig.machine, rig.pair.fingerprint);
+    await closed;
+    await until(() => rig.gw.sessions.count(rig.machine) === 0, "the forward released");
+  } finally {
+    l.kill("SIGKILL");
+  }
+}
+
+/** A connection to 127.0.0.1:`port` whose first bytes are "INNER\n" (retried until the forward listens). */
+async function greeted(port: number, ms = 30_000): Promise<Socket> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const s = netConnect(port, "127.0.0.1");
+    const first = await new Promise<string | null>((res) => {
+      s.once("data", (d) => res(d.toString()));
+      s.once("error", () => res(null));
+      s.once("close", () => res(null));
+    });
+    if (first === "INNER\n") return s;
+    s.destroy();
+    if (Date.now() > deadline) throw new Error("timed out waiting for the forward");
+    await new Promise((r) => setTimeout(r, 100));
+  }
 }

@@ -3,7 +3,7 @@
  * `berth ssh ALLOCATION [-- CMD...]`: the same on a ready allocation (ssh-alloc.ts).
  *
  * The data plane goes straight to the machine's gateway (ssh2 client, host key
- * pinned from the receipt). Terminal contract, on the local side:
+ * pinned from the receipt). Terminal contract, on the local side (terminal-session.ts):
  *   - raw mode while the session runs, restored on every way out: the remote
  *     shell exits, the connection closes or fails, SIGTERM/SIGHUP/SIGINT to
  *     berth, an exception, process exit;
@@ -29,14 +29,14 @@
 import type { Command } from "commander";
 import { readFileSync } from "node:fs";
 import { resolve } from "node:path";
-import type { ClientChannel } from "ssh2";
 import { BerthError } from "../../core/errors.js";
 import { BerthClient } from "../../client/client.js";
 import { Borrow } from "../../client/borrow.js";
 import { loadConfig, type ConfigFlags } from "../../client/config.js";
-import { connect, exitStatusOf, shellQuote, type SshConnection } from "../../client/ssh.js";
+import { connect, shellQuote } from "../../client/ssh.js";
 import { readReceipt, type Receipt } from "../receipt.js";
 import { systemSshCommand } from "../ssh-command.js";
+import { interactive } from "../terminal-session.js";
 import { describeError, exitCodeOf, iso, reportError, UsageError } from "../common.js";
 
 /** Everything needed to reach the borrowed machine. */
@@ -85,159 +85,6 @@ export function planFromReceipt(path: string, flags: ConfigFlags, now = Date.now
 }
 
 export { knownHostsLine, systemSshCommand } from "../ssh-command.js";
-
-const SIGNAL_EXIT: Partial<Record<NodeJS.Signals, number>> = { SIGHUP: 129, SIGINT: 130, SIGTERM: 143 };
-const SIGNAL_GRACE_MS = 3_000;
-const CTRL_Z = 0x1a;
-
-/** The local terminal: raw mode on and off, idempotent, restorable from anywhere (also synchronously at exit). */
-class LocalTerminal {
-  private raw = false;
-  constructor(private readonly stdin: NodeJS.ReadStream) {}
-  enter(): void {
-    if (!this.stdin.isTTY || this.raw) return;
-    this.stdin.setRawMode(true);
-    this.raw = true;
-  }
-  restore(): void {
-    if (!this.stdin.isTTY || !this.raw) return;
-    try {
-      this.stdin.setRawMode(false);
-    } catch {
-      /* the terminal is gone */
-    }
-    this.raw = false;
-  }
-}
-
-/** Run one interactive session over `client`; resolves with the exit status for berth. */
-export async function interactive(conn: SshConnection, command: string | null, env: Record<string, string>): Promise<number> {
-  const client = conn.client;
-  const stdin = process.stdin;
-  const stdout = process.stdout;
-  const tty = Boolean(stdin.isTTY && stdout.isTTY);
-  const size = (): { cols: number; rows: number } => {
-    // Node caches the size and refreshes it on SIGWINCH, but a resize while berth was
-    // stopped signalled the local shell, not berth: ask the terminal again (ioctl).
-    (stdout as unknown as { _refreshSize?: () => void })._refreshSize?.();
-    const [cols, rows] = stdout.getWindowSize();
-    return { cols: Math.max(1, cols || 80), rows: Math.max(1, rows || 24) };
-  };
-  const ch: ClientChannel = await conn.openSession({
-    command,
-    pty: tty ? { ...size(), term: process.env.TERM || "xterm-256color" } : null,
-    env,
-  });
-  const term = new LocalTerminal(stdin);
-  let code: number | null = null;
-  let signal: string | null = null;
-  let gotStatus = false;
-
-  return new Promise<number>((resolveStatus) => {
-    let finished = false;
-    const sendSize = () => {
-      if (!tty || finished) return;
-      const s = size();
-      ch.setWindow(s.rows, s.cols, 0, 0);
-    };
-    const onInput = (buf: Buffer) => {
-      if (!tty) return void ch.write(buf);
-      // Ctrl-Z is the local suspend; everything else goes to the remote terminal as typed.
-      let from = 0;
-      for (let i = 0; i < buf.length; i++) {
-        if (buf[i] !== CTRL_Z) continue;
-        if (i > from) ch.write(buf.subarray(from, i));
-        from = i + 1;
-        suspend();
-      }
-      if (from < buf.length) ch.write(from === 0 ? buf : buf.subarray(from));
-    };
-    const suspend = () => {
-      // Terminal first, so the local shell gets a sane terminal back; then stop ourselves.
-      term.restore();
-      stdin.pause();
-      process.kill(process.pid, "SIGSTOP");
-    };
-    const onCont = () => {
-      if (finished) return;
-      term.enter();
-      stdin.resume();
-      sendSize();
-    };
-    const onStopSignal = () => suspend();
-    // Like `berth run`: the signal goes to the remote command, which has a grace to end;
-    // a second signal (or the grace running out) closes the session.
-    let signalled: NodeJS.Signals | null = null;
-    let grace: NodeJS.Timeout | null = null;
-    const onKill = (sig: NodeJS.Signals) => {
-      if (signalled !== null) return finish(SIGNAL_EXIT[signalled] ?? 1, `berth: ${sig}: closing the session\r\n`);
-      signalled = sig;
-      try {
-        ch.signal(sig.slice(3));
-      } catch {
-        /* the channel is already closed */
-      }
-      grace = setTimeout(() => finish(SIGNAL_EXIT[sig] ?? 1, `berth: ${sig}: the command did not end; closing the session\r\n`), SIGNAL_GRACE_MS);
-    };
-    const onExitRestore = () => term.restore();
-    const onStdinEnd = () => {
-      if (!tty) ch.end();
-    };
-
-    const finish = (status: number, note?: string) => {
-      if (finished) return;
-      finished = true;
-      if (grace) clearTimeout(grace);
-      if (signalled !== null) status = SIGNAL_EXIT[signalled] ?? status;
-      term.restore();
-      stdin.off("data", onInput);
-      stdin.off("end", onStdinEnd);
-      stdin.pause();
-      process.off("SIGWINCH", sendSize);
-      process.off("SIGCONT", onCont);
-      process.off("SIGTSTP", onStopSignal);
-      for (const s of ["SIGTERM", "SIGHUP", "SIGINT"] as const) process.off(s, onKill);
-      process.off("exit", onExitRestore);
-      if (note) process.stderr.write(note);
-      try {
-        ch.close();
-      } catch {
-        /* already closed */
-      }
-      client.end();
-      resolveStatus(status);
-    };
-
-    ch.on("data", (b: Buffer) => stdout.write(b));
-    ch.stderr.on("data", (b: Buffer) => process.stderr.write(b));
-    ch.on("exit", (c: number | null, sig?: string) => {
-      gotStatus = true;
-      if (typeof c === "number") code = c;
-      else signal = sig ?? null;
-    });
-    ch.on("close", () => {
-      if (gotStatus) finish(exitStatusOf(code, signal));
-      else finish(255, "berth: the session ended without an exit status (the connection was cut, or access ended)\r\n");
-    });
-    client.on("error", (e: Error) => finish(255, `berth: SSH connection failed: ${e.message}\r\n`));
-    client.on("close", () => {
-      if (gotStatus) finish(exitStatusOf(code, signal));
-      else finish(255, "berth: the SSH connection closed without an exit status\r\n");
-    });
-
-    process.on("exit", onExitRestore);
-    for (const s of ["SIGTERM", "SIGHUP", "SIGINT"] as const) process.on(s, onKill);
-    if (tty) {
-      process.on("SIGWINCH", sendSize);
-      process.on("SIGCONT", onCont);
-      process.on("SIGTSTP", onStopSignal);
-      term.enter();
-    }
-    stdin.on("data", onInput);
-    stdin.on("end", onStdinEnd);
-    stdin.resume();
-  });
-}
 
 /** Heartbeat the borrow while the session runs; returns a stop function. Refusals are reported once. */
 function keepAlive(plan: SshPlan): () => void {
