@@ -24,8 +24,10 @@
  * (`ssmNeverRegistersIn`), eventual consistency (`describeLagMs`,
  * `invocationLagMs`), `Delayed` deliveries (`ssmDelayed`), cancelled
  * commands (`cancel`, `cancelLagMs`), a reboot whose old boot answers for a
- * while (`rebootGraceMs`), spot interruptions (`interruptSpot`). Every lag
- * defaults to 0; a test turns on the ones it is about. `listen()` opens a second endpoint (per-service
+ * while (`rebootGraceMs`), spot interruptions (`interruptSpot`). By default
+ * an invocation is invisible for 100 ms after SendCommand and a reboot's old
+ * boot answers for 200 ms (cheap, so every test meets them); the other lags
+ * default to 0 and a test turns on the ones it is about. `listen()` opens a second endpoint (per-service
  * endpoints); `portCalls` says which one each call came in on.
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
@@ -99,7 +101,7 @@ export class AwsEmulator {
   readonly portCalls: string[] = [];
   /** `Action ErrorCode` of every error the emulator answered (throttling included), in order. */
   readonly errors: string[] = [];
-  readonly faults: Faults = { lose: new Map(), hold: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], runRefusals: [], noCapacity: [], rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, ssmNeverRegistersIn: [], sshdReloadFails: false, sshdIgnoresDropIns: false, rebootMs: 0, terminateLagMs: 0, pageSize: 1000, describeLagMs: 0, invocationLagMs: 0, ssmDelayed: [], rebootGraceMs: 0, cancelLagMs: 0, deliveryTimeoutMs: 0, executionTimeoutMs: 0, ssmSlowRuns: [] };
+  readonly faults: Faults = { lose: new Map(), hold: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], runRefusals: [], noCapacity: [], rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, ssmNeverRegistersIn: [], sshdReloadFails: false, sshdIgnoresDropIns: false, rebootMs: 0, terminateLagMs: 0, pageSize: 1000, describeLagMs: 0, invocationLagMs: 100, ssmDelayed: [], rebootGraceMs: 200, cancelLagMs: 0, deliveryTimeoutMs: 0, executionTimeoutMs: 0, ssmSlowRuns: [] };
   url = "";
   sshPort = 0;
   #server: Server | null = null;
