@@ -62,6 +62,7 @@ describe("disk dimension enforced by a mounted image (process runtime, real coor
     assert.match(show.stdout, /disk {7}enforced: ext4 image of 64 MiB on a loop device\n/);
     assert.equal((await inside("d1", "rm -f big; cat keep.txt")).out, "precious\n");
     assert.equal((await cli(["volume", "verify", "d1"])).status, 0);
+    assert.match((await cli(["volume", "show", "d1"])).stdout, /disk {7}64 MiB, enforced \(ext4 image on a loop device\)\n/);
 
     // A budget with too little disk: refused naming disk, nothing created or charged.
     const before = await rig.ownerUse();
