@@ -90,4 +90,25 @@ describe("disk dimension enforced by a mounted image (process runtime, real coor
     assert.equal(existsSync(join(rig.agentDir, "volumes", "d1")), false);
     assert.equal(spawnSync("losetup", ["-j", image], { encoding: "utf8" }).stdout.trim(), "", "no loop device left on the image");
   });
+
+  test("a kept volume keeps its image and size: attached to a larger size it stays 64 MiB; to a smaller size it is refused with nothing created", async () => {
+    for (const [id, size] of [["k1", "small"], ["k2", "tiny"]] as const) {
+      assert.equal((await cli(["alloc", "create", "--size", size, "--id", id, "--wait"])).status, 0);
+      assert.equal((await cli(["alloc", "release", id, "--keep-volume"])).status, 0);
+      await rig.waitState(id, "released");
+    }
+    const use = await rig.ownerUse();
+    const smaller = await cli(["alloc", "create", "--size", "tiny", "--id", "r1", "--volume", "k1"]);
+    assert.equal(smaller.status, 1);
+    assert.match(smaller.stderr, /conflict: volume k1 has a disk of 20 GiB; a tiny \(64 MiB\) cannot take it; it is not attached/);
+    assert.equal((await rig.store.transaction((tx) => tx.get("SELECT id FROM allocations WHERE id = 'r1'"))) ?? null, null);
+    assert.deepEqual(await rig.ownerUse(), use);
+    // Larger: attached, the same image (64 MiB) mounted in the same place.
+    assert.equal((await cli(["alloc", "create", "--size", "small", "--id", "w1", "--volume", "k2", "--wait"])).status, 0);
+    const image = join(rig.agentDir, "volumes", "k2", "disk.img");
+    assert.equal(statSync(image).size, 64 * 2 ** 20);
+    assert.ok(mounted(join(rig.agentDir, "volumes", "k2", "data")));
+    assert.match((await inside("w1", "dd if=/dev/zero of=big bs=1M count=100 2>&1; echo exit=$?")).out, /No space left on device/);
+    assert.equal((await cli(["volume", "verify", "w1"])).status, 0);
+  });
 });

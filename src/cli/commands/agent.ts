@@ -111,113 +111,128 @@ export function register(program: Command): void {
         "(gvisor adds `runsc=VERSION platform=PLATFORM`). A runsc older than 0.0~20240729 still runs sandboxes, with\n" +
         "one warning on stderr naming what breaks (docs/runtimes.md).",
     )
-    .action(async (o: {
-      stateDir: string;
-      coordinator?: string;
-      enrollTokenFile?: string;
-      listen: string;
-      sshListen: string;
-      advertiseHost?: string;
-      runtime: "auto" | "process" | "gvisor";
-      runsc?: string;
-      runscPlatform: "auto" | "kvm" | "systrap" | "ptrace";
-      imageCacheMax: number;
-      registryAuth?: string;
-      insecureRegistry: string[];
-      slots: number;
-      vcpu?: number;
-      memoryMb?: number;
-      disk?: number;
-      diskEnforce: "required" | "auto" | "off";
-      name?: string;
-      logLevel: string;
-      network: boolean;
-      networkRange?: string;
-      networkResolver?: string;
-      networkProbeDeny: string[];
-      networkProbeRefusedResolver: string[];
-      stopOnStdinEof?: boolean;
-      sshAuthTimeout?: number;
-      sshMaxUnauthenticated?: number;
-      sshMaxUnauthenticatedPerAddress?: number;
-    } & HttpLimitFlags) => {
-      const log = pino({ level: o.logLevel, base: { component: "agent" } }, pino.destination({ dest: 2, sync: true }));
-      // Handlers first: a signal that arrives while starting (or right after the
-      // ready line) stops the agent cleanly instead of killing it mid-write.
-      let signalled: string | null = null;
-      let onSignal: (signal: string) => void = (signal) => {
-        signalled = signal;
-      };
-      process.once("SIGTERM", () => onSignal("SIGTERM"));
-      process.once("SIGINT", () => onSignal("SIGINT"));
-      if (o.stopOnStdinEof) {
-        process.stdin.on("end", () => onSignal("stdin EOF"));
-        process.stdin.on("error", () => onSignal("stdin EOF"));
-        process.stdin.resume();
-      }
-      // Loaded only here: every other command starts without the agent.
-      const [{ startAgent }, { readEnrollToken }, { AgentLockedError }, { FloorRefusedError }] = await Promise.all([
-        import("../../agent/agent.js"),
-        import("../../agent/enroll.js"),
-        import("../../agent/store/store.js"),
-        import("../../agent/identity/floor.js"),
-      ]);
-      let agent: Awaited<ReturnType<typeof startAgent>>;
-      try {
-        // The file is read by the agent only if it needs the token: a host on its identity key removed it.
-        const enrollToken = o.coordinator !== undefined && o.enrollTokenFile === undefined ? readEnrollToken(undefined, process.env) : null;
-        agent = await startAgent({
-          stateDir: o.stateDir,
-          coordinatorUrl: o.coordinator,
-          enrollToken: enrollToken ?? undefined,
-          enrollTokenFile: o.coordinator !== undefined ? o.enrollTokenFile : undefined,
-          listen: o.listen,
-          sshListen: o.sshListen,
-          advertiseHost: o.advertiseHost,
-          runtime: o.runtime,
-          gvisor: { ...(o.runsc !== undefined ? { runsc: resolvePath(o.runsc) } : {}), platform: o.runscPlatform },
-          images: {
-            maxBytes: o.imageCacheMax,
-            registry: { ...(o.registryAuth !== undefined ? { authFile: resolvePath(o.registryAuth) } : {}), insecure: o.insecureRegistry },
-          },
-          slots: o.slots,
-          ...(o.vcpu !== undefined ? { vcpu: o.vcpu } : {}),
-          ...(o.memoryMb !== undefined ? { memoryMb: o.memoryMb } : {}),
-          ...(o.disk !== undefined ? { diskMib: Math.floor(o.disk / 2 ** 20) } : {}),
-          diskEnforce: o.diskEnforce,
-          name: o.name,
-          log,
-          network: o.network ? await networkOptions(o) : false,
-          httpLimits: httpLimitsFrom(o),
-          sshAdmission: {
-            ...(o.sshAuthTimeout !== undefined ? { authTimeoutMs: o.sshAuthTimeout } : {}),
-            ...(o.sshMaxUnauthenticated !== undefined ? { maxUnauthenticated: o.sshMaxUnauthenticated } : {}),
-            ...(o.sshMaxUnauthenticatedPerAddress !== undefined ? { maxUnauthenticatedPerAddress: o.sshMaxUnauthenticatedPerAddress } : {}),
-          },
-        });
-      } catch (e) {
-        const msg = e instanceof Error ? e.message : String(e);
-        process.stderr.write(`berth agent: ${msg}\n`);
-        process.exit(e instanceof AgentLockedError ? 3 : e instanceof FloorRefusedError ? 4 : 1);
-      }
-      await new Promise<void>((resolve) => {
-        onSignal = (signal) => {
-          log.info({ signal }, "stopping");
-          void agent.stop().then(resolve, resolve);
-        };
-        if (signalled !== null) onSignal(signalled);
-        else {
-          const d = agent.runtime.detail;
-          // The one line an operator must not miss, whatever the log level.
-          if (d.warning) process.stderr.write(`berth agent: warning: ${d.warning}\n`);
-          const runsc = d.runsc ? ` runsc=${d.runsc.version} platform=${d.runsc.platform}` : "";
-          process.stdout.write(
-            `berth agent ready api=${agent.url} ssh=${agent.ssh.host}:${agent.ssh.port} host=${agent.hostId ?? "-"} runtime=${agent.runtime.kind}${runsc}\n`,
-          );
-        }
-      });
-      process.exit(0);
-    });
+    .action(runAgent);
+}
+
+/** The flags of `berth agent`, as commander parses them. */
+interface AgentFlags extends HttpLimitFlags {
+  stateDir: string;
+  coordinator?: string;
+  enrollTokenFile?: string;
+  listen: string;
+  sshListen: string;
+  advertiseHost?: string;
+  runtime: "auto" | "process" | "gvisor";
+  runsc?: string;
+  runscPlatform: "auto" | "kvm" | "systrap" | "ptrace";
+  imageCacheMax: number;
+  registryAuth?: string;
+  insecureRegistry: string[];
+  slots: number;
+  vcpu?: number;
+  memoryMb?: number;
+  disk?: number;
+  diskEnforce: "required" | "auto" | "off";
+  name?: string;
+  logLevel: string;
+  network: boolean;
+  networkRange?: string;
+  networkResolver?: string;
+  networkProbeDeny: string[];
+  networkProbeRefusedResolver: string[];
+  stopOnStdinEof?: boolean;
+  sshAuthTimeout?: number;
+  sshMaxUnauthenticated?: number;
+  sshMaxUnauthenticatedPerAddress?: number;
+}
+
+/**
+ * The agent's run: signal handlers first, the agent's modules loaded, the
+ * agent started (exit 1, 3 or 4 with the reason if it cannot), the ready
+ * line printed, then it runs until a stop signal.
+ */
+async function runAgent(o: AgentFlags): Promise<void> {
+  const log = pino({ level: o.logLevel, base: { component: "agent" } }, pino.destination({ dest: 2, sync: true }));
+  // Handlers first: a signal that arrives while starting (or right after the
+  // ready line) stops the agent cleanly instead of killing it mid-write.
+  let signalled: string | null = null;
+  let onSignal: (signal: string) => void = (signal) => {
+    signalled = signal;
+  };
+  process.once("SIGTERM", () => onSignal("SIGTERM"));
+  process.once("SIGINT", () => onSignal("SIGINT"));
+  if (o.stopOnStdinEof) {
+    process.stdin.on("end", () => onSignal("stdin EOF"));
+    process.stdin.on("error", () => onSignal("stdin EOF"));
+    process.stdin.resume();
+  }
+  // Loaded only here: every other command starts without the agent.
+  const [{ startAgent }, { readEnrollToken }, { AgentLockedError }, { FloorRefusedError }] = await Promise.all([
+    import("../../agent/agent.js"),
+    import("../../agent/enroll.js"),
+    import("../../agent/store/store.js"),
+    import("../../agent/identity/floor.js"),
+  ]);
+  let agent: Awaited<ReturnType<typeof startAgent>>;
+  try {
+    // The file is read by the agent only if it needs the token: a host on its identity key removed it.
+    const enrollToken = o.coordinator !== undefined && o.enrollTokenFile === undefined ? readEnrollToken(undefined, process.env) : null;
+    agent = await startAgent(await agentOptions(o, enrollToken, log));
+  } catch (e) {
+    const msg = e instanceof Error ? e.message : String(e);
+    process.stderr.write(`berth agent: ${msg}\n`);
+    process.exit(e instanceof AgentLockedError ? 3 : e instanceof FloorRefusedError ? 4 : 1);
+  }
+  await new Promise<void>((resolve) => {
+    onSignal = (signal) => {
+      log.info({ signal }, "stopping");
+      void agent.stop().then(resolve, resolve);
+    };
+    if (signalled !== null) onSignal(signalled);
+    else {
+      const d = agent.runtime.detail;
+      // The one line an operator must not miss, whatever the log level.
+      if (d.warning) process.stderr.write(`berth agent: warning: ${d.warning}\n`);
+      const runsc = d.runsc ? ` runsc=${d.runsc.version} platform=${d.runsc.platform}` : "";
+      process.stdout.write(
+        `berth agent ready api=${agent.url} ssh=${agent.ssh.host}:${agent.ssh.port} host=${agent.hostId ?? "-"} runtime=${agent.runtime.kind}${runsc}\n`,
+      );
+    }
+  });
+  process.exit(0);
+}
+
+/** What `startAgent` is given, from the flags. */
+async function agentOptions(o: AgentFlags, enrollToken: string | null, log: pino.Logger) {
+  return {
+    stateDir: o.stateDir,
+    coordinatorUrl: o.coordinator,
+    enrollToken: enrollToken ?? undefined,
+    enrollTokenFile: o.coordinator !== undefined ? o.enrollTokenFile : undefined,
+    listen: o.listen,
+    sshListen: o.sshListen,
+    advertiseHost: o.advertiseHost,
+    runtime: o.runtime,
+    gvisor: { ...(o.runsc !== undefined ? { runsc: resolvePath(o.runsc) } : {}), platform: o.runscPlatform },
+    images: {
+      maxBytes: o.imageCacheMax,
+      registry: { ...(o.registryAuth !== undefined ? { authFile: resolvePath(o.registryAuth) } : {}), insecure: o.insecureRegistry },
+    },
+    slots: o.slots,
+    ...(o.vcpu !== undefined ? { vcpu: o.vcpu } : {}),
+    ...(o.memoryMb !== undefined ? { memoryMb: o.memoryMb } : {}),
+    ...(o.disk !== undefined ? { diskMib: Math.floor(o.disk / 2 ** 20) } : {}),
+    diskEnforce: o.diskEnforce,
+    name: o.name,
+    log,
+    network: o.network ? await networkOptions(o) : (false as const),
+    httpLimits: httpLimitsFrom(o),
+    sshAdmission: {
+      ...(o.sshAuthTimeout !== undefined ? { authTimeoutMs: o.sshAuthTimeout } : {}),
+      ...(o.sshMaxUnauthenticated !== undefined ? { maxUnauthenticated: o.sshMaxUnauthenticated } : {}),
+      ...(o.sshMaxUnauthenticatedPerAddress !== undefined ? { maxUnauthenticatedPerAddress: o.sshMaxUnauthenticatedPerAddress } : {}),
+    },
+  };
 }
 
 /** The agent's machine-network options from its flags (docs/network.md). */

@@ -37,6 +37,14 @@ function describe(r: Receipt, label: string): string {
 }
 
 export function register(program: Command): void {
+  registerBorrow(program);
+  registerAck(program);
+  registerHeartbeat(program);
+  registerReturn(program);
+}
+
+/** `berth borrow`: borrow a machine from a pool and write its receipt. */
+function registerBorrow(program: Command): void {
   clientOpts(
     program
       .command("borrow")
@@ -70,7 +78,10 @@ export function register(program: Command): void {
       }
     }),
   );
+}
 
+/** `berth ack`: acknowledge a portable borrow (installs its key). */
+function registerAck(program: Command): void {
   clientOpts(program.command("ack").description("Acknowledge a portable borrow: installs its key; access is active only after this").requiredOption("--receipt <file>", "the borrow's receipt")).action(
     (o: { receipt: string; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
       runCommand(async () => {
@@ -88,7 +99,10 @@ export function register(program: Command): void {
         }
       }),
   );
+}
 
+/** `berth heartbeat`: prove the borrower is alive. */
+function registerHeartbeat(program: Command): void {
   clientOpts(program.command("heartbeat").description("Prove the borrower is alive (never extends the hard deadline)").requiredOption("--receipt <file>", "the borrow's receipt")).action(
     (o: { receipt: string; json: boolean; url?: string; tokenFile?: string; config?: string }) =>
       runCommand(async () => {
@@ -104,7 +118,10 @@ export function register(program: Command): void {
         }
       }),
   );
+}
 
+/** `berth return`: give the machine back. */
+function registerReturn(program: Command): void {
   clientOpts(
     program
       .command("return")

@@ -46,7 +46,14 @@ async function waitActive(api: Api, names: string[], timeoutMs: number, say: (s:
 
 export function register(program: Command): void {
   const host = program.command("host").description("Enrolled hosts: credential state, and the switch to per-host identity keys");
+  registerLs(host);
+  registerResetIdentity(host);
+  registerRm(host);
+  registerActivate(host);
+}
 
+/** `berth host ls`: every host, its runtime and credential state. */
+function registerLs(host: Command): void {
   clientOpts(host.command("ls").description("List hosts: runtime (runsc release and gVisor platform), credential state, switch step, owed reports, agent version")).action(
     (o: { json: boolean; url?: string; tokenFile?: string; config?: string }) =>
       runCommand(async () => {
@@ -66,7 +73,10 @@ export function register(program: Command): void {
         }
       }),
   );
+}
 
+/** `berth host reset-identity`: back to awaiting its agent, with a one-time enroll token. */
+function registerResetIdentity(host: Command): void {
   clientOpts(
     host
       .command("reset-identity")
@@ -97,7 +107,10 @@ export function register(program: Command): void {
       }
     }),
   );
+}
 
+/** `berth host rm`: drain, destroy and forget a host. */
+function registerRm(host: Command): void {
   clientOpts(
     host
       .command("rm")
@@ -140,7 +153,10 @@ export function register(program: Command): void {
       }
     }),
   );
+}
 
+/** `berth host activate`: from the shared enroll token to the host's own identity key. */
+function registerActivate(host: Command): void {
   clientOpts(
     host
       .command("activate")

@@ -47,7 +47,14 @@ export async function waitReady(api: Api, name: string, want: number, timeoutMs:
 
 export function register(program: Command): void {
   const pool = program.command("pool").description("Pools of compatible machines: desired capacity and status");
+  registerEnsure(pool);
+  registerLs(pool);
+  registerShow(pool);
+  registerResume(pool);
+}
 
+/** `berth pool ensure`: create or update a pool's desired capacity (and wait for it with --wait). */
+function registerEnsure(pool: Command): void {
   clientOpts(
     pool
       .command("ensure")
@@ -110,7 +117,10 @@ export function register(program: Command): void {
         }
       }),
   );
+}
 
+/** `berth pool ls`: every pool. */
+function registerLs(pool: Command): void {
   clientOpts(pool.command("ls").description("List pools")).action((o: { json: boolean; url?: string; tokenFile?: string; config?: string }) =>
     runCommand(async () => {
       const { api } = clientFrom(o);
@@ -124,7 +134,10 @@ export function register(program: Command): void {
       }
     }),
   );
+}
 
+/** `berth pool show`: a pool's settings, breakers, machines by state and readiness evidence. */
+function registerShow(pool: Command): void {
   clientOpts(pool.command("show").description("Show a pool's settings and machines by state").argument("<name>", "pool name")).action(
     (name: string, o: { json: boolean; url?: string; tokenFile?: string; config?: string }) =>
       runCommand(async () => {
@@ -174,6 +187,10 @@ export function register(program: Command): void {
         }
       }),
   );
+}
+
+/** `berth pool resume`: close a pool's provisioning breakers. */
+function registerResume(pool: Command): void {
   clientOpts(pool.command("resume").description("Close a pool's provisioning breakers, the pool's and its placements' (after fixing why its launches failed), and let it fill now").argument("<name>", "pool name")).action(
     (name: string, o: { json: boolean; url?: string; tokenFile?: string; config?: string }) =>
       runCommand(async () => {

@@ -18,7 +18,7 @@
  */
 import { BerthError } from "../../core/errors.js";
 import { parseId } from "../../core/ids.js";
-import { lookupSize, sizeCatalog, type Size } from "../../core/allocation-sizes.js";
+import { gib, lookupSize, sizeCatalog, type Size } from "../../core/allocation-sizes.js";
 import { verdict, type HostAccount } from "../../core/allocation-placement.js";
 import type { Tx } from "../../store/store.js";
 import { getAllocation } from "../../store/allocations.js";
@@ -31,6 +31,8 @@ export interface KeptVolume {
   /** The allocation the volume belongs to (its name). */
   id: string;
   hostId: string;
+  /** The disk its image was made with: that of the allocation that first made it (attachments keep it); 0: none counted. */
+  diskMib: number;
 }
 
 /** The kept volume `raw` of `owner`, or a refusal naming why it cannot be attached. */
@@ -57,11 +59,25 @@ export async function keptVolumeIn(tx: Tx, org: string, owner: string, raw: stri
     if (outcome === "kept") throw new BerthError("conflict", `conflict: volume ${id} was attached to allocation ${other}, which kept it: it is named ${other} now (--volume ${other})`);
     if (outcome === "wiped") throw new BerthError("not_found", `not_found: volume ${id} was attached to allocation ${other} and wiped at its release`);
   }
-  return { id, hostId: a.hostId };
+  // The image keeps the size it was made with: follow the attachments back to the allocation that made it.
+  let origin = a;
+  for (let from = l.volumeFrom, hops = 0; from !== null && hops < 1000; hops++) {
+    const prev = await getAllocation(tx, from);
+    if (!prev) break;
+    origin = prev;
+    from = (await getLaunch(tx, from))?.volumeFrom ?? null;
+  }
+  return { id, hostId: a.hostId, diskMib: origin.diskMib };
 }
 
 /** The volume's host, locked, if it can take `size` now; else a refusal naming why (gone, not ready, full). */
 export async function volumeHostIn(tx: Tx, vol: KeptVolume, size: Size): Promise<HostAccount> {
+  if (vol.diskMib > 0 && size.diskMib < vol.diskMib) {
+    throw new BerthError(
+      "conflict",
+      `conflict: volume ${vol.id} has a disk of ${diskText(vol.diskMib)}; a ${size.name} (${diskText(size.diskMib)}) cannot take it; it is not attached; create with a size of at least ${diskText(vol.diskMib)} of disk (berth alloc sizes)`,
+    );
+  }
   const host = await lockHostAccount(tx, vol.hostId);
   if (!host) throw new BerthError("no_capacity", `no_capacity: volume ${vol.id} is on host ${vol.hostId}, which is gone; a volume is attached only on its own host`);
   const v = verdict(host, size);
@@ -88,4 +104,8 @@ export async function precheckVolume(ctx: AllocCtx, agent: AllocationAgent, org:
   if (c.ok) return;
   if (c.state === "clean") throw new BerthError("not_found", `not_found: volume ${vol.id} was removed from its host`);
   throw new BerthError("conflict", `conflict: volume ${vol.id} failed verification on its host (${c.problems.join("; ")}); it is not attached; an operator must inspect it (berth volume verify ${vol.id})`);
+}
+
+function diskText(mib: number): string {
+  return mib < 1024 ? `${mib} MiB` : `${gib(mib)} GiB`;
 }
