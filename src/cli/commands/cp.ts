@@ -129,60 +129,65 @@ Examples:
   berth cp --receipt b.json :results/report.xml .
   berth cp my-workspace -r :logs ./logs`,
     )
-    .action(async (args: string[], o: CpOptions) => {
-      let status = 0;
-      let conn: SshConnection | null = null;
-      let closeApi: (() => Promise<void>) | null = null;
-      let files: MachineFiles | null = null;
-      const p = progress(o.quiet);
-      let stopping = false;
-      const stop = (sig: keyof typeof SIGNAL_EXIT) => {
-        if (stopping) process.exit(SIGNAL_EXIT[sig]);
-        stopping = true;
-        p.end();
-        void (async () => {
-          const left = (await files?.abort().catch(() => ["(unknown)"])) ?? [];
-          process.stderr.write(
-            left.length === 0
-              ? `berth: interrupted by ${sig}; the copy was stopped and its partial files removed\n`
-              : `berth: interrupted by ${sig}; the copy was stopped, but could not remove: ${left.join(", ")}\n`,
-          );
-          conn?.end();
-          process.exit(SIGNAL_EXIT[sig]);
-        })();
-      };
-      for (const sig of Object.keys(SIGNAL_EXIT) as (keyof typeof SIGNAL_EXIT)[]) process.on(sig, () => stop(sig));
-      try {
-        let rest = args;
-        let target: { host: string; port: number; user: string; hostKey: string; keyFile: string };
-        if (o.receipt) {
-          const plan = planFromReceipt(o.receipt, o);
-          closeApi = () => plan.api?.close() ?? Promise.resolve();
-          target = plan;
-        } else {
-          if (args.length < 3) throw new UsageError("say which machine: berth cp --receipt FILE SRC… DEST, or berth cp ALLOCATION SRC… DEST");
-          const { planFromAllocation } = await import("./ssh-alloc.js");
-          target = await planFromAllocation(args[0]!, o);
-          rest = args.slice(1);
-        }
-        const plan = cpPlan(rest);
-        conn = await connect({ host: target.host, port: target.port, user: target.user, hostKey: target.hostKey, privateKey: readKey(target.keyFile) });
-        files = new MachineFiles(await openSftp(conn));
-        try {
-          await run(files, plan, o, p);
-        } finally {
-          files.close();
-        }
-      } catch (e) {
-        // Interrupted: the signal handler removes the partial files, reports and exits.
-        if (stopping) return;
-        reportError(e);
-        status = exitCodeOf(e);
-      }
+    .action(copyFiles);
+}
+
+/** The copy: stopped cleanly by a signal; the machine found; connected; copied; berth exits with the status. */
+async function copyFiles(args: string[], o: CpOptions): Promise<void> {
+  let status = 0;
+  let conn: SshConnection | null = null;
+  let closeApi: (() => Promise<void>) | null = null;
+  let files: MachineFiles | null = null;
+  const p = progress(o.quiet);
+  let stopping = false;
+  const stop = (sig: keyof typeof SIGNAL_EXIT) => {
+    if (stopping) process.exit(SIGNAL_EXIT[sig]);
+    stopping = true;
+    p.end();
+    void (async () => {
+      const left = (await files?.abort().catch(() => ["(unknown)"])) ?? [];
+      process.stderr.write(
+        left.length === 0
+          ? `berth: interrupted by ${sig}; the copy was stopped and its partial files removed\n`
+          : `berth: interrupted by ${sig}; the copy was stopped, but could not remove: ${left.join(", ")}\n`,
+      );
       conn?.end();
-      await closeApi?.().catch(() => undefined);
-      process.exit(status);
-    });
+      process.exit(SIGNAL_EXIT[sig]);
+    })();
+  };
+  for (const sig of Object.keys(SIGNAL_EXIT) as (keyof typeof SIGNAL_EXIT)[]) process.on(sig, () => stop(sig));
+  try {
+    const found = await cpTarget(args, o);
+    closeApi = found.closeApi;
+    const { target, rest } = found;
+    const plan = cpPlan(rest);
+    conn = await connect({ host: target.host, port: target.port, user: target.user, hostKey: target.hostKey, privateKey: readKey(target.keyFile) });
+    files = new MachineFiles(await openSftp(conn));
+    try {
+      await run(files, plan, o, p);
+    } finally {
+      files.close();
+    }
+  } catch (e) {
+    // Interrupted: the signal handler removes the partial files, reports and exits.
+    if (stopping) return;
+    reportError(e);
+    status = exitCodeOf(e);
+  }
+  conn?.end();
+  await closeApi?.().catch(() => undefined);
+  process.exit(status);
+}
+
+/** The machine to copy with: the receipt's, or the allocation named first (then the rest are the paths). */
+async function cpTarget(args: string[], o: CpOptions): Promise<{ target: { host: string; port: number; user: string; hostKey: string; keyFile: string }; rest: string[]; closeApi: (() => Promise<void>) | null }> {
+  if (o.receipt) {
+    const plan = planFromReceipt(o.receipt, o);
+    return { target: plan, rest: args, closeApi: () => plan.api?.close() ?? Promise.resolve() };
+  }
+  if (args.length < 3) throw new UsageError("say which machine: berth cp --receipt FILE SRC… DEST, or berth cp ALLOCATION SRC… DEST");
+  const { planFromAllocation } = await import("./ssh-alloc.js");
+  return { target: await planFromAllocation(args[0]!, o), rest: args.slice(1), closeApi: null };
 }
 
 function readKey(file: string): string {
