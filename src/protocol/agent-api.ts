@@ -24,7 +24,7 @@ const s = z.string();
 export const agentErrorBody = o({ error: o({ code: s, message: s }).optional() });
 
 const holdRecord = o({ allocationId: s, machineId: s, generation: n, state: z.enum(["held", "released", "fenced"]), vcpu: n, memoryMib: n, takenAt: n, releasedAt: n.nullable() });
-const agentVolume = o({ allocationId: s, state: s, path: s, dev: s.nullable(), ino: s.nullable(), check: o({ ok: z.boolean(), problems: z.array(s) }).nullable().optional() });
+const agentVolume = o({ allocationId: s, state: s, path: s, dev: s.nullable(), ino: s.nullable(), diskMib: n.nullable().optional(), diskEnforced: z.boolean().nullable().optional(), diskWhy: s.nullable().optional(), check: o({ ok: z.boolean(), problems: z.array(s) }).nullable().optional() });
 
 export const AGENT_API = {
   /** The envelope of a done operation; its `result` is parsed per kind (operations.ts `parseOperationResult`). */

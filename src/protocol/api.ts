@@ -311,6 +311,10 @@ export const volumeView = o({
   path: s,
   dev: nullable(s),
   ino: nullable(s),
+  /** The volume's disk (MiB; null: made before the disk dimension), whether an image enforces it, and why not. */
+  diskMib: nullable(n).optional(),
+  diskEnforced: nullable(z.boolean()).optional(),
+  diskWhy: nullable(s).optional(),
   hostName: s.optional(),
   allocationState: s.optional(),
   check: nullable(o({ ok: z.boolean(), problems: z.array(s) })).optional(),

@@ -1,5 +1,6 @@
 /**
- * The disk dimension, enforced (process runtime, a real `berth serve` with a
+ * The disk dimension, enforced on both runtimes (process, and gvisor where
+ * root and runsc are there), with a real `berth serve` with a
  * test size of 64 MiB of disk and a real `berth agent` running as root):
  * the volume is an ext4 image mounted on its data directory, so a write past
  * the size fails inside the machine with "No space left on device"; the
@@ -15,17 +16,20 @@ import { spawnSync } from "node:child_process";
 import { existsSync, statSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { AllocRig } from "../helpers/alloc-rig.js";
+import { gvisorAvailability } from "../../src/agent/runtime/index.js";
 import { berth } from "../helpers/cluster.js";
 import type { ServeProcess } from "../helpers/serve.js";
 
+const gv = gvisorAvailability();
 const canLoop = process.getuid?.() === 0 && existsSync("/dev/loop-control") && spawnSync("sh", ["-c", "command -v mkfs.ext4"]).status === 0;
 const skip = canLoop ? false : "needs root, loop devices and mkfs.ext4";
 if (skip) process.stdout.write(`# skipping alloc-disk: ${skip}\n`);
 
 const mounted = (dir: string): boolean => existsSync(dir) && statSync(dir).dev !== statSync(dirname(dir)).dev;
 
-describe("disk dimension enforced by a mounted image (process runtime, real coordinator and agent)", { timeout: 600_000, skip }, () => {
-  const rig = new AllocRig("sqlite", true, ["--alloc-actor-lease", "2s", "--alloc-size", "tiny=1,256M,64M", "--alloc-size", "small=2,4G,20G"], "process");
+for (const runtime of ["process", "gvisor"] as const) {
+describe(`disk dimension enforced by a mounted image (${runtime} runtime, real coordinator and agent)`, { timeout: 600_000, skip: skip || (runtime === "gvisor" && !gv.ok ? `gvisor runtime unavailable: ${(gv as { why: string }).why}` : false) }, () => {
+  const rig = new AllocRig("sqlite", true, ["--alloc-actor-lease", "2s", "--alloc-size", "tiny=1,256M,64M", "--alloc-size", "small=2,4G,20G"], runtime);
   rig.agentArgs = [...rig.agentArgs, "--disk-enforce", process.env.BERTH_TEST_DISK_ENFORCE ?? "required"];
   let c: ServeProcess;
   let env: Record<string, string>;
@@ -62,6 +66,7 @@ describe("disk dimension enforced by a mounted image (process runtime, real coor
     assert.match(show.stdout, /disk {7}enforced: ext4 image of 64 MiB on a loop device\n/);
     assert.equal((await inside("d1", "rm -f big; cat keep.txt")).out, "precious\n");
     assert.equal((await cli(["volume", "verify", "d1"])).status, 0);
+    assert.match((await cli(["volume", "show", "d1"])).stdout, /disk {7}64 MiB, enforced \(ext4 image on a loop device\)\n/);
 
     // A budget with too little disk: refused naming disk, nothing created or charged.
     const before = await rig.ownerUse();
@@ -112,3 +117,4 @@ describe("disk dimension enforced by a mounted image (process runtime, real coor
     assert.equal((await cli(["volume", "verify", "w1"])).status, 0);
   });
 });
+}

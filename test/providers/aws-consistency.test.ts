@@ -91,6 +91,25 @@ describe("aws provider against AWS's consistency and statuses (emulator)", { tim
     }
   });
 
+  test("DescribeInstances lag after a lost RunInstances reply: destroy at once does not take 'nothing by this token' for 'nothing launched'", async () => {
+    const w = await awsWorld({ stepBudgetMs: 400 });
+    try {
+      w.emu.faults.describeLagMs = 2_000;
+      w.emu.faults.lose.set("RunInstances", 1);
+      const m = machine("m_lostunlisted");
+      ambiguous(await w.provider.run(op("provision", m, 0)), "reply lost");
+      const [inst] = w.emu.instances.values();
+      assert.ok(inst && !w.emu.visible(inst), "launched, not listed yet");
+      const destroy = op("destroy", m, 0);
+      assert.match(ambiguous(await w.provider.run(destroy), "destroy while nothing is listed for the token"), /client token .* not listed by EC2 yet/);
+      done(await settled(w.provider, destroy));
+      assert.equal(inst.state, "terminated");
+      assert.deepEqual(w.emu.live(), [], "nothing left running");
+    } finally {
+      await w.close();
+    }
+  });
+
   test("InvocationDoesNotExist right after SendCommand is still pending, not a failure and not a second send", async () => {
     const w = await awsWorld();
     try {

@@ -49,6 +49,7 @@ export function register(program: Command): void {
       else
         process.stdout.write(
           `volume of ${v.allocationId} on ${v.hostName ?? "?"}\n  state      ${v.state}\n  identity   dev ${v.dev ?? "-"} inode ${v.ino ?? "-"}\n  path       ${v.path}\n` +
+            (v.diskMib !== null && v.diskMib !== undefined ? `  disk       ${v.diskMib} MiB, ${v.diskEnforced ? "enforced (ext4 image on a loop device)" : `not enforced (${v.diskWhy ?? "?"}); accounted only`}\n` : "") +
             `  check      ${v.check ? (v.check.ok ? "ok" : `DAMAGED: ${v.check.problems.join("; ")}`) : "-"}\n`,
         );
       return 0;

@@ -26,7 +26,10 @@
  *   destroy     terminate every instance the machine's launch records name
  *               (in their own region, whatever the configuration says now)
  *               and every instance tagged for it under today's deployment;
- *               done only when each is observed `terminated`.
+ *               done only when each is observed `terminated`, and never
+ *               while a launch on record may exist unlisted (an instance
+ *               RunInstances named that EC2 does not list yet; a lost
+ *               RunInstances reply within TOKEN_LISTING_LAG_MS).
  *
  * Credentials come from the SDK's default provider chain; berth never sees
  * or stores them.
@@ -100,6 +103,15 @@ type Ctx = { op: OperationRequest; pc: AwsPoolConfig; c: AwsClients; b: Binding;
 
 /** A launch record with no instance found for it this long after it was written launched nothing (EC2 lists a new instance well within it). */
 const LAUNCH_SETTLE_MS = 10 * 60_000;
+
+/**
+ * How long after a launch record is written a lookup by its ClientToken that
+ * finds nothing is not taken as "nothing launched" by destroy (EC2 lists a
+ * new instance within seconds, rarely longer). Longer than any listing lag
+ * seen; short, because a record whose RunInstances was never sent (a crash,
+ * a throttled call) holds its destroy this long.
+ */
+const TOKEN_LISTING_LAG_MS = 2 * 60_000;
 
 /** A provision's arguments (none for another kind). */
 function provisionArgs(op: OperationRequest): OpRowArgs["provision"] {
@@ -328,7 +340,9 @@ export class AwsProvider implements Provider {
       if (!inst) {
         if (now - rec.requestedAt >= LAUNCH_SETTLE_MS) await this.deps.records.ended(rec.clientToken, now, rec.instanceId ? "no longer listed by EC2" : "no instance launched with this client token");
         // RunInstances named this instance and EC2 does not list it yet (eventual consistency): it exists, and may be billed.
-        else if (rec.instanceId) unlisted.push(rec.instanceId);
+        else if (rec.instanceId) unlisted.push(`instance ${rec.instanceId}`);
+        // RunInstances' reply was lost (or never sent): for a while, "nothing by this token" may only mean "not listed yet".
+        else if (now - rec.requestedAt < TOKEN_LISTING_LAG_MS) unlisted.push(`the launch of client token ${rec.clientToken} (if it launched anything)`);
         continue;
       }
       if (stateOf(inst) === "terminated") {
@@ -349,7 +363,7 @@ export class AwsProvider implements Provider {
     const unlisted: string[] = [];
     const located = await this.#located(x, gone, unlisted);
     const found = located.map((l) => l.inst);
-    if (found.length === 0 && unlisted.length > 0) return { outcome: { kind: "ambiguous", error: `instance ${unlisted.join(", ")} of machine ${x.b.machineId} was launched and is not listed by EC2 yet` } };
+    if (found.length === 0 && unlisted.length > 0) return { outcome: { kind: "ambiguous", error: `machine ${x.b.machineId}: ${unlisted.join(", ")} not listed by EC2 yet` } };
     if (found.length === 0) {
       const seen = gone.length > 0 ? `: instance ${gone.join(", ")}, not ended by berth` : "";
       return { outcome: { kind: "failed", error: `machine_lost: no live instance is bound to machine ${x.b.machineId}${seen}`, retryable: false } };
@@ -434,7 +448,7 @@ export class AwsProvider implements Provider {
     for (const l of live) if (stateOf(l.inst) !== "shutting-down") byClient.set(l.c, [...(byClient.get(l.c) ?? []), l.inst.InstanceId!]);
     for (const [c, list] of byClient) await terminate(c.ec2, list);
     // An instance RunInstances named that EC2 does not list yet cannot be terminated yet, and is not gone: never "done" over it.
-    if (unlisted.length > 0) return { kind: "ambiguous", error: `instance ${unlisted.join(", ")} of machine ${x.b.machineId} was launched and is not listed by EC2 yet; destroy waits for it` };
+    if (unlisted.length > 0) return { kind: "ambiguous", error: `machine ${x.b.machineId}: ${unlisted.join(", ")} not listed by EC2 yet; destroy waits for it` };
     const gone = await this.#waitFor(async () => ((await this.#located(x)).length === 0 ? true : null), x.deadline);
     if (!gone) return { kind: "ambiguous", error: `termination of ${ids.join(", ")} requested; not yet observed terminated` };
     return { kind: "done", result: { existed: true, terminated: ids, evidence: "instances observed terminated" } };
