@@ -20,6 +20,7 @@ import { existsSync, mkdirSync, readFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { randomBytes } from "node:crypto";
 import type { Coordinator } from "../../coordinator/server.js";
+import type { Logger } from "pino";
 import type { SqliteStore } from "../../store/sqlite/sqlite-store.js";
 import { generateSshKeyPair } from "../../core/ssh-keys.js";
 import { writeFileDurable } from "../../store/durable-file.js";
@@ -206,114 +207,142 @@ Examples:
 
 The process runtime (used without root or runsc) gives NO isolation; gvisor does.`,
     )
-    .action(async (argv: string[], o: UpOptions) => {
-      const say = (s: string) => {
-        if (!o.quiet) process.stderr.write(`berth: ${s}\n`);
-      };
-      const dir = resolve(o.stateDir);
-      // The portable pool needs a slot of the one local host: a default pool whose min-ready takes
-      // every slot would leave it waiting for one that never frees. Said now, before anything starts.
-      if (o.portable && o.minReady >= o.slots) {
-        reportError(
-          new UsageError(
-            `--portable needs a host slot for the portable pool: --min-ready ${o.minReady} on ${o.slots} slots leaves none (the default pool keeps them all); use --min-ready ${o.slots - 1} or less, or --slots ${o.minReady + 1}`,
-          ),
-        );
-        process.exitCode = EXIT.usage;
-        return;
-      }
-      // Before anything is started: no signal may kill berth and leave its children running.
-      const signals = new UpSignals(say);
-      mkdirSync(dir, { recursive: true, mode: 0o700 });
-      // Before the database is opened or any file written: a second berth up here refuses,
-      // and can neither drain this one's pools nor point client.json elsewhere.
-      let lock: StateDirLock;
-      try {
-        lock = StateDirLock.take(dir, "berth up");
-      } catch (e) {
-        signals.dispose();
-        reportError(e);
-        process.exitCode = exitCodeOf(e);
-        return;
-      }
-      // The server side is loaded only by the command that runs it.
-      const [{ createToken }, { SqliteStore }, { default: pino }] = await Promise.all([
-        import("../../store/api-tokens.js"),
-        import("../../store/sqlite/sqlite-store.js"),
-        import("pino"),
-      ]);
-      const r: Running = { dir, o, store: new SqliteStore({ path: join(dir, "berth.db") }), coord: null, api: null, agent: null, runtime: null, pools: [] };
-      const store = r.store;
-      let status: number = EXIT.ok;
-      try {
-        const secret = loadOrCreateSecret(join(dir, "coordinator.secret"));
-        const { host, port } = parseListen(o.listen);
-        // Loaded only here: every other command starts without the coordinator.
-        const { startCoordinator } = await import("../../coordinator/server.js");
-        const coord = (r.coord = await startCoordinator({ store, secret, host, port, config: { portable: o.portable }, log: pino({ level: process.env.BERTH_LOG_LEVEL ?? "warn" }) }));
-        say(`coordinator on ${coord.url} (SQLite ${join(dir, "berth.db")})`);
-        lock.setUrl(coord.url);
-        const admin = await tokenFile(join(dir, "admin.token"), async () => (await createToken(store, { org: "local", role: "admin", expiresAt: null, label: "berth up admin" }, Date.now(), (n) => randomBytes(n))).token);
-        const enroll = await tokenFile(join(dir, "agent.token"), async () => (await createToken(store, { org: "local", role: "agent", expiresAt: null, label: "berth up agent" }, Date.now(), (n) => randomBytes(n))).token);
-        const keeperKey = join(dir, "keeper_ed25519");
-        if (!existsSync(keeperKey)) {
-          const pair = generateSshKeyPair("berth-keeper");
-          writeFileDurable(keeperKey, pair.privateKey, 0o600);
-          writeFileDurable(`${keeperKey}.pub`, pair.publicKey + "\n", 0o644);
-        }
-        writeFileDurable(join(dir, "client.json"), JSON.stringify({ url: coord.url, tokenFile: "admin.token", keeperKeyFile: "keeper_ed25519", pool: "default" }, null, 2) + "\n", 0o600);
-        const api = (r.api = new Api(coord.url, admin));
-        const started = startAgentProcess(o, dir, coord.url, enroll, say);
-        r.agent = started.child;
-        const line = await signals.interruptible(started.ready);
-        r.runtime = line.includes("runtime=gvisor") ? "gvisor" : "process";
-        r.pools.unshift("default");
-        await signals.interruptible(
-          api.send("POST /v1/pools/{pool}/ensure", { pool: "default" }, {
-            minReady: o.minReady,
-            // With --portable, one slot stays for the portable pool.
-            maxReady: Math.max(o.minReady, Math.min(o.portable ? o.slots - 1 : o.slots, o.minReady * 2)),
-            compatibilityKey: "local",
-            access: "keeper",
-            provider: "hosts",
-            keeperKey: readFileSync(`${keeperKey}.pub`, "utf8").trim(),
-          }),
-        );
-        await signals.interruptible(waitReady(api, "default", Math.min(1, o.minReady), 120_000, say));
-        if (o.portable) {
-          // A second pool for portable access: each borrow brings its own key; nothing is shared with the keeper pool.
-          r.pools.unshift("agents");
-          await signals.interruptible(api.send("POST /v1/pools/{pool}/ensure", { pool: "agents" }, { minReady: 1, maxReady: 2, compatibilityKey: "local", access: "portable", provider: "hosts" }));
-          await signals.interruptible(waitReady(api, "agents", 1, 120_000, say));
-        }
-        if (argv.length > 0) {
-          const config = loadConfig({ config: join(dir, "client.json") });
-          const target = o.portable ? { pool: "agents", access: "portable" as const } : { pool: "default", access: "keeper" as const };
-          const client = new BerthClient({ url: config.url, token: config.token, keeperKeyFile: config.keeperKeyFile });
-          try {
-            status = await signals.delegate(() => runOnBorrowed(client, config, argv, { ...target, drain: false, quiet: o.quiet, stdin: "auto", waitMs: DEFAULT_WAIT_MS }));
-          } finally {
-            await client.close();
-          }
-        } else {
-          process.stdout.write(
-            `berth is up.\n  coordinator  ${coord.url}\n  dashboard    ${coord.url}/ui (sign in with the admin token)\n  admin token  ${join(dir, "admin.token")} (0600)\n  client conf  ${join(dir, "client.json")}\n\nNext, from this directory:\n  berth pool show default\n  berth run --pool default -- uname -a\nCtrl-C stops berth and destroys its machines.\n`,
-          );
-          await signals.waitForSignal();
-        }
-      } catch (e) {
-        if (e instanceof Interrupted) {
-          say(`${e.signal} while starting: stopping`);
-          status = SIGNAL_EXIT[e.signal];
-        } else {
-          reportError(e);
-          status = exitCodeOf(e);
-        }
-      } finally {
-        await teardown(r, signals, say);
-        signals.dispose();
-        lock.release();
-      }
-      process.exitCode = status;
-    });
+    .action(runUp);
+}
+
+/**
+ * `berth up`: refused at once if --portable would find no slot; signal
+ * handling before anything starts; the state directory's lock; then the
+ * coordinator (step 1), the agent and the pools (step 2), the command or a
+ * wait for a signal (step 3); the teardown on every way out.
+ */
+async function runUp(argv: string[], o: UpOptions): Promise<void> {
+  const say = (s: string) => {
+    if (!o.quiet) process.stderr.write(`berth: ${s}\n`);
+  };
+  const dir = resolve(o.stateDir);
+  // The portable pool needs a slot of the one local host: a default pool whose min-ready takes
+  // every slot would leave it waiting for one that never frees. Said now, before anything starts.
+  if (o.portable && o.minReady >= o.slots) {
+    reportError(
+      new UsageError(
+        `--portable needs a host slot for the portable pool: --min-ready ${o.minReady} on ${o.slots} slots leaves none (the default pool keeps them all); use --min-ready ${o.slots - 1} or less, or --slots ${o.minReady + 1}`,
+      ),
+    );
+    process.exitCode = EXIT.usage;
+    return;
+  }
+  // Before anything is started: no signal may kill berth and leave its children running.
+  const signals = new UpSignals(say);
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  // Before the database is opened or any file written: a second berth up here refuses,
+  // and can neither drain this one's pools nor point client.json elsewhere.
+  let lock: StateDirLock;
+  try {
+    lock = StateDirLock.take(dir, "berth up");
+  } catch (e) {
+    signals.dispose();
+    reportError(e);
+    process.exitCode = exitCodeOf(e);
+    return;
+  }
+  // The server side is loaded only by the command that runs it.
+  const [{ createToken }, { SqliteStore }, { default: pino }] = await Promise.all([
+    import("../../store/api-tokens.js"),
+    import("../../store/sqlite/sqlite-store.js"),
+    import("pino"),
+  ]);
+  const r: Running = { dir, o, store: new SqliteStore({ path: join(dir, "berth.db") }), coord: null, api: null, agent: null, runtime: null, pools: [] };
+  // The admin's token and the agent's enroll token, made in this state directory's store.
+  const mint = async (role: "admin" | "agent", label: string) => (await createToken(r.store, { org: "local", role, expiresAt: null, label }, Date.now(), (n) => randomBytes(n))).token;
+  let status: number = EXIT.ok;
+  try {
+    const { coord, admin, enroll, keeperKey } = await upCoordinator(r, lock, say, mint, () => pino({ level: process.env.BERTH_LOG_LEVEL ?? "warn" }));
+    const api = (r.api = new Api(coord.url, admin));
+    await upAgentAndPools(r, api, signals, coord.url, enroll, keeperKey, say);
+    status = await runOrWait(argv, r, coord, signals);
+  } catch (e) {
+    if (e instanceof Interrupted) {
+      say(`${e.signal} while starting: stopping`);
+      status = SIGNAL_EXIT[e.signal];
+    } else {
+      reportError(e);
+      status = exitCodeOf(e);
+    }
+  } finally {
+    await teardown(r, signals, say);
+    signals.dispose();
+    lock.release();
+  }
+  process.exitCode = status;
+}
+
+/** Step 1: the coordinator on the state directory's SQLite, its tokens, the keeper key and client.json. */
+async function upCoordinator(r: Running, lock: StateDirLock, say: (s: string) => void, mint: (role: "admin" | "agent", label: string) => Promise<string>, newLog: () => Logger) {
+  const { o } = r;
+  const secret = loadOrCreateSecret(join(r.dir, "coordinator.secret"));
+  const { host, port } = parseListen(o.listen);
+  // Loaded only here: every other command starts without the coordinator.
+  const { startCoordinator } = await import("../../coordinator/server.js");
+  const coord = (r.coord = await startCoordinator({ store: r.store, secret, host, port, config: { portable: o.portable }, log: newLog() }));
+  say(`coordinator on ${coord.url} (SQLite ${join(r.dir, "berth.db")})`);
+  lock.setUrl(coord.url);
+  const admin = await tokenFile(join(r.dir, "admin.token"), () => mint("admin", "berth up admin"));
+  const enroll = await tokenFile(join(r.dir, "agent.token"), () => mint("agent", "berth up agent"));
+  const keeperKey = join(r.dir, "keeper_ed25519");
+  if (!existsSync(keeperKey)) {
+    const pair = generateSshKeyPair("berth-keeper");
+    writeFileDurable(keeperKey, pair.privateKey, 0o600);
+    writeFileDurable(`${keeperKey}.pub`, pair.publicKey + "\n", 0o644);
+  }
+  writeFileDurable(join(r.dir, "client.json"), JSON.stringify({ url: coord.url, tokenFile: "admin.token", keeperKeyFile: "keeper_ed25519", pool: "default" }, null, 2) + "\n", 0o600);
+  return { coord, admin, enroll, keeperKey };
+}
+
+/** Step 2: the agent process (up to its ready line), the default keeper pool, and with --portable the portable pool `agents`. */
+async function upAgentAndPools(r: Running, api: Api, signals: UpSignals, url: string, enroll: string, keeperKey: string, say: (s: string) => void): Promise<void> {
+  const started = startAgentProcess(r.o, r.dir, url, enroll, say);
+  r.agent = started.child;
+  const line = await signals.interruptible(started.ready);
+  r.runtime = line.includes("runtime=gvisor") ? "gvisor" : "process";
+  r.pools.unshift("default");
+  await signals.interruptible(
+    api.send("POST /v1/pools/{pool}/ensure", { pool: "default" }, {
+      minReady: r.o.minReady,
+      // With --portable, one slot stays for the portable pool.
+      maxReady: Math.max(r.o.minReady, Math.min(r.o.portable ? r.o.slots - 1 : r.o.slots, r.o.minReady * 2)),
+      compatibilityKey: "local",
+      access: "keeper",
+      provider: "hosts",
+      keeperKey: readFileSync(`${keeperKey}.pub`, "utf8").trim(),
+    }),
+  );
+  await signals.interruptible(waitReady(api, "default", Math.min(1, r.o.minReady), 120_000, say));
+  if (r.o.portable) {
+    // A second pool for portable access: each borrow brings its own key; nothing is shared with the keeper pool.
+    r.pools.unshift("agents");
+    await signals.interruptible(api.send("POST /v1/pools/{pool}/ensure", { pool: "agents" }, { minReady: 1, maxReady: 2, compatibilityKey: "local", access: "portable", provider: "hosts" }));
+    await signals.interruptible(waitReady(api, "agents", 1, 120_000, say));
+  }
+}
+
+/** Step 3: the command on a borrowed machine (its exit status), or the addresses printed and a wait for a signal. */
+async function runOrWait(argv: string[], r: Running, coord: Coordinator, signals: UpSignals): Promise<number> {
+  const { o } = r;
+  if (argv.length > 0) {
+    const config = loadConfig({ config: join(r.dir, "client.json") });
+    const target = o.portable ? { pool: "agents", access: "portable" as const } : { pool: "default", access: "keeper" as const };
+    const client = new BerthClient({ url: config.url, token: config.token, keeperKeyFile: config.keeperKeyFile });
+    try {
+      return await signals.delegate(() => runOnBorrowed(client, config, argv, { ...target, drain: false, quiet: o.quiet, stdin: "auto", waitMs: DEFAULT_WAIT_MS }));
+    } finally {
+      await client.close();
+    }
+  } else {
+    process.stdout.write(
+      `berth is up.\n  coordinator  ${coord.url}\n  dashboard    ${coord.url}/ui (sign in with the admin token)\n  admin token  ${join(r.dir, "admin.token")} (0600)\n  client conf  ${join(r.dir, "client.json")}\n\nNext, from this directory:\n  berth pool show default\n  berth run --pool default -- uname -a\nCtrl-C stops berth and destroys its machines.\n`,
+    );
+    await signals.waitForSignal();
+    return EXIT.ok;
+  }
 }
