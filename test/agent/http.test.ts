@@ -160,7 +160,7 @@ describe("enrollment", () => {
 
   it("enrolls with the exact shape, keeps the host id across a restart, and accepts only the newest host-call token", async () => {
     const dir = harness.dir();
-    let a = await harness.agent({ stateDir: dir, coordinatorUrl: coordinator, enrollToken, name: "enr", slots: 2, vcpu: 4, memoryMb: 4096 });
+    let a = await harness.agent({ stateDir: dir, coordinatorUrl: coordinator, enrollToken, name: "enr", slots: 2, vcpu: 4, memoryMb: 4096, diskMib: 10240 });
     assert.equal(a.hostId, "h_first");
     const first = seen().at(-1)!;
     assert.equal(first.auth, `Bearer ${enrollToken}`);
@@ -169,7 +169,7 @@ describe("enrollment", () => {
       url: a.url,
       runtime: "process",
       runtimeDetail: {},
-      capacity: { vcpu: 4, memoryMib: 4096, slots: 2 },
+      capacity: { vcpu: 4, memoryMib: 4096, diskMib: 10240, slots: 2 },
       ssh: { host: "127.0.0.1", port: a.ssh.port, hostKey: a.ssh.hostKey, fingerprint: a.ssh.fingerprint },
     });
     assert.match(a.ssh.hostKey, /^ssh-ed25519 /);

@@ -18,9 +18,9 @@
  * directory. Nothing here fakes berth's own code: the only stand-in is the
  * coordinator's enroll route (the outermost boundary of an agent).
  */
-import { spawn, type ChildProcess } from "node:child_process";
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
@@ -286,6 +286,11 @@ export class AgentHarness {
       }
     }
     for (const s of this.servers) await attempt(() => new Promise<void>((r) => s.close(() => r())));
+    // Volume disk images stay mounted after their agent ends (kept volumes; a test that stopped before a release):
+    // unmount what is mounted under our directories, deepest first, before removing them.
+    const mounts = readFileSync("/proc/self/mounts", "utf8").split("\n").map((l) => l.split(" ")[1] ?? "");
+    const ours = mounts.filter((m) => this.dirs.some((d) => m.startsWith(d + "/")));
+    for (const m of ours.sort().reverse()) spawnSync("umount", [m]);
     for (const d of this.dirs) rmSync(d, { recursive: true, force: true });
     if (errors.length > 0) throw errors[0];
   }
