@@ -37,11 +37,11 @@ describe("capacity.memoryMib and its older name memoryMb (a running coordinator)
     return hosts.hosts.find((h) => h.name === name)?.capacity;
   };
 
-  it("an agent of this release names memoryMib; one of the previous release memoryMb: both are recorded in MiB, and shown under both names", async () => {
+  it("an agent of this release names memoryMib; one of the previous release memoryMb: both are recorded in MiB, and shown under both names (an agent that offers no disk: diskMib null)", async () => {
     assert.equal((await post(body("new-agent", { vcpu: 2, memoryMib: 3072, slots: 2 }))).status, 200);
     assert.equal((await post(body("old-agent", { vcpu: 2, memoryMb: 5120, slots: 2 }))).status, 200);
-    assert.deepEqual(await capacityOf("new-agent"), { vcpu: 2, memoryMib: 3072, memoryMb: 3072, slots: 2 });
-    assert.deepEqual(await capacityOf("old-agent"), { vcpu: 2, memoryMib: 5120, memoryMb: 5120, slots: 2 });
+    assert.deepEqual(await capacityOf("new-agent"), { vcpu: 2, memoryMib: 3072, memoryMb: 3072, diskMib: null, slots: 2 });
+    assert.deepEqual(await capacityOf("old-agent"), { vcpu: 2, memoryMib: 5120, memoryMb: 5120, diskMib: null, slots: 2 });
     const accounts = await (await t.api("admin")).send("GET /v1/host-accounts", {});
     assert.deepEqual(accounts.hosts.map((h) => [h.name, h.capacity.memoryMib]).sort(), [["new-agent", 3072], ["old-agent", 5120]]);
   });

@@ -40,6 +40,8 @@ test("dashboard serving: signed-in requests skip the token-free rate; compressio
     const op = await t.token("operator");
     await t.store.transaction((tx) => tx.run("UPDATE api_tokens SET label = 'alice-ci' WHERE id = ?", [op.id]));
     const cookie = await signIn(t.coord.url, op.token);
+    // Signed in before the burst below spends this address's token-free allowance (sign-in is a token-free route).
+    const member = await signIn(t.coord.url, (await t.token("member")).token);
     // 60 pages at once (more than the burst of 40): none refused.
     const codes = await Promise.all(Array.from({ length: 60 }, () => fetch(`${t.coord.url}/ui/borrows`, { headers: { cookie } }).then(async (r) => (await r.arrayBuffer(), r.status))));
     assert.deepEqual([...new Set(codes)], [200]);
@@ -64,7 +66,6 @@ test("dashboard serving: signed-in requests skip the token-free rate; compressio
     const missing = await (await fetch(`${t.coord.url}/ui/pools/nope`, { headers: { cookie } })).text();
     assert.match(missing, /Error 404/);
     assert.match(missing, /<nav aria-label="Main"><a href="\/ui">Overview<\/a>/);
-    const member = await signIn(t.coord.url, (await t.token("member")).token);
     const forbidden = await fetch(`${t.coord.url}/ui/audit`, { headers: { cookie: member } });
     assert.equal(forbidden.status, 403);
     assert.match(await forbidden.text(), /<nav aria-label="Main">/);
