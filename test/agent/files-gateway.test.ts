@@ -10,13 +10,13 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
-import { createHash, randomBytes } from "node:crypto";
-import { chmodSync, createReadStream, mkdirSync, readFileSync, statSync, writeFileSync, existsSync, openSync, writeSync, closeSync } from "node:fs";
+import { randomBytes } from "node:crypto";
+import { chmodSync, mkdirSync, readFileSync, statSync, writeFileSync, existsSync } from "node:fs";
 import { createServer, type AddressInfo } from "node:net";
 import { join } from "node:path";
 import { AgentHarness, until, type GatewayRig } from "../helpers/agent.js";
 import { run } from "../helpers/ssh-testkit.js";
-import { gatewaySshOpts, revokedKeyCutsOpenForward, runClient } from "../helpers/openssh.js";
+import { gatewaySshOpts, revokedKeyCutsOpenForward, runClient, randomFile, sha256Of } from "../helpers/openssh.js";
 import { gvisorAvailability } from "../../src/agent/runtime/index.js";
 import { forwardDecision, sftpArgv } from "../../src/agent/ssh/channels.js";
 
@@ -26,25 +26,6 @@ after(() => harness.close());
 const MB = 1024 * 1024;
 const BIG = 100 * MB;
 
-/** A file of `n` random bytes (written in 1 MiB pieces) and its sha256. */
-function bigFile(path: string, n: number): string {
-  const h = createHash("sha256");
-  const fd = openSync(path, "w");
-  for (let left = n; left > 0; left -= MB) {
-    const b = randomBytes(Math.min(MB, left));
-    h.update(b);
-    writeSync(fd, b);
-  }
-  closeSync(fd);
-  return h.digest("hex");
-}
-
-function sha(path: string): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const h = createHash("sha256");
-    createReadStream(path).on("data", (d) => h.update(d)).on("end", () => resolve(h.digest("hex"))).on("error", reject);
-  });
-}
 
 const sshOpts = gatewaySshOpts;
 const tool = runClient;
@@ -90,38 +71,38 @@ for (const kind of ["process", "gvisor"] as const) {
     const target = `${rig.machine}@127.0.0.1`;
     const ws = workspaceOf(rig, kind);
     const src = join(dir, "big.bin");
-    const sum = bigFile(src, BIG);
+    const sum = randomFile(src, BIG);
 
     // sftp: put, then get back under another name.
     let r = await tool("sftp", [...o, "-P", port, "-b", "-", target], `put ${src} up-sftp.bin\nget up-sftp.bin ${join(dir, "down-sftp.bin")}\n`);
     assert.equal(r.status, 0, `sftp: ${r.stderr}`);
-    assert.equal(await sha(join(ws.host, "up-sftp.bin")), sum);
-    assert.equal(await sha(join(dir, "down-sftp.bin")), sum);
+    assert.equal(await sha256Of(join(ws.host, "up-sftp.bin")), sum);
+    assert.equal(await sha256Of(join(dir, "down-sftp.bin")), sum);
 
     // scp -O and rsync move the 100 MB on the process runtime; on gvisor, whose `runsc exec` pipes
     // are slower (docs/files.md), 16 MB keeps this test's time bounded (sftp and scp carry the 100 MB there).
     const other = kind === "gvisor" ? join(dir, "mid.bin") : src;
-    const otherSum = kind === "gvisor" ? bigFile(other, 16 * MB) : sum;
+    const otherSum = kind === "gvisor" ? randomFile(other, 16 * MB) : sum;
     // scp: OpenSSH 9 speaks SFTP by default; -O is the legacy protocol (scp -t/-f inside the machine).
     for (const [name, extra] of [["scp", []], ["scp-O", ["-O"]]] as const) {
       const file = name === "scp" ? src : other;
       const want = name === "scp" ? sum : otherSum;
       r = await tool("scp", [...o, ...extra, "-P", port, file, `${target}:up-${name}.bin`]);
       assert.equal(r.status, 0, `${name} up: ${r.stderr}`);
-      assert.equal(await sha(join(ws.host, `up-${name}.bin`)), want, `${name} up`);
+      assert.equal(await sha256Of(join(ws.host, `up-${name}.bin`)), want, `${name} up`);
       r = await tool("scp", [...o, ...extra, "-P", port, `${target}:up-${name}.bin`, join(dir, `down-${name}.bin`)]);
       assert.equal(r.status, 0, `${name} down: ${r.stderr}`);
-      assert.equal(await sha(join(dir, `down-${name}.bin`)), want, `${name} down`);
+      assert.equal(await sha256Of(join(dir, `down-${name}.bin`)), want, `${name} down`);
     }
 
     // rsync over ssh (rsync --server inside the machine).
     const rsh = ["ssh", ...o, "-p", port].join(" ");
     r = await tool("rsync", ["-e", rsh, other, `${target}:up-rsync.bin`]);
     assert.equal(r.status, 0, `rsync up: ${r.stderr}`);
-    assert.equal(await sha(join(ws.host, "up-rsync.bin")), otherSum);
+    assert.equal(await sha256Of(join(ws.host, "up-rsync.bin")), otherSum);
     r = await tool("rsync", ["-e", rsh, `${target}:up-rsync.bin`, join(dir, "down-rsync.bin")]);
     assert.equal(r.status, 0, `rsync down: ${r.stderr}`);
-    assert.equal(await sha(join(dir, "down-rsync.bin")), otherSum);
+    assert.equal(await sha256Of(join(dir, "down-rsync.bin")), otherSum);
 
     // Trees with modes: scp -rp (SFTP and -O), rsync -a, sftp put -rp; each back again.
     const tree = join(dir, "tree");
@@ -170,7 +151,7 @@ for (const kind of ["process", "gvisor"] as const) {
     const dir = harness.dir();
     const o = sshOpts(rig, dir);
     const src = join(dir, "big.bin");
-    bigFile(src, 64 * MB);
+    randomFile(src, 64 * MB);
     // -l: a slow transfer (8 Mbit/s), so it is still running when the key goes.
     const child = spawn("scp", [...o, "-l", "8192", "-P", String(rig.gw.port), src, `${rig.machine}@127.0.0.1:slow.bin`], { stdio: ["ignore", "ignore", "pipe"] });
     const exit = new Promise<number | null>((r) => child.once("exit", (c) => r(c)));

@@ -13,12 +13,12 @@
 import { test, after, before } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { createHash, randomBytes } from "node:crypto";
-import { chmodSync, closeSync, createReadStream, existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, statSync, writeFileSync, writeSync } from "node:fs";
+import { randomBytes } from "node:crypto";
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { AgentHarness, until, type GatewayRig } from "../helpers/agent.js";
-import { gatewaySshOpts, runClient } from "../helpers/openssh.js";
+import { gatewaySshOpts, runClient, randomFile, sha256Of } from "../helpers/openssh.js";
 import { buildImage, busyboxLayer, writeLayout } from "../helpers/oci-images.js";
 import { registryAvailable, startRegistry, type TestRegistry } from "../helpers/registry.js";
 import { gvisorAvailability } from "../../src/agent/runtime/index.js";
@@ -54,24 +54,6 @@ after(async () => {
   rmSync(base, { recursive: true, force: true });
 });
 
-function bigFile(path: string, n: number): string {
-  const h = createHash("sha256");
-  const fd = openSync(path, "w");
-  for (let left = n; left > 0; left -= MB) {
-    const b = randomBytes(Math.min(MB, left));
-    h.update(b);
-    writeSync(fd, b);
-  }
-  closeSync(fd);
-  return h.digest("hex");
-}
-
-function sha(path: string): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const h = createHash("sha256");
-    createReadStream(path).on("data", (d) => h.update(d)).on("end", () => resolve(h.digest("hex"))).on("error", reject);
-  });
-}
 
 const workspace = (rig: GatewayRig) => join(rig.dir, "rt", "machines", rig.machine, "workspace");
 
@@ -108,23 +90,23 @@ test("an image without sftp-server: berth's own serves sftp, scp and the client 
   assert.match(r.stdout, /^read-only$/m);
 
   const src = join(dir, "up.bin");
-  const sum = bigFile(src, 8 * MB);
+  const sum = randomFile(src, 8 * MB);
   // sftp: put, get back, pwd is the workspace.
   r = await runClient("sftp", [...o, "-P", port, "-b", "-", target], `pwd\nput ${src} up-sftp.bin\nget up-sftp.bin ${join(dir, "down-sftp.bin")}\n`);
   assert.equal(r.status, 0, `sftp: ${r.stderr}`);
   assert.match(r.stdout, /Remote working directory: \/workspace\b/);
-  assert.equal(await sha(join(ws, "up-sftp.bin")), sum);
-  assert.equal(await sha(join(dir, "down-sftp.bin")), sum);
+  assert.equal(await sha256Of(join(ws, "up-sftp.bin")), sum);
+  assert.equal(await sha256Of(join(dir, "down-sftp.bin")), sum);
   // Written by the image's user (app, uid 1000), not root.
   assert.equal(statSync(join(ws, "up-sftp.bin")).uid, 1000);
 
   // scp in its default (SFTP) mode, both ways.
   r = await runClient("scp", [...o, "-P", port, src, `${target}:up-scp.bin`]);
   assert.equal(r.status, 0, `scp up: ${r.stderr}`);
-  assert.equal(await sha(join(ws, "up-scp.bin")), sum);
+  assert.equal(await sha256Of(join(ws, "up-scp.bin")), sum);
   r = await runClient("scp", [...o, "-P", port, `${target}:up-scp.bin`, join(dir, "down-scp.bin")]);
   assert.equal(r.status, 0, `scp down: ${r.stderr}`);
-  assert.equal(await sha(join(dir, "down-scp.bin")), sum);
+  assert.equal(await sha256Of(join(dir, "down-scp.bin")), sum);
 
   // Trees with modes: scp -rp and sftp put -rp up; scp -rp back.
   const want = tree(join(dir, "tree"));
@@ -143,9 +125,9 @@ test("an image without sftp-server: berth's own serves sftp, scp and the client 
   const files = new MachineFiles(await openSftp(new SshConnection(await rig.client())));
   try {
     await files.upload(src, "up-lib.bin");
-    assert.equal(await sha(join(ws, "up-lib.bin")), sum);
+    assert.equal(await sha256Of(join(ws, "up-lib.bin")), sum);
     await files.download("up-lib.bin", join(dir, "down-lib.bin"));
-    assert.equal(await sha(join(dir, "down-lib.bin")), sum);
+    assert.equal(await sha256Of(join(dir, "down-lib.bin")), sum);
     await files.upload(join(dir, "tree"), "tree-lib", { recursive: true });
     assert.deepEqual(modes(join(ws, "tree-lib")), want);
     await files.download("tree-lib", join(dir, "tree-lib-back"), { recursive: true });
@@ -173,7 +155,7 @@ test("an image without sftp-server: a revoked key (return) cuts an open transfer
   const dir = harness.dir();
   const o = gatewaySshOpts(rig, dir);
   const src = join(dir, "big.bin");
-  bigFile(src, 32 * MB);
+  randomFile(src, 32 * MB);
   // -l: a slow transfer (8 Mbit/s), so it is still running when the key goes.
   const child = spawn("scp", [...o, "-l", "8192", "-P", String(rig.gw.port), src, `${rig.machine}@127.0.0.1:slow.bin`], { stdio: ["ignore", "ignore", "pipe"] });
   const exit = new Promise<number | null>((res) => child.once("exit", (c) => res(c)));

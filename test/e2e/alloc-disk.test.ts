@@ -14,8 +14,9 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import { existsSync, statSync } from "node:fs";
-import { dirname, join } from "node:path";
+import { join } from "node:path";
 import { AllocRig } from "../helpers/alloc-rig.js";
+import { isMounted } from "../../src/agent/volume-disk.js";
 import { gvisorAvailability } from "../../src/agent/runtime/index.js";
 import { berth } from "../helpers/cluster.js";
 import type { ServeProcess } from "../helpers/serve.js";
@@ -24,8 +25,6 @@ const gv = gvisorAvailability();
 const canLoop = process.getuid?.() === 0 && existsSync("/dev/loop-control") && spawnSync("sh", ["-c", "command -v mkfs.ext4"]).status === 0;
 const skip = canLoop ? false : "needs root, loop devices and mkfs.ext4";
 if (skip) process.stdout.write(`# skipping alloc-disk: ${skip}\n`);
-
-const mounted = (dir: string): boolean => existsSync(dir) && statSync(dir).dev !== statSync(dirname(dir)).dev;
 
 for (const runtime of ["process", "gvisor"] as const) {
 describe(`disk dimension enforced by a mounted image (${runtime} runtime, real coordinator and agent)`, { timeout: 600_000, skip: skip || (runtime === "gvisor" && !gv.ok ? `gvisor runtime unavailable: ${(gv as { why: string }).why}` : false) }, () => {
@@ -36,7 +35,7 @@ describe(`disk dimension enforced by a mounted image (${runtime} runtime, real c
   before(async () => {
     await rig.start();
     c = rig.coordinators[0]!;
-    env = { BERTH_URL: c.url, BERTH_TOKEN_FILE: join(rig.tmp.path, "admin.token"), BERTH_KEY_DIR: join(rig.tmp.path, "keys") };
+    env = rig.cliEnv();
   });
   after(() => rig.close());
   const cli = (args: string[]) => berth(args, { env });
@@ -44,8 +43,7 @@ describe(`disk dimension enforced by a mounted image (${runtime} runtime, real c
   const inside = async (id: string, command: string): Promise<{ status: number | null; out: string; err: string }> => {
     const p = await cli(["ssh", "--print", id, "--", "sh", "-c", command]);
     assert.equal(p.status, 0, p.stderr);
-    const r = spawnSync("sh", ["-c", p.stdout.trim().replace(/^ssh /, "ssh -o BatchMode=yes ")], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], timeout: 120_000 });
-    return { status: r.status, out: r.stdout, err: r.stderr };
+    return AllocRig.runSshLine(p.stdout, 120_000);
   };
 
   test("a write past the size fails with ENOSPC; budget refusal names disk; remounted after a restart with data kept; release removes the image", async () => {
@@ -60,7 +58,7 @@ describe(`disk dimension enforced by a mounted image (${runtime} runtime, real c
     const data = join(rig.agentDir, "volumes", "d1", "data");
     const image = join(rig.agentDir, "volumes", "d1", "disk.img");
     assert.ok(existsSync(image), "the image exists");
-    assert.ok(mounted(data), "the image is mounted on the data directory");
+    assert.ok(isMounted(data), "the image is mounted on the data directory");
     const show = await cli(["alloc", "show", "d1"]);
     assert.match(show.stdout, /size {7}tiny: 1 vCPU, 0.3 GiB, disk 64 MiB\n/);
     assert.match(show.stdout, /disk {7}enforced: ext4 image of 64 MiB on a loop device\n/);
@@ -81,16 +79,16 @@ describe(`disk dimension enforced by a mounted image (${runtime} runtime, real c
     // Agent SIGKILLed; the mount gone as after a host reboot; the restarted agent mounts the image again.
     await rig.killAgent();
     assert.equal(spawnSync("umount", [data]).status, 0);
-    assert.equal(mounted(data), false);
+    assert.equal(isMounted(data), false);
     await rig.startAgent(c.url);
-    assert.ok(mounted(data), "mounted again at start-up");
+    assert.ok(isMounted(data), "mounted again at start-up");
     assert.equal((await cli(["volume", "verify", "d1"])).status, 0);
     assert.equal((await inside("d1", "cat keep.txt")).out, "precious\n");
 
     // Release: unmounted, the image removed with the directory.
     assert.equal((await cli(["alloc", "release", "d1"])).status, 0);
     await rig.waitState("d1", "released");
-    assert.equal(mounted(data), false);
+    assert.equal(isMounted(data), false);
     assert.equal(existsSync(image), false);
     assert.equal(existsSync(join(rig.agentDir, "volumes", "d1")), false);
     assert.equal(spawnSync("losetup", ["-j", image], { encoding: "utf8" }).stdout.trim(), "", "no loop device left on the image");
@@ -112,7 +110,7 @@ describe(`disk dimension enforced by a mounted image (${runtime} runtime, real c
     assert.equal((await cli(["alloc", "create", "--size", "small", "--id", "w1", "--volume", "k2", "--wait"])).status, 0);
     const image = join(rig.agentDir, "volumes", "k2", "disk.img");
     assert.equal(statSync(image).size, 64 * 2 ** 20);
-    assert.ok(mounted(join(rig.agentDir, "volumes", "k2", "data")));
+    assert.ok(isMounted(join(rig.agentDir, "volumes", "k2", "data")));
     assert.match((await inside("w1", "dd if=/dev/zero of=big bs=1M count=100 2>&1; echo exit=$?")).out, /No space left on device/);
     assert.equal((await cli(["volume", "verify", "w1"])).status, 0);
   });

@@ -41,7 +41,7 @@ describe("a dead sandbox's quarantine ends by an operator command (gvisor, real 
   before(async () => {
     await rig.start();
     c = rig.coordinators[0]!;
-    env = { BERTH_URL: c.url, BERTH_TOKEN_FILE: join(rig.tmp.path, "admin.token"), BERTH_KEY_DIR: join(rig.tmp.path, "keys") };
+    env = rig.cliEnv();
   });
   after(() => rig.close());
   const cli = (args: string[]) => berth(args, { env });
@@ -155,12 +155,10 @@ describe("a dead sandbox's quarantine ends by an operator command (gvisor, real 
 
 describe("volume commands, and a quarantine on a host that is gone for good ends by the operator's attestation (process runtime, real coordinator and agent)", { timeout: 180_000 }, () => {
   const rig = new AllocRig("sqlite", true, ["--alloc-actor-lease", "1s"], "process");
-  let c: ServeProcess;
   let env: Record<string, string>;
   before(async () => {
     await rig.start();
-    c = rig.coordinators[0]!;
-    env = { BERTH_URL: c.url, BERTH_TOKEN_FILE: join(rig.tmp.path, "admin.token"), BERTH_KEY_DIR: join(rig.tmp.path, "keys") };
+    env = rig.cliEnv();
   });
   after(() => rig.close());
   const cli = (args: string[]) => berth(args, { env });

@@ -9,7 +9,6 @@
  */
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -42,7 +41,7 @@ for (const runtime of ["process", "gvisor"] as const) {
     before(async () => {
       await rig.start();
       c = rig.coordinators[0]!;
-      env = { BERTH_URL: c.url, BERTH_TOKEN_FILE: join(rig.tmp.path, "admin.token"), BERTH_KEY_DIR: join(rig.tmp.path, "keys") };
+      env = rig.cliEnv();
     });
     after(() => rig.close());
     const cli = (args: string[]) => berth(args, { env });
@@ -50,9 +49,7 @@ for (const runtime of ["process", "gvisor"] as const) {
     const sshPrint = async (id: string, command: string): Promise<{ status: number | null; out: string; err: string }> => {
       const p = await cli(["ssh", "--print", id, "--", "sh", "-c", command]);
       assert.equal(p.status, 0, p.stderr);
-      const line = p.stdout.trim().replace(/^ssh /, "ssh -o BatchMode=yes ");
-      const r = spawnSync("sh", ["-c", line], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], timeout: 60_000 });
-      return { status: r.status, out: r.stdout, err: r.stderr };
+      return AllocRig.runSshLine(p.stdout);
     };
 
     test("create --wait, ssh, write, survive agent SIGKILL and a sandbox restart, verify/reset, release: nothing left, budget back", async () => {

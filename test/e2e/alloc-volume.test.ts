@@ -30,7 +30,7 @@ describe("alloc create --volume: a kept volume re-attached (process runtime, rea
   before(async () => {
     await rig.start();
     c = rig.coordinators[0]!;
-    env = { BERTH_URL: c.url, BERTH_TOKEN_FILE: join(rig.tmp.path, "admin.token"), BERTH_KEY_DIR: join(rig.tmp.path, "keys") };
+    env = rig.cliEnv();
     // A second owner, admitted with its own budget.
     const m = await createToken(rig.store, { org: "acme", role: "member", expiresAt: null, label: null }, Date.now(), (n) => randomBytes(n));
     writeFileSync(join(rig.tmp.path, "member.token"), m.token, { mode: 0o600 });

@@ -48,6 +48,17 @@ export class AllocRig {
     return join(this.tmp.path, "agent");
   }
 
+  /** The environment of a `berth` CLI run as this rig's admin against coordinator `i` (after start). */
+  cliEnv(i = 0): Record<string, string> {
+    return { BERTH_URL: this.coordinators[i]!.url, BERTH_TOKEN_FILE: join(this.tmp.path, "admin.token"), BERTH_KEY_DIR: join(this.tmp.path, "keys") };
+  }
+
+  /** Runs `line` (a `berth ssh --print` command line) with the system ssh, never prompting. */
+  static runSshLine(line: string, timeoutMs = 60_000): { status: number | null; out: string; err: string } {
+    const r = spawnSync("sh", ["-c", line.trim().replace(/^ssh /, "ssh -o BatchMode=yes ")], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], timeout: timeoutMs });
+    return { status: r.status, out: r.stdout, err: r.stderr };
+  }
+
   async start(): Promise<this> {
     const dir = join(this.tmp.path, "coord");
     mkdirSync(dir, { recursive: true });

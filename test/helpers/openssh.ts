@@ -5,7 +5,8 @@
  * synchronous spawn would starve it).
  */
 import { spawn, type ChildProcess } from "node:child_process";
-import { existsSync, writeFileSync } from "node:fs";
+import { createHash, randomBytes } from "node:crypto";
+import { closeSync, createReadStream, existsSync, openSync, writeFileSync, writeSync } from "node:fs";
 import { createServer, connect as netConnect, type AddressInfo, type Socket } from "node:net";
 import { join } from "node:path";
 import { until, type GatewayRig } from "./agent.js";
@@ -81,4 +82,25 @@ async function greeted(port: number, ms = 30_000): Promise<Socket> {
     if (Date.now() > deadline) throw new Error("timed out waiting for the forward");
     await new Promise((r) => setTimeout(r, 100));
   }
+}
+
+/** A file of `n` random bytes (written in 1 MiB pieces) and its sha256. */
+export function randomFile(path: string, n: number): string {
+  const h = createHash("sha256");
+  const fd = openSync(path, "w");
+  for (let left = n; left > 0; left -= 1 << 20) {
+    const b = randomBytes(Math.min(1 << 20, left));
+    h.update(b);
+    writeSync(fd, b);
+  }
+  closeSync(fd);
+  return h.digest("hex");
+}
+
+/** The sha256 of a file, read as a stream. */
+export function sha256Of(path: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const h = createHash("sha256");
+    createReadStream(path).on("data", (d) => h.update(d)).on("end", () => resolve(h.digest("hex"))).on("error", reject);
+  });
 }
