@@ -1,7 +1,17 @@
 /**
- * Migration 14: the `aws_launches` table, every EC2 launch berth asked for,
- * and its statements (`storeLaunchRecords`, the AWS provider's launch
- * records: src/providers/aws/records.ts says when each is written).
+ * Migration 14: the `aws_launches` table, and its statements
+ * (`storeLaunchRecords`): the durable record of every EC2 launch berth asks
+ * for, kept with the machine in the coordinator's store.
+ *
+ * A row is written BEFORE RunInstances is sent (its ClientToken, region,
+ * deployment and machine), and completed with the instance id and account
+ * as soon as RunInstances answers, or as soon as a retry finds the
+ * instance again by its ClientToken when the answer was lost. Destroy and
+ * the sweep (src/providers/aws) work from these rows, so an instance is
+ * found again in the region and under the deployment it was launched with,
+ * whatever the configuration says today. A row is closed (`ended_at`) only
+ * once its instance is observed terminated, or its ClientToken is observed
+ * to have launched nothing.
  */
 import type { Migration } from "./migrate.js";
 import type { Store } from "./store.js";

@@ -52,7 +52,7 @@ Example:
         }
         const { AwsProvider } = await import("../../providers/aws/aws-provider.js");
         const { loadAwsConfig } = await import("../../providers/aws/config.js");
-        const { storeLaunchRecords } = await import("../../providers/aws/records.js");
+        const { storeLaunchRecords } = await import("../../store/aws-launches.js");
         const { liveMachinesIn } = await import("../../providers/aws/sweep.js");
         const { findOrphans, endOrphans } = await import("../../providers/aws/orphans.js");
         const config = loadAwsConfig(resolve(o.awsConfig));

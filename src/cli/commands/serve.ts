@@ -12,7 +12,7 @@ import { httpLimitOptions, httpLimitsFrom, type HttpLimitFlags } from "../http-l
 async function startAws(file: string, store: import("../../store/store.js").Store) {
   const { AwsProvider } = await import("../../providers/aws/aws-provider.js");
   const { loadAwsConfig } = await import("../../providers/aws/config.js");
-  const { storeLaunchRecords } = await import("../../providers/aws/records.js");
+  const { storeLaunchRecords } = await import("../../store/aws-launches.js");
   const { liveMachinesIn, startSweepLoop } = await import("../../providers/aws/sweep.js");
   const provider = new AwsProvider({ config: loadAwsConfig(file), records: storeLaunchRecords(store) });
   return {

@@ -15,7 +15,7 @@
  *               if absent; record the instance id the answer (or the lookup)
  *               names; wait for running and for the SSM agent; enroll.
  *   install_key resolve the instance from the machine's launch records
- *               (records.ts), in the region it was launched in; instances of
+ *               (src/store/aws-launches.ts), in the region it was launched in; instances of
  *               today's deployment tag with no record count too; run install_key (guest
  *               timer, then key, generation checked, result recorded).
  *   remove_key  same, remove_key (seals the generation: no late install).
@@ -43,7 +43,7 @@ import { parsePublicKey } from "../../core/ssh-public-key.js";
 import { launchCandidates, poolConfig, sdkSettings, withImage, type AwsConfig, type AwsPoolConfig } from "./config.js";
 import { sdkClients, type AwsClients } from "./clients.js";
 import { boundInstances, byClientToken, byId, byInstanceId, boundTo, instanceStatuses, launch, reboot, stateOf, terminate, type Binding } from "./ec2.js";
-import type { LaunchRecord, LaunchRecords } from "./records.js";
+import type { LaunchRecord, LaunchRecords } from "../../store/aws-launches.js";
 import { errorName, errorText, runGuest, type Clock, type GuestOutcome } from "./ssm.js";
 import type { GuestStep } from "./guest.js";
 

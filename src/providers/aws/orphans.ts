@@ -18,7 +18,7 @@
 import { byInstanceId, stateOf, terminate } from "./ec2.js";
 import { sweepOrphans, type LiveMachines, type SweptInstance } from "./sweep.js";
 import type { AwsProvider } from "./aws-provider.js";
-import type { LaunchRecord } from "./records.js";
+import type { LaunchRecord } from "../../store/aws-launches.js";
 
 export interface OrphanInstance extends SweptInstance {
   /** Why it is listed. */
@@ -57,7 +57,7 @@ export async function findOrphans(provider: AwsProvider, live: LiveMachines): Pr
   const open = await provider.records.open();
   const alive = await live([...new Set(open.map((r) => r.machineId))]);
   for (const rec of open) {
-    if (!rec.instanceId) continue; // a launch whose answer was lost is resolved by its operation (records.ts)
+    if (!rec.instanceId) continue; // a launch whose answer was lost is resolved by its operation (src/store/aws-launches.ts)
     const inst = await byInstanceId(provider.clientsFor(rec.region).ec2, rec.instanceId);
     const state = inst ? stateOf(inst) : "not listed";
     if (state === "terminated" || state === "not listed") records.push(goneRecord(rec, state, !alive.has(rec.machineId)));

@@ -1,7 +1,7 @@
 /**
  * The orphan sweep: no paid resource outlives its record. It looks in every
  * (region, deployment) that today's configuration names AND that any launch
- * record ever named (records.ts), so renaming `deployment` or moving a pool
+ * record ever named (src/store/aws-launches.ts), so renaming `deployment` or moving a pool
  * to another region leaves nothing unswept. In each, it lists every instance
  * tagged with that deployment (pending, running, stopping, stopped) and
  * terminates those whose `berth:machine` names no live machine record
