@@ -16,7 +16,7 @@ import { parseOpRowArgs } from "../../src/protocol/operations.js";
 import type { MachineRow } from "../../src/store/machines.js";
 import { connect, execStreaming } from "../../src/cli/ssh-client.js";
 import { AwsEmulator } from "./aws-emulator/emulator.js";
-import { storeLaunchRecords } from "../../src/providers/aws/records.js";
+import { storeLaunchRecords } from "../../src/store/aws-launches.js";
 import { SqliteStore } from "../../src/store/sqlite/sqlite-store.js";
 import type { Store } from "../../src/store/store.js";
 import { tempDir } from "./env.js";

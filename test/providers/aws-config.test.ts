@@ -17,7 +17,7 @@ import { FAKE_CREDENTIALS, done, machine, op, untilSettled } from "../helpers/aw
 import { tempDir } from "../helpers/env.js";
 import { AwsProvider } from "../../src/providers/aws/aws-provider.js";
 import { parseAwsConfig } from "../../src/providers/aws/config.js";
-import { storeLaunchRecords } from "../../src/providers/aws/records.js";
+import { storeLaunchRecords } from "../../src/store/aws-launches.js";
 import { SqliteStore } from "../../src/store/sqlite/sqlite-store.js";
 import { BerthError } from "../../src/core/errors.js";
 
