@@ -132,6 +132,11 @@ async function stopAt(point: string, how: How): Promise<string> {
       writeFileSync(join(work, "continue"), "");
     }
     const r = await run.done;
+    // Every check before the stop passed (at 6: each of steps 1–5, the whole proof but its final count).
+    const before = r.out.slice(0, r.out.indexOf(`paused at ${point}`));
+    assert.doesNotMatch(before, /^FAIL/m, what);
+    const passes = { preflight: 1, "1": 1, "2": 2, "3": 3, "4": 5, "5": 6, "6": 7 }[point];
+    assert.equal(before.match(/^PASS /gm)?.length, passes, `${what}: the checks before it\n${before}`);
     assert.equal(r.code, how === "TERM" ? 143 : how === "INT" ? 130 : 1, `${what}: exit status\n${r.out}`);
     // With the coordinator up and the pool made, the trap drains through it first.
     if (how === "TERM" && point !== "preflight") assert.match(r.out, /cleanup: draining pool proof through the coordinator/, what);
@@ -177,8 +182,8 @@ async function settle(probe: () => string[], ms = 10_000): Promise<string[]> {
 }
 
 /**
- * Every step with SIGTERM; Ctrl-C at steps 3 (a session open) and 5 (the
- * restarted short-budget coordinator, an install in flight); the
+ * Every step with SIGTERM; Ctrl-C at steps 1 (instances launching: the
+ * likeliest moment to cancel) and 3 (a session open); the
  * coordinator killed -9 at steps 4 (a machine being destroyed) and 6
  * (draining). The runs go four at a time, each with its own emulator.
  */
@@ -186,13 +191,13 @@ const STOPS: Array<[string, How]> = [
   ["6", "TERM"],
   ["6", "coordinator-KILL"],
   ["5", "TERM"],
-  ["5", "INT"],
   ["4", "TERM"],
   ["4", "coordinator-KILL"],
   ["3", "TERM"],
   ["3", "INT"],
   ["2", "TERM"],
   ["1", "TERM"],
+  ["1", "INT"],
   ["preflight", "TERM"],
 ];
 
