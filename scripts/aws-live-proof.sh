@@ -150,6 +150,10 @@ client() { # name
 }
 
 as() { local who="$1"; shift; b "$@" --config "$WORK/$who/client.json"; }
+# A command on a borrowed machine: berth ssh runs its arguments as one argv (each quoted), so a shell line goes through bash -c.
+on() { # who receipt shell-line
+  b ssh --receipt "$2" --config "$WORK/$1/client.json" -- bash -c "$3"
+}
 
 heartbeat_loop() { # who receipt
   while sleep 20; do as "$1" heartbeat --receipt "$2" >/dev/null 2>&1 || true; done 3>&- 4>&- &
@@ -228,16 +232,16 @@ heartbeat_loop alice "$WORK/alice/r1.json"; ALICE_HB=$!
 heartbeat_loop bob "$WORK/bob/r1.json"; BOB_HB=$!
 as alice ack --receipt "$WORK/alice/r1.json"
 as bob ack --receipt "$WORK/bob/r1.json"
-[ "$(as alice ssh --receipt "$WORK/alice/r1.json" -- 'echo alice > ~/note; echo usable')" = usable ] || fail "alice cannot use her machine"
-[ "$(as bob ssh --receipt "$WORK/bob/r1.json" -- echo usable)" = usable ] || fail "bob cannot use his machine"
-BOB_HOST="$(jq -r .machine.ssh.host "$WORK/bob/r1.json")"; BOB_USER="$(jq -r .machine.ssh.user "$WORK/bob/r1.json")"
-if timeout 60 ssh -i "$(jq -r .keyFile "$WORK/alice/r1.json")" -o BatchMode=yes -o ConnectTimeout=20 -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o IdentitiesOnly=yes "$BOB_USER@$BOB_HOST" true 2>/dev/null; then
+[ "$(on alice "$WORK/alice/r1.json" 'echo alice > ~/note; echo usable')" = usable ] || fail "alice cannot use her machine"
+[ "$(on bob "$WORK/bob/r1.json" 'echo usable')" = usable ] || fail "bob cannot use his machine"
+BOB_HOST="$(jq -r .machine.ssh.host "$WORK/bob/r1.json")"; BOB_USER="$(jq -r .machine.ssh.user "$WORK/bob/r1.json")"; BOB_PORT="$(jq -r .machine.ssh.port "$WORK/bob/r1.json")"
+if timeout 60 ssh -i "$(jq -r .keyFile "$WORK/alice/r1.json")" -p "$BOB_PORT" -o BatchMode=yes -o ConnectTimeout=20 -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o IdentitiesOnly=yes "$BOB_USER@$BOB_HOST" true 2>/dev/null; then
   fail "alice's key opened bob's machine"
 fi
 pass "usable access for both; alice's key is refused on bob's machine"
 
 step "3. return with an open session (fenced), reborrow"
-timeout 900 "$BERTH" ssh --receipt "$WORK/alice/r1.json" --config "$WORK/alice/client.json" -- 'sleep 3600' &
+timeout 900 "$BERTH" ssh --receipt "$WORK/alice/r1.json" --config "$WORK/alice/client.json" -- sleep 3600 &
 OPEN=$!
 sleep 10
 kill "$ALICE_HB"
@@ -250,7 +254,7 @@ wait_for "alice's machine ready again (key removed, reboot observed, scrubbed)" 
 as alice borrow "$POOL" --access portable --receipt "$WORK/alice/r2.json"
 heartbeat_loop alice "$WORK/alice/r2.json"
 as alice ack --receipt "$WORK/alice/r2.json"
-[ "$(as alice ssh --receipt "$WORK/alice/r2.json" -- 'ls ~ | grep -c note; true')" = 0 ] || fail "the previous borrow's files survived"
+[ "$(on alice "$WORK/alice/r2.json" 'ls ~ | grep -c note; true')" = 0 ] || fail "the previous borrow's files survived"
 pass "reborrowed with a fresh key; nothing of the previous borrow is left"
 
 step "4. a killed borrower"
@@ -258,7 +262,7 @@ kill -9 "$BOB_HB"
 BOB_BORROW="$(jq -r .borrowId "$WORK/bob/r1.json")"
 bob_gone() { admin_get "/v1/borrows/$BOB_BORROW" | jq -e '.reason == "heartbeat_missed" and (.machine.state == "destroyed" or .machine.state == "pruned")'; }
 wait_for "bob's machine quarantined and destroyed" 900 bob_gone
-if as bob ssh --receipt "$WORK/bob/r1.json" -- true 2>/dev/null; then fail "bob's key still works"; fi
+if on bob "$WORK/bob/r1.json" true 2>/dev/null; then fail "bob's key still works"; fi
 pass "bob's grant invalidated (heartbeat missed), instance terminated"
 
 step "5. ambiguous SSM completion"
@@ -275,7 +279,7 @@ fi
 grep -q "is installing after acknowledgement" <<<"$FIRST" || fail "the first ack failed otherwise: $FIRST"
 active() { as alice ack --receipt "$WORK/alice/r3.json"; }
 wait_for "the retried install to be proven" 300 active
-[ "$(as alice ssh --receipt "$WORK/alice/r3.json" -- echo usable)" = usable ] || fail "no access after the ambiguous install"
+[ "$(on alice "$WORK/alice/r3.json" 'echo usable')" = usable ] || fail "no access after the ambiguous install"
 pass "the install outlasted one call (first ack: installing), was retried by the same op id and proven"
 # The short budget was for this step only.
 stop_coordinator

@@ -18,7 +18,7 @@
  * sessions on SIGINT/SIGTERM/SIGHUP before the process exits.
  */
 import { createHash, randomUUID, timingSafeEqual } from "node:crypto";
-import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import { BerthClient } from "../client/client.js";
 import { Api, ApiError } from "../client/http.js";
@@ -76,36 +76,53 @@ export function parseListen(listen: string): { host: string; port: number } {
   return { host: (m[1] || "127.0.0.1").replace(/^\[|\]$/g, ""), port };
 }
 
-/** Serves until a signal (or `stop()`); resolves with the exit status after every session ended. */
-export function serveHttp(o: HttpServeOptions): Promise<number> & { stop?: () => void } {
-  const { host, port } = parseListen(o.listen);
-  const grace = o.disconnectGraceMs ?? 5000;
-  const sessions = new Map<string, Entry>();
-  const pending = new Set<Entry>();
+/**
+ * The sessions this server holds, by id once initialised (`pending` before),
+ * and their ends: each ends once, returning its machines.
+ */
+class Sessions {
+  readonly #o: HttpServeOptions;
+  readonly #graceMs: number;
+  readonly #byId = new Map<string, Entry>();
+  /** Opened for an initialize that has not produced a session id (yet). */
+  readonly #pending = new Set<Entry>();
 
-  const end = async (e: Entry, why: string) => {
+  constructor(o: HttpServeOptions) {
+    this.#o = o;
+    this.#graceMs = o.disconnectGraceMs ?? 5000;
+  }
+
+  /** Every session and pending initialize, for the shutdown. */
+  all(): Entry[] {
+    return [...this.#byId.values(), ...this.#pending];
+  }
+
+  async end(e: Entry, why: string): Promise<void> {
     if (e.ended) return;
     e.ended = true;
     if (e.idle) clearTimeout(e.idle);
     if (e.gone) clearTimeout(e.gone);
-    if (e.id) sessions.delete(e.id);
-    pending.delete(e);
+    if (e.id) this.#byId.delete(e.id);
+    this.#pending.delete(e);
     const held = e.session.handles.length;
-    o.log(`session ${e.id ?? "(uninitialised)"} ended (${why})${held > 0 ? `: returning ${held} machine${held === 1 ? "" : "s"}` : ""}`);
+    this.#o.log(`session ${e.id ?? "(uninitialised)"} ended (${why})${held > 0 ? `: returning ${held} machine${held === 1 ? "" : "s"}` : ""}`);
     await e.session.close(why);
     await e.transport.close().catch(() => undefined);
     await e.client.close();
-  };
+  }
 
-  const touch = (e: Entry) => {
+  /** A request came: the client is there; the idle clock starts again. */
+  #touch(e: Entry): void {
     if (e.gone) clearTimeout(e.gone);
     e.gone = null;
     if (e.idle) clearTimeout(e.idle);
-    e.idle = setTimeout(() => void end(e, `idle for ${Math.round(o.idleMs / 1000)} s`), o.idleMs);
+    e.idle = setTimeout(() => void this.end(e, `idle for ${Math.round(this.#o.idleMs / 1000)} s`), this.#o.idleMs);
     e.idle.unref();
-  };
+  }
 
-  const open = async (token: string, res: ServerResponse): Promise<Entry | null> => {
+  /** A new session for `token`, once the coordinator accepted it; null when refused (the answer is sent). */
+  async #open(token: string, res: ServerResponse): Promise<Entry | null> {
+    const o = this.#o;
     // The coordinator decides whether the token is good (and what it may see); nothing is opened otherwise.
     const probe = new Api(o.url, token, { connections: 1 });
     try {
@@ -127,38 +144,45 @@ export function serveHttp(o: HttpServeOptions): Promise<number> & { stop?: () =>
       sessionIdGenerator: () => randomUUID(),
       onsessioninitialized: (id) => {
         entry.id = id;
-        pending.delete(entry);
-        sessions.set(id, entry);
+        this.#pending.delete(entry);
+        this.#byId.set(id, entry);
         o.log(`session ${id} opened`);
       },
-      onsessionclosed: () => void end(entry, "the client closed the session"),
+      onsessionclosed: () => void this.end(entry, "the client closed the session"),
     });
-    entry.transport.onclose = () => void end(entry, "transport closed");
+    entry.transport.onclose = () => void this.end(entry, "transport closed");
     await buildServer(session, toolOptions(o.limits)).connect(entry.transport);
-    pending.add(entry);
-    touch(entry);
+    this.#pending.add(entry);
+    this.#touch(entry);
     return entry;
-  };
+  }
 
-  const handle = async (req: IncomingMessage, res: ServerResponse) => {
+  /** The session a request belongs to (its id and token), or a new one for an initialize; null when refused. */
+  async #entryFor(req: IncomingMessage, res: ServerResponse): Promise<Entry | null> {
+    const refused = (status: number, code: string, message: string) => {
+      refuse(res, status, code, message);
+      return null;
+    };
     const path = (req.url ?? "/").split("?")[0];
-    if (path !== "/mcp") return refuse(res, 404, "not_found", "the MCP endpoint is /mcp");
+    if (path !== "/mcp") return refused(404, "not_found", "the MCP endpoint is /mcp");
     const token = bearer(req);
-    if (!token) return refuse(res, 401, "unauthorized", "send Authorization: Bearer <berth API token>");
+    if (!token) return refused(401, "unauthorized", "send Authorization: Bearer <berth API token>");
     const sid = req.headers["mcp-session-id"];
-    let entry: Entry | null = null;
     if (typeof sid === "string") {
-      const e = sessions.get(sid);
+      const e = this.#byId.get(sid);
       // Another token presenting this id learns nothing: the same answer as an unknown id.
-      if (!e || !timingSafeEqual(e.tokenDigest, digest(token))) return refuse(res, 404, "not_found", "no such session; initialize a new one");
-      entry = e;
-    } else {
-      if (req.method !== "POST") return refuse(res, 400, "invalid_request", "no mcp-session-id header; initialize a session with POST first");
-      entry = await open(token, res);
-      if (!entry) return;
+      if (!e || !timingSafeEqual(e.tokenDigest, digest(token))) return refused(404, "not_found", "no such session; initialize a new one");
+      return e;
     }
-    touch(entry);
-    const e = entry;
+    if (req.method !== "POST") return refused(400, "invalid_request", "no mcp-session-id header; initialize a session with POST first");
+    return this.#open(token, res);
+  }
+
+  /** One HTTP request: to its session's transport. */
+  async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const e = await this.#entryFor(req, res);
+    if (!e) return;
+    this.#touch(e);
     if (req.method === "GET") {
       // The client's event stream: while one is open the client is there; its close starts the grace.
       e.streams++;
@@ -166,49 +190,66 @@ export function serveHttp(o: HttpServeOptions): Promise<number> & { stop?: () =>
         e.streams--;
         if (e.streams > 0 || e.ended) return;
         if (e.gone) clearTimeout(e.gone);
-        e.gone = setTimeout(() => void end(e, "the client disconnected"), grace);
+        e.gone = setTimeout(() => void this.end(e, "the client disconnected"), this.#graceMs);
         e.gone.unref();
       });
     }
     await e.transport.handleRequest(req, res);
     // An initialize that did not produce a session leaves nothing behind.
-    if (e.id === null && !e.ended) await end(e, "not initialised");
-  };
+    if (e.id === null && !e.ended) await this.end(e, "not initialised");
+  }
+}
 
+const SIGNALS: Record<string, number> = { SIGINT: 130, SIGTERM: 143, SIGHUP: 129 };
+
+/** Serves until a signal (or `stop()`); resolves with the exit status after every session ended. */
+export function serveHttp(o: HttpServeOptions): Promise<number> & { stop?: () => void } {
+  const { host, port } = parseListen(o.listen);
+  const sessions = new Sessions(o);
   let stop: () => void = () => undefined;
   const done = new Promise<number>((resolve, reject) => {
     const server = createServer((req, res) => {
-      handle(req, res).catch((err: unknown) => {
+      sessions.handle(req, res).catch((err: unknown) => {
         o.log(`request failed: ${(err as Error).message}`);
         if (!res.headersSent) refuse(res, 500, "internal", "the request failed");
         else res.end();
       });
     });
-    const SIGNALS: Record<string, number> = { SIGINT: 130, SIGTERM: 143, SIGHUP: 129 };
-    let stopping = false;
-    const shutdown = (status: number, why: string) => {
-      if (stopping) return;
-      stopping = true;
-      for (const s of Object.keys(SIGNALS)) process.off(s, onSignal);
-      server.close();
-      const all = [...sessions.values(), ...pending];
-      void Promise.all(all.map((e) => end(e, why))).finally(() => {
-        server.closeAllConnections();
-        resolve(status);
-      });
-    };
-    const onSignal = (sig: NodeJS.Signals) => shutdown(SIGNALS[sig] ?? 1, sig);
-    if (o.signals !== false) for (const s of Object.keys(SIGNALS)) process.on(s, onSignal);
-    stop = () => shutdown(0, "server stopped");
+    stop = shutdownOnSignals(server, sessions, o.signals !== false, resolve);
     server.once("error", reject);
-    server.listen(port, host, () => {
-      const a = server.address();
-      const p = typeof a === "object" && a ? a.port : port;
-      const url = `http://${host.includes(":") ? `[${host}]` : host}:${p}/mcp`;
-      o.log(`listening on ${url} (clients send Authorization: Bearer <berth API token>)`);
-      if (!/^(127\.|::1$|localhost$)/.test(host)) o.log("warning: not a loopback address; bearer tokens travel in clear text unless TLS is put in front");
-      o.onListening?.(url);
-    });
+    server.listen(port, host, () => announce(server, host, port, o));
   });
   return Object.assign(done, { stop: () => stop() });
+}
+
+/**
+ * The way out, once: stop listening, end every session (returning its
+ * machines), then resolve with the exit status. On SIGINT/SIGTERM/SIGHUP when
+ * `signals`; the returned function stops with status 0.
+ */
+function shutdownOnSignals(server: Server, sessions: Sessions, signals: boolean, resolve: (status: number) => void): () => void {
+  let stopping = false;
+  const shutdown = (status: number, why: string) => {
+    if (stopping) return;
+    stopping = true;
+    for (const s of Object.keys(SIGNALS)) process.off(s, onSignal);
+    server.close();
+    void Promise.all(sessions.all().map((e) => sessions.end(e, why))).finally(() => {
+      server.closeAllConnections();
+      resolve(status);
+    });
+  };
+  const onSignal = (sig: NodeJS.Signals) => shutdown(SIGNALS[sig] ?? 1, sig);
+  if (signals) for (const s of Object.keys(SIGNALS)) process.on(s, onSignal);
+  return () => shutdown(0, "server stopped");
+}
+
+/** The listening line (and a warning off loopback), then `onListening`. */
+function announce(server: Server, host: string, port: number, o: HttpServeOptions): void {
+  const a = server.address();
+  const p = typeof a === "object" && a ? a.port : port;
+  const url = `http://${host.includes(":") ? `[${host}]` : host}:${p}/mcp`;
+  o.log(`listening on ${url} (clients send Authorization: Bearer <berth API token>)`);
+  if (!/^(127\.|::1$|localhost$)/.test(host)) o.log("warning: not a loopback address; bearer tokens travel in clear text unless TLS is put in front");
+  o.onListening?.(url);
 }

@@ -21,20 +21,20 @@ function answer(fn: () => Promise<Record<string, unknown>>): Promise<Result> {
 
 const handle = z.string().min(1).describe("The machine handle borrow_machine returned in this session.");
 
-/** A server for one session: every tool call goes to `session`. */
-export function buildServer(session: McpSession, o: { inlineBytes: number; defaultTimeoutS: number; maxTimeoutS: number; writeMaxBytes: number; readDefaultBytes: number; readMaxBytes: number }): McpServer {
-  const server = new McpServer(
-    { name: "berth", version: VERSION },
-    {
-      instructions:
-        "berth lends isolated machines (sandboxes). borrow_machine gives a handle; run_command, write_file, read_file and list_files use it; return_machine gives it back (every machine is also returned when this session ends). A machine has a hard deadline that nothing extends. Files live in the machine's workspace, where commands start.",
-    },
-  );
-  // Arguments that do not match a tool's schema are refused by the SDK before the handler runs;
-  // its message is given the same `invalid_request:` code and hint as every other refusal.
-  const sdk = server as unknown as { createToolError?: (m: string) => Result };
-  if (typeof sdk.createToolError === "function") sdk.createToolError = (m: string) => toolError(invalid(m.replace(/^MCP error -?\d+: /, "")));
+/** The limits the tools' descriptions and schemas state (from the session's limits; stdio.ts `toolOptions`). */
+interface ToolOptions {
+  inlineBytes: number;
+  defaultTimeoutS: number;
+  maxTimeoutS: number;
+  writeMaxBytes: number;
+  readDefaultBytes: number;
+  readMaxBytes: number;
+}
 
+/** One tool's registration: its name, title, description, input schema, hints and handler. */
+type Tool = (server: McpServer, session: McpSession, o: ToolOptions) => void;
+
+const listPools: Tool = (server, session) =>
   server.registerTool(
     "list_pools",
     {
@@ -46,6 +46,7 @@ export function buildServer(session: McpSession, o: { inlineBytes: number; defau
     () => answer(() => session.listPools()),
   );
 
+const borrowMachine: Tool = (server, session) =>
   server.registerTool(
     "borrow_machine",
     {
@@ -62,6 +63,7 @@ export function buildServer(session: McpSession, o: { inlineBytes: number; defau
     (a) => answer(() => session.borrowMachine(a)),
   );
 
+const runCommand: Tool = (server, session, o) =>
   server.registerTool(
     "run_command",
     {
@@ -82,6 +84,7 @@ export function buildServer(session: McpSession, o: { inlineBytes: number; defau
     (a) => answer(() => session.runCommand(a)),
   );
 
+const readOutput: Tool = (server, session) =>
   server.registerTool(
     "read_output",
     {
@@ -99,6 +102,7 @@ export function buildServer(session: McpSession, o: { inlineBytes: number; defau
     (a) => answer(() => session.readOutput(a)),
   );
 
+const writeFile: Tool = (server, session, o) =>
   server.registerTool(
     "write_file",
     {
@@ -116,6 +120,7 @@ export function buildServer(session: McpSession, o: { inlineBytes: number; defau
     (a) => answer(() => session.writeFile(a)),
   );
 
+const readFile: Tool = (server, session, o) =>
   server.registerTool(
     "read_file",
     {
@@ -133,6 +138,7 @@ export function buildServer(session: McpSession, o: { inlineBytes: number; defau
     (a) => answer(() => session.readFile(a)),
   );
 
+const listFiles: Tool = (server, session) =>
   server.registerTool(
     "list_files",
     {
@@ -148,6 +154,7 @@ export function buildServer(session: McpSession, o: { inlineBytes: number; defau
     (a) => answer(() => session.listFiles(a)),
   );
 
+const returnMachine: Tool = (server, session) =>
   server.registerTool(
     "return_machine",
     {
@@ -159,5 +166,22 @@ export function buildServer(session: McpSession, o: { inlineBytes: number; defau
     (a) => answer(() => session.returnMachine(a)),
   );
 
+/**
+ * A server for one session: every tool call goes to `session`. Tools are
+ * registered (and so listed to the client) in this order.
+ */
+export function buildServer(session: McpSession, o: ToolOptions): McpServer {
+  const server = new McpServer(
+    { name: "berth", version: VERSION },
+    {
+      instructions:
+        "berth lends isolated machines (sandboxes). borrow_machine gives a handle; run_command, write_file, read_file and list_files use it; return_machine gives it back (every machine is also returned when this session ends). A machine has a hard deadline that nothing extends. Files live in the machine's workspace, where commands start.",
+    },
+  );
+  // Arguments that do not match a tool's schema are refused by the SDK before the handler runs;
+  // its message is given the same `invalid_request:` code and hint as every other refusal.
+  const sdk = server as unknown as { createToolError?: (m: string) => Result };
+  if (typeof sdk.createToolError === "function") sdk.createToolError = (m: string) => toolError(invalid(m.replace(/^MCP error -?\d+: /, "")));
+  for (const register of [listPools, borrowMachine, runCommand, readOutput, writeFile, readFile, listFiles, returnMachine]) register(server, session, o);
   return server;
 }

@@ -12,6 +12,9 @@
  * whatever the configuration says today. A row is closed (`ended_at`) only
  * once its instance is observed terminated, or its ClientToken is observed
  * to have launched nothing.
+ *
+ * Migration 22 adds the market each launch asked for (`spot` or
+ * `on-demand`; rows from before it were on-demand launches).
  */
 import type { Migration } from "./migrate.js";
 import type { Store } from "./store.js";
@@ -38,6 +41,17 @@ CREATE INDEX aws_launches_open ON aws_launches (ended_at);
 `,
 };
 
+export const AWS_LAUNCH_MARKET_MIGRATION: Migration = {
+  version: 22,
+  name: "aws launch market",
+  sql: `
+ALTER TABLE aws_launches ADD COLUMN market TEXT NOT NULL DEFAULT 'on-demand';
+`,
+};
+
+/** The EC2 purchasing option a launch asked for. */
+export type LaunchMarket = "spot" | "on-demand";
+
 export interface LaunchRecord {
   clientToken: string;
   machineId: string;
@@ -45,6 +59,7 @@ export interface LaunchRecord {
   pool: string;
   region: string;
   deployment: string;
+  market: LaunchMarket;
   instanceId: string | null;
   account: string | null;
   requestedAt: number;
@@ -53,8 +68,8 @@ export interface LaunchRecord {
 }
 
 export interface LaunchRecords {
-  /** Before RunInstances: the intent (idempotent on the client token; an existing row keeps its region and deployment). */
-  intend(r: Omit<LaunchRecord, "instanceId" | "account" | "endedAt" | "endReason">): Promise<LaunchRecord>;
+  /** Before RunInstances: the intent (idempotent on the client token; an existing row keeps its region, deployment and market). Market absent: on-demand. */
+  intend(r: Omit<LaunchRecord, "instanceId" | "account" | "endedAt" | "endReason" | "market"> & { market?: LaunchMarket }): Promise<LaunchRecord>;
   /** RunInstances answered (or the token was found again): the instance id and account. */
   launched(clientToken: string, instanceId: string, account: string | null): Promise<void>;
   /** The instance is observed terminated, or the token launched nothing. */
@@ -75,6 +90,7 @@ type Row = {
   pool: string;
   region: string;
   deployment: string;
+  market: string;
   instance_id: string | null;
   account: string | null;
   requested_at: number | string;
@@ -82,7 +98,7 @@ type Row = {
   end_reason: string | null;
 };
 
-const COLS = "client_token, machine_id, org, pool, region, deployment, instance_id, account, requested_at, ended_at, end_reason";
+const COLS = "client_token, machine_id, org, pool, region, deployment, market, instance_id, account, requested_at, ended_at, end_reason";
 
 function fromRow(r: Row): LaunchRecord {
   return {
@@ -92,6 +108,7 @@ function fromRow(r: Row): LaunchRecord {
     pool: r.pool,
     region: r.region,
     deployment: r.deployment,
+    market: r.market === "spot" ? "spot" : "on-demand",
     instanceId: r.instance_id,
     account: r.account,
     requestedAt: Number(r.requested_at),
@@ -111,13 +128,14 @@ export function storeLaunchRecords(store: Store): LaunchRecords {
       await store.transaction(async (tx) => {
         const had = await tx.get<{ n: number }>("SELECT 1 AS n FROM aws_launches WHERE client_token = ?", [r.clientToken]);
         if (!had) {
-          await tx.run(`INSERT INTO aws_launches (client_token, machine_id, org, pool, region, deployment, requested_at) VALUES (?, ?, ?, ?, ?, ?, ?)`, [
+          await tx.run(`INSERT INTO aws_launches (client_token, machine_id, org, pool, region, deployment, market, requested_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, [
             r.clientToken,
             r.machineId,
             r.org,
             r.pool,
             r.region,
             r.deployment,
+            r.market ?? "on-demand",
             r.requestedAt,
           ]);
         }

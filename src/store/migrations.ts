@@ -18,7 +18,7 @@ import { AUDIT_DETAIL_MIGRATION } from "./audit.js";
 import { ALLOCATION_RESOLVE_MIGRATION, ALLOCATION_VOLUME_MIGRATION } from "./allocation-launches.js";
 import { FORWARDING_MIGRATION } from "./forwarding.js";
 import { FILES_SCOPE_MIGRATION } from "./files-scope.js";
-import { AWS_LAUNCHES_MIGRATION } from "./aws-launches.js";
+import { AWS_LAUNCHES_MIGRATION, AWS_LAUNCH_MARKET_MIGRATION } from "./aws-launches.js";
 import { PROVISION_BREAKER_MIGRATION } from "./provision-breaker.js";
 import { HISTORY_MIGRATION } from "./history.js";
 import { HISTORY_SERIES_MIGRATION } from "./history-series.js";
@@ -208,4 +208,5 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
   PLACEMENT_BREAKERS_MIGRATION,
   ALLOCATION_VOLUME_MIGRATION,
   ALLOCATION_DISK_MIGRATION,
+  AWS_LAUNCH_MARKET_MIGRATION,
 ];

@@ -140,7 +140,14 @@ test("the parser refuses bad values, naming the field", () => {
     ["template neither", { ...ok, pools: { ci: { ...POOL, launchTemplate: { version: "1" } } } }, /launchTemplate: give exactly one of id and name/],
     ["template version", { ...ok, pools: { ci: { ...POOL, launchTemplate: { name: "berth-ci", version: "latest" } } } }, /launchTemplate\.version: a version number, \$Latest or \$Default/],
     ["template id", { ...ok, pools: { ci: { ...POOL, launchTemplate: { id: "lt-123" } } } }, /launchTemplate\.id: a launch template id/],
+    ["spot price not a price", { ...ok, pools: { ci: { ...POOL, spot: { maxPrice: "cheap" } } } }, /pools\.ci\.spot\.maxPrice: a price in USD per instance-hour, such as "0\.05"/],
+    ["spot price zero", { ...ok, pools: { ci: { ...POOL, spot: { maxPrice: "0" } } } }, /pools\.ci\.spot\.maxPrice: a price above 0/],
+    ["spot request type", { ...ok, pools: { ci: { ...POOL, spot: { type: "persistent" } } } }, /pools\.ci\.spot: Unrecognized key: "type"/],
+    ["spot fallback", { ...ok, pools: { ci: { ...POOL, spot: { fallbackOnDemand: "yes" } } } }, /pools\.ci\.spot\.fallbackOnDemand: Invalid input: expected boolean/],
+    ["spot as a word", { ...ok, pools: { ci: { ...POOL, spot: true } } }, /pools\.ci\.spot: Invalid input: expected object/],
   ];
+  // A price given as a number is the same price.
+  assert.deepEqual(parseAwsConfig({ ...ok, pools: { ci: { ...POOL, spot: { maxPrice: 0.05 } } } }).pools.ci!.spot, { maxPrice: "0.05", fallbackOnDemand: false });
   for (const [what, value, message] of bad) {
     assert.throws(
       () => parseAwsConfig(value),

@@ -272,7 +272,7 @@ describe("aws provider against AWS's consistency and statuses (emulator)", { tim
   test("a spot interruption: the notice is readable on the instance, then it is terminated and the ready check names the cause", async () => {
     const w = await awsWorld();
     try {
-      // berth does not launch spot instances; this one is launched directly, as another tool would.
+      // Launched directly, to show the emulator's fault itself (aws-spot.test.ts launches spot pools through berth).
       const ec2 = w.provider.clientsFor(REGION).ec2;
       const out = await ec2.send(new RunInstancesCommand({ ImageId: "ami-0abc1234", InstanceType: "t3.micro", MinCount: 1, MaxCount: 1, InstanceMarketOptions: { MarketType: "spot" } }));
       const id = out.Instances![0]!.InstanceId!;

@@ -31,10 +31,18 @@ export async function planFromAllocation(rawId: string, flags: ConfigFlags & { k
   try {
     const a = await api.send("GET /v1/allocations/{id}", { id });
     if (a.state !== "ready" || !a.access) {
-      throw new BerthError("conflict", `conflict: allocation ${id} is ${a.state}, not ready; ${a.state === "placed" || a.state === "launching" ? `wait for it: berth alloc show ${id}` : "create a new one"}`);
+      throw new BerthError("conflict", `conflict: allocation ${id} is ${a.state}, not ready; ${nextStep(id, a.state)}`);
     }
     return { ...a.access, keyFile, receiptPath: keyFile };
   } finally {
     await api.close();
   }
+}
+
+/** What to do about an allocation that is not ready, by its state. */
+function nextStep(id: string, state: string): string {
+  if (state === "placed" || state === "launching") return `wait for it: berth alloc show ${id}`;
+  if (state === "failed") return `its sandbox ended (berth alloc show ${id} says why): berth alloc restart ${id} starts it again on its volume, or berth alloc release ${id}`;
+  if (state === "quarantined") return `an operator ends the quarantine: berth alloc resolve ${id}`;
+  return "create a new one";
 }

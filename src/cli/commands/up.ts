@@ -23,11 +23,13 @@ import type { Coordinator } from "../../coordinator/server.js";
 import type { Logger } from "pino";
 import type { SqliteStore } from "../../store/sqlite/sqlite-store.js";
 import { generateSshKeyPair } from "../../core/ssh-keys.js";
+import { hashToken } from "../../core/tokens.js";
 import { writeFileDurable } from "../../store/durable-file.js";
 import { Api } from "../../client/http.js";
 import { BerthClient } from "../../client/client.js";
 import { describeError, EXIT, exitCodeOf, intArg, loadOrCreateSecret, reportError, UsageError } from "../common.js";
 import { StateDirLock } from "../state-lock.js";
+import { admitLocalOwner, releaseKeepingVolumes, unmountVolumeImages } from "../up-allocations.js";
 import { agentStopMs, Interrupted, SIGNAL_EXIT, TEARDOWN_MS, UpSignals } from "../up-stop.js";
 import { parseListen } from "./serve.js";
 import { waitReady } from "./pool.js";
@@ -107,9 +109,13 @@ interface Running {
 async function teardown(r: Running, signals: UpSignals, say: (s: string) => void): Promise<void> {
   signals.beginStop();
   const alive = (c: ChildProcess | null): c is ChildProcess => c !== null && c.exitCode === null && c.signalCode === null;
+  // One bound for the whole stop: allocations released (volumes kept), then the pools' machines destroyed.
+  const deadline = Date.now() + TEARDOWN_MS;
+  if (r.api && alive(r.agent)) {
+    say(`stopping: releasing allocations (volumes kept) and destroying the machines of ${r.pools.join(", ") || "no pool"} (up to ${TEARDOWN_MS / 1000} s; Ctrl-C again to force)`);
+    await releaseKeepingVolumes(r.api, deadline, signals.force, say).catch((e: unknown) => say(`could not release the allocations: ${describeError(e)}`));
+  }
   if (r.api && alive(r.agent) && r.pools.length > 0) {
-    say(`stopping: destroying the machines of ${r.pools.join(", ")} (up to ${TEARDOWN_MS / 1000} s; Ctrl-C again to force)`);
-    const deadline = Date.now() + TEARDOWN_MS;
     for (const name of r.pools) {
       if (signals.force.aborted) break;
       await drainAndWait(r.api, name, deadline, signals.force, say);
@@ -117,6 +123,7 @@ async function teardown(r: Running, signals: UpSignals, say: (s: string) => void
   }
   if (alive(r.agent)) await stopAgent(r.agent, say);
   await destroyLeftovers(r, say);
+  for (const failure of await unmountVolumeImages(join(r.dir, "agent"))) say(failure);
   await r.api?.close();
   await r.coord?.stop();
   await r.store.close();
@@ -247,7 +254,7 @@ async function runUp(argv: string[], o: UpOptions): Promise<void> {
     return;
   }
   // The server side is loaded only by the command that runs it.
-  const [{ createToken }, { SqliteStore }, { default: pino }] = await Promise.all([
+  const [{ createToken, readApiToken }, { SqliteStore }, { default: pino }] = await Promise.all([
     import("../../store/api-tokens.js"),
     import("../../store/sqlite/sqlite-store.js"),
     import("pino"),
@@ -260,6 +267,9 @@ async function runUp(argv: string[], o: UpOptions): Promise<void> {
     const { coord, admin, enroll, keeperKey } = await upCoordinator(r, lock, say, mint, () => pino({ level: process.env.BERTH_LOG_LEVEL ?? "warn" }));
     const api = (r.api = new Api(coord.url, admin));
     await upAgentAndPools(r, api, signals, coord.url, enroll, keeperKey, say);
+    // The admin token is the local owner of allocations (up-allocations.ts).
+    const adminId = (await readApiToken(r.store, hashToken("api", admin)))?.id;
+    if (adminId && (await signals.interruptible(admitLocalOwner(api, adminId))) === "admitted") say("admitted the admin token as the owner of allocations, with everything the host offers as its budget");
     status = await runOrWait(argv, r, coord, signals);
   } catch (e) {
     if (e instanceof Interrupted) {
@@ -340,7 +350,7 @@ async function runOrWait(argv: string[], r: Running, coord: Coordinator, signals
     }
   } else {
     process.stdout.write(
-      `berth is up.\n  coordinator  ${coord.url}\n  dashboard    ${coord.url}/ui (sign in with the admin token)\n  admin token  ${join(r.dir, "admin.token")} (0600)\n  client conf  ${join(r.dir, "client.json")}\n\nNext, from this directory:\n  berth pool show default\n  berth run --pool default -- uname -a\nCtrl-C stops berth and destroys its machines.\n`,
+      `berth is up.\n  coordinator  ${coord.url}\n  dashboard    ${coord.url}/ui (sign in with the admin token)\n  admin token  ${join(r.dir, "admin.token")} (0600)\n  client conf  ${join(r.dir, "client.json")}\n\nNext, from this directory:\n  berth pool show default\n  berth run --pool default -- uname -a\n  berth alloc create --size small --wait\nCtrl-C stops berth: machines destroyed, allocations released with their volumes kept.\n`,
     );
     await signals.waitForSignal();
     return EXIT.ok;

@@ -39,53 +39,82 @@ export interface RouteDeps {
   allocationAgent?: AllocationAgent;
 }
 
+/** The coordinator's routes, by group; each group authenticates as `routeAuth` says. */
 export function addRoutes(app: HttpServer, d: RouteDeps): void {
   const { ctx } = d;
+  const a = routeAuth(ctx);
+  addServiceRoutes(app, d);
+  addPoolRoutes(app, ctx, a);
+  addBorrowRoutes(app, d, a);
+  app.get("/v1/hosts", a.auth(), async (req) => ({ hosts: (await listHosts(ctx, req.auth)).map(presentHost) }));
+  app.post("/v1/hosts/enroll", { ...a.auth("agent"), body: enrollSchema }, async (req) => enrollHost(ctx, req.auth, req.body, d.secret));
+  registerHostRoutes(app, { ctx, secret: d.secret, auth: a.auth });
+  if (d.allocationAgent) registerImageRoutes(app, { ctx, auth: a.auth, agent: d.allocationAgent });
+  registerAllocationRoutes(app, { ctx: { ...ctx, onRefusal: (reason) => ctx.metrics.allocationRefusals.inc({ reason }) }, auth: a.auth, ...(d.allocationAgent ? { agent: d.allocationAgent } : {}) });
+}
+
+/** How a route authenticates its caller, in the forms the HTTP layer takes. */
+interface RouteAuth {
   /**
    * Authentication, then the role: both before the body is read. Every route
    * needs a member at least, except the enrollment, the one route the enroll
    * token (the `agent` role) may call (docs/api.md, roles).
    */
-  const auth = (role: Role = "member") => ({
-    auth: async (req: IncomingMessage): Promise<Principal> => {
-      const p = await authenticate(ctx.store, req.headers.authorization, ctx.now(), tokens);
-      requireRole(p, role);
-      return p;
-    },
-  });
-
+  auth(role?: Role): { auth: (req: IncomingMessage) => Promise<Principal> };
   /**
    * The keeper borrow, heartbeat and return, and the portable borrow: the
    * token from this process's cache when it was read before, since their
    * actions check it again in their own transaction (a portable grant's
    * authorization is read committed again by its ack). Any other use of the
    * principal (the portable ack, heartbeat and return) reads it committed
-   * first.
+   * first (`checked`).
    */
-  const tokens = new TokenCache();
-  const cachedAuth = (role: Role = "member") => ({
-    auth: async (req: IncomingMessage): Promise<UncheckedPrincipal> => {
-      const u = await authenticateCached(ctx.store, tokens, req.headers.authorization, ctx.now());
-      requireRole(u.principal, role);
-      return u;
-    },
-  });
-  const checked = async (req: { auth: UncheckedPrincipal; headers: IncomingMessage["headers"] }): Promise<Principal> =>
-    req.auth.cachedHash === null ? req.auth.principal : authenticate(ctx.store, req.headers.authorization, ctx.now(), tokens);
+  cachedAuth(role?: Role): { auth: (req: IncomingMessage) => Promise<UncheckedPrincipal> };
+  checked(req: { auth: UncheckedPrincipal; headers: IncomingMessage["headers"] }): Promise<Principal>;
   /** Runs an action that re-checks a cached token; a token it finds revoked leaves the cache. */
-  const keeper = async <T>(u: UncheckedPrincipal, f: (p: Principal) => Promise<T>): Promise<T> => {
-    try {
-      return await f(u.principal);
-    } catch (e) {
-      if (u.cachedHash !== null && e instanceof BerthError && e.code === "unauthorized") tokens.delete(u.cachedHash);
-      throw e;
-    }
-  };
+  keeper<T>(u: UncheckedPrincipal, f: (p: Principal) => Promise<T>): Promise<T>;
+}
 
+function routeAuth(ctx: Ctx): RouteAuth {
+  const tokens = new TokenCache();
+  return {
+    auth: (role = "member") => ({
+      auth: async (req) => {
+        const p = await authenticate(ctx.store, req.headers.authorization, ctx.now(), tokens);
+        requireRole(p, role);
+        return p;
+      },
+    }),
+    cachedAuth: (role = "member") => ({
+      auth: async (req) => {
+        const u = await authenticateCached(ctx.store, tokens, req.headers.authorization, ctx.now());
+        requireRole(u.principal, role);
+        return u;
+      },
+    }),
+    checked: async (req) => (req.auth.cachedHash === null ? req.auth.principal : authenticate(ctx.store, req.headers.authorization, ctx.now(), tokens)),
+    keeper: async (u, f) => {
+      try {
+        return await f(u.principal);
+      } catch (e) {
+        if (u.cachedHash !== null && e instanceof BerthError && e.code === "unauthorized") tokens.delete(u.cachedHash);
+        throw e;
+      }
+    },
+  };
+}
+
+/** Health (unlimited) and the metrics scrape (its own token, when one is set). */
+function addServiceRoutes(app: HttpServer, d: RouteDeps): void {
+  const { ctx } = d;
   app.get("/v1/health", { unlimited: true }, async () => ({ status: "ok", version: d.version, store: ctx.store.dialect, portable: ctx.config.portable }));
   const metricsAuth = d.metricsTokenHash === null ? {} : { auth: (req: IncomingMessage) => checkMetricsToken(d.metricsTokenHash!, req.headers.authorization) };
   app.get("/metrics", metricsAuth, async () => new Reply(200, await d.metricsText(), "text/plain; version=0.0.4"));
+}
 
+/** Pools and their machines: reads for members, the rest for operators. */
+function addPoolRoutes(app: HttpServer, ctx: Ctx, a: RouteAuth): void {
+  const { auth } = a;
   app.get("/v1/pools", auth(), async (req) => ({
     pools: (await listPools(ctx, req.auth)).map((x) => ({ ...presentPool(x.pool), ready: x.ready, machines: x.total })),
   }));
@@ -104,6 +133,15 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
   );
   app.post("/v1/machines/:machine/destroyed", auth("operator"), async (req) => confirmDestroyed(ctx, req.auth, req.params.machine!));
   app.post("/v1/machines/:machine/drain", auth("operator"), async (req) => drainMachine(ctx, req.auth, req.params.machine!));
+}
+
+/**
+ * Borrows, keeper and portable alike: a borrow id starting `g_` is a
+ * portable grant (the portable API's), any other a keeper borrow.
+ */
+function addBorrowRoutes(app: HttpServer, d: RouteDeps, a: RouteAuth): void {
+  const { ctx } = d;
+  const { auth, cachedAuth, checked, keeper } = a;
   app.post("/v1/borrows/:borrow/end", auth("operator"), async (req) => endBorrowAsOperator(ctx, req.auth, req.params.borrow!));
   app.post("/v1/pools/:pool/borrow", { ...cachedAuth("member"), body: borrowSchema }, async (req) => {
     const body = req.body;
@@ -139,11 +177,6 @@ export function addRoutes(app: HttpServer, d: RouteDeps): void {
     return d.portable.ack(req.auth, req.params.borrow!, req.body);
   });
   app.post("/v1/borrows/:borrow/report", { ...auth(), body: reportSchema }, async (req) => reportTelemetry(ctx, req.auth, req.params.borrow!, req.body));
-  app.get("/v1/hosts", auth(), async (req) => ({ hosts: (await listHosts(ctx, req.auth)).map(presentHost) }));
-  app.post("/v1/hosts/enroll", { ...auth("agent"), body: enrollSchema }, async (req) => enrollHost(ctx, req.auth, req.body, d.secret));
-  registerHostRoutes(app, { ctx, secret: d.secret, auth });
-  if (d.allocationAgent) registerImageRoutes(app, { ctx, auth, agent: d.allocationAgent });
-  registerAllocationRoutes(app, { ctx: { ...ctx, onRefusal: (reason) => ctx.metrics.allocationRefusals.inc({ reason }) }, auth, ...(d.allocationAgent ? { agent: d.allocationAgent } : {}) });
 }
 
 /** The scrape token of `/metrics`, compared as hashes in constant time. */

@@ -12,7 +12,7 @@
  * Pages run the same org-scoped reads and role checks as the API; a page
  * without a session redirects to the sign-in form.
  */
-import type { IncomingMessage } from "node:http";
+import type { IncomingMessage, ServerResponse } from "node:http";
 import { z } from "zod";
 import { BerthError } from "../../core/errors.js";
 import type { HttpServer } from "../../http/server.js";
@@ -65,6 +65,21 @@ function query(req: IncomingMessage): URLSearchParams {
   return new URLSearchParams(q < 0 ? "" : url.slice(q + 1));
 }
 
+/** How the dashboard's routes learn a request's session (sessions.ts), in the forms the HTTP layer takes. */
+interface UiAuth {
+  /** A request's session, read once (the rate exemption and the page share it). */
+  sessionFor(req: IncomingMessage): Promise<Session>;
+  /**
+   * Requests of a signed-in session are not counted against the token-free
+   * rate of their address (an operator clicking fast is not a flood); those
+   * without a cookie, or with one that is no session, are.
+   */
+  signedIn: { exempt: (req: IncomingMessage) => Promise<boolean> };
+  /** Session check before the body is read (the HTTP layer's order); refusals are the layer's JSON. */
+  withSession: { auth: (req: IncomingMessage) => Promise<Session> };
+}
+
+/** The dashboard's steps: sessions, assets, sign-in and out, the live stream, the pages, the actions. */
 export function addUiRoutes(app: HttpServer, ctx: Ctx, o: UiOptions = {}): Ui {
   const sd: SessionDeps = { store: ctx.store, now: ctx.now, randomBytes: ctx.randomBytes, sessionMs: o.sessionMs ?? DEFAULT_SESSION_MS };
   const live = new LiveChanges({
@@ -74,7 +89,25 @@ export function addUiRoutes(app: HttpServer, ctx: Ctx, o: UiOptions = {}): Ui {
     intervalMs: o.liveIntervalMs ?? 500,
     recheckMs: o.liveRecheckMs ?? 5000,
   });
-  /** A request's session, read once (the rate exemption and the page share it). */
+  const a = uiAuth(sd);
+  for (const asset of assetRoutes()) {
+    app.get(asset.url, a.signedIn, async (req) => {
+      serveAsset(asset.path, asset.immutable, req.raw, req.res);
+      return TAKEN;
+    });
+  }
+  addSignInRoutes(app, ctx, sd, live, a);
+  app.get("/ui/events", a.signedIn, async (req) => {
+    const s = await a.sessionFor(req.raw);
+    live.open(req.res, s.principal.org, s.hash, query(req.raw).get("since") ?? "");
+    return TAKEN;
+  });
+  addPages(app, ctx, live, a);
+  addUiActions(app, ctx, { withSession: a.withSession, live, ...(o.sandboxProbe ? { sandboxProbe: o.sandboxProbe } : {}) });
+  return { live, stop: () => live.stop() };
+}
+
+function uiAuth(sd: SessionDeps): UiAuth {
   const sessions = new WeakMap<IncomingMessage, Promise<Session>>();
   const sessionFor = (req: IncomingMessage): Promise<Session> => {
     let s = sessions.get(req);
@@ -85,27 +118,22 @@ export function addUiRoutes(app: HttpServer, ctx: Ctx, o: UiOptions = {}): Ui {
     }
     return s;
   };
-  /**
-   * Requests of a signed-in session are not counted against the token-free
-   * rate of their address (an operator clicking fast is not a flood); those
-   * without a cookie, or with one that is no session, are.
-   */
-  const signedIn = { exempt: (req: IncomingMessage) => (/(?:^|;\s*)berth_session=/.test(req.headers.cookie ?? "") ? sessionFor(req).then(() => true, () => false) : Promise.resolve(false)) };
-  /** Session check before the body is read (the HTTP layer's order); refusals are the layer's JSON. */
-  const withSession = { auth: async (req: IncomingMessage): Promise<Session> => {
-    checkOrigin(req);
-    return sessionOf(sd, req);
-  } };
+  return {
+    sessionFor,
+    signedIn: { exempt: (req) => (/(?:^|;\s*)berth_session=/.test(req.headers.cookie ?? "") ? sessionFor(req).then(() => true, () => false) : Promise.resolve(false)) },
+    withSession: {
+      auth: async (req) => {
+        checkOrigin(req);
+        return sessionOf(sd, req);
+      },
+    },
+  };
+}
 
-  for (const a of assetRoutes()) {
-    app.get(a.url, signedIn, async (req) => {
-      serveAsset(a.path, a.immutable, req.raw, req.res);
-      return TAKEN;
-    });
-  }
-
-  app.get("/ui/sign-in", signedIn, async (req) => {
-    const isIn = await sessionFor(req.raw).then(() => true, () => false);
+/** The token form, the session cookie it gives, and the sign-out that ends the session server-side. */
+function addSignInRoutes(app: HttpServer, ctx: Ctx, sd: SessionDeps, live: LiveChanges, a: UiAuth): void {
+  app.get("/ui/sign-in", a.signedIn, async (req) => {
+    const isIn = await a.sessionFor(req.raw).then(() => true, () => false);
     return isIn ? redirect(req.res, "/ui") : sendHtml(req.res, 200, renderSignIn());
   });
   app.post("/ui/sign-in", { bodyType: "form", body: z.object({ token: z.string().max(500).default("") }) }, async (req) => {
@@ -121,61 +149,61 @@ export function addUiRoutes(app: HttpServer, ctx: Ctx, o: UiOptions = {}): Ui {
       throw e;
     }
   });
-  app.post("/ui/sign-out", { ...withSession, bodyType: "form", body: z.object({ csrf: z.string().optional() }) }, async (req) => {
+  app.post("/ui/sign-out", { ...a.withSession, bodyType: "form", body: z.object({ csrf: z.string().optional() }) }, async (req) => {
     checkCsrf(req.auth, req.body.csrf);
     await closeSession(sd, req.auth.hash);
     live.endSession(req.auth.hash);
     return redirect(req.res, "/ui/sign-in", { "set-cookie": setCookieHeader("", 0, overTls(req.raw)) });
   });
+}
 
-  app.get("/ui/events", signedIn, async (req) => {
-    const s = await sessionFor(req.raw);
-    live.open(req.res, s.principal.org, s.hash, query(req.raw).get("since") ?? "");
-    return TAKEN;
-  });
+type PageBuild = (v: View, params: Record<string, Id>, q: URLSearchParams) => Promise<PageOut>;
 
-  /** A page: no session → the sign-in form; `?part=live` → the live region alone; a refusal → an error page. */
-  const pageRoute = (path: string, build: (v: View, params: Record<string, Id>, q: URLSearchParams) => Promise<PageOut>) =>
-    app.get(path, signedIn, async (req) => {
-      const started = process.hrtime.bigint();
-      const part = query(req.raw).get("part") === "live";
-      let s: Session;
-      try {
-        s = await sessionFor(req.raw);
-      } catch (e) {
-        if (part) return sendHtml(req.res, 401, renderSignIn(), { "hx-redirect": "/ui/sign-in" });
-        if (e instanceof BerthError && e.code === "unauthorized") return redirect(req.res, "/ui/sign-in");
-        throw e;
-      }
-      const self = (req.raw.url ?? path).split("?")[0]!;
-      const q = query(req.raw);
-      // The live region is re-fetched with the page's own choices (a window, filters), not its notice.
-      const keep = new URLSearchParams([...q].filter(([k]) => k !== "part" && k !== "done" && k !== "id"));
-      const liveUrl = keep.size ? `${self}?${keep.toString()}` : self;
-      const v: View = { principal: s.principal, csrf: s.csrf, now: ctx.now(), here: self, tokenLabel: s.label };
-      try {
-        // The mark is read before the data, so a change after it is always reported.
-        const mark = part ? "" : await live.digest(s.principal.org);
-        const out = await build(v, req.params, q);
-        const done = q.get("done");
-        const notice = done !== null && Object.hasOwn(DONE, done) ? DONE[done as DoneKind](q.get("id") ?? "") : undefined;
-        const html = part ? out.body : page(v, { title: out.title, current: out.current, live: liveUrl, mark, body: out.body, ...(notice ? { notice } : {}) });
-        const bytes = Buffer.from(html.text, "utf8");
-        // The server's share of the answer (session, change mark, reads, rendering, encoding), for operators and the bench.
-        return sendHtml(req.res, 200, bytes, { "server-timing": `page;dur=${(Number(process.hrtime.bigint() - started) / 1e6).toFixed(2)}` });
-      } catch (e) {
-        return sendRefusal(req.res, e, v);
-      }
-    });
+/** The pages: each loads its data with the viewer's org-scoped reads and renders it. */
+function addPages(app: HttpServer, ctx: Ctx, live: LiveChanges, a: UiAuth): void {
+  const pages: Array<[string, PageBuild]> = [
+    ["/ui", async (v) => ({ title: "Overview", current: "/ui", body: renderOverview(v, await loadOverview(ctx.store, v.principal)) })],
+    ["/ui/pools/:pool", async (v, p, q) => ({ title: `Pool ${p.pool}`, current: "", body: renderPool(v, await loadPool(ctx.store, ctx.metrics, v.principal, p.pool!, windowOf(q.get("window")), v.now)) })],
+    ["/ui/borrows", async (v) => ({ title: "Borrows and grants", current: "/ui/borrows", body: renderBorrows(v, await loadBorrows(ctx.store, v.principal)) })],
+    ["/ui/allocations", async (v, _p, q) => ({ title: "Allocations", current: "/ui/allocations", body: renderAllocations(v, await loadAllocations(ctx, v.principal, { metrics: ctx.metrics, window: windowOf(q.get("window")), now: v.now })) })],
+    ["/ui/machines/:machine", async (v, p) => ({ title: `Machine ${p.machine}`, current: "", body: renderMachine(v, await loadMachine(ctx.store, v.principal, p.machine!)) })],
+    ["/ui/audit", async (v, _p, q) => ({ title: "Audit trail", current: "/ui/audit", body: renderAudit(v, await loadAudit(ctx.store, v.principal, auditFilterOf(q))) })],
+    ["/ui/tokens", async (v) => ({ title: "API tokens", current: "/ui/tokens", body: renderTokens(v, await loadTokens(ctx.store, v.principal)) })],
+  ];
+  for (const [path, build] of pages) app.get(path, a.signedIn, (req) => answerPage({ ctx, live, a }, path, build, req));
+}
 
-  pageRoute("/ui", async (v) => ({ title: "Overview", current: "/ui", body: renderOverview(v, await loadOverview(ctx.store, v.principal)) }));
-  pageRoute("/ui/pools/:pool", async (v, p, q) => ({ title: `Pool ${p.pool}`, current: "", body: renderPool(v, await loadPool(ctx.store, ctx.metrics, v.principal, p.pool!, windowOf(q.get("window")), v.now)) }));
-  pageRoute("/ui/borrows", async (v) => ({ title: "Borrows and grants", current: "/ui/borrows", body: renderBorrows(v, await loadBorrows(ctx.store, v.principal)) }));
-  pageRoute("/ui/allocations", async (v, _p, q) => ({ title: "Allocations", current: "/ui/allocations", body: renderAllocations(v, await loadAllocations(ctx, v.principal, { metrics: ctx.metrics, window: windowOf(q.get("window")), now: v.now })) }));
-  pageRoute("/ui/machines/:machine", async (v, p) => ({ title: `Machine ${p.machine}`, current: "", body: renderMachine(v, await loadMachine(ctx.store, v.principal, p.machine!)) }));
-  pageRoute("/ui/audit", async (v, _p, q) => ({ title: "Audit trail", current: "/ui/audit", body: renderAudit(v, await loadAudit(ctx.store, v.principal, auditFilterOf(q))) }));
-  pageRoute("/ui/tokens", async (v) => ({ title: "API tokens", current: "/ui/tokens", body: renderTokens(v, await loadTokens(ctx.store, v.principal)) }));
-
-  addUiActions(app, ctx, { withSession, live, ...(o.sandboxProbe ? { sandboxProbe: o.sandboxProbe } : {}) });
-  return { live, stop: () => live.stop() };
+/** A page: no session → the sign-in form; `?part=live` → the live region alone; a refusal → an error page. */
+async function answerPage(d: { ctx: Ctx; live: LiveChanges; a: UiAuth }, path: string, build: PageBuild, req: { raw: IncomingMessage; res: ServerResponse; params: Record<string, Id> }) {
+  const { ctx, live, a } = d;
+  const { raw, res, params } = req;
+  const started = process.hrtime.bigint();
+  const part = query(raw).get("part") === "live";
+  let s: Session;
+  try {
+    s = await a.sessionFor(raw);
+  } catch (e) {
+    if (part) return sendHtml(res, 401, renderSignIn(), { "hx-redirect": "/ui/sign-in" });
+    if (e instanceof BerthError && e.code === "unauthorized") return redirect(res, "/ui/sign-in");
+    throw e;
+  }
+  const self = (raw.url ?? path).split("?")[0]!;
+  const q = query(raw);
+  // The live region is re-fetched with the page's own choices (a window, filters), not its notice.
+  const keep = new URLSearchParams([...q].filter(([k]) => k !== "part" && k !== "done" && k !== "id"));
+  const liveUrl = keep.size ? `${self}?${keep.toString()}` : self;
+  const v: View = { principal: s.principal, csrf: s.csrf, now: ctx.now(), here: self, tokenLabel: s.label };
+  try {
+    // The mark is read before the data, so a change after it is always reported.
+    const mark = part ? "" : await live.digest(s.principal.org);
+    const out = await build(v, params, q);
+    const done = q.get("done");
+    const notice = done !== null && Object.hasOwn(DONE, done) ? DONE[done as DoneKind](q.get("id") ?? "") : undefined;
+    const html = part ? out.body : page(v, { title: out.title, current: out.current, live: liveUrl, mark, body: out.body, ...(notice ? { notice } : {}) });
+    const bytes = Buffer.from(html.text, "utf8");
+    // The server's share of the answer (session, change mark, reads, rendering, encoding), for operators and the bench.
+    return sendHtml(res, 200, bytes, { "server-timing": `page;dur=${(Number(process.hrtime.bigint() - started) / 1e6).toFixed(2)}` });
+  } catch (e) {
+    return sendRefusal(res, e, v);
+  }
 }

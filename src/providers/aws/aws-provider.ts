@@ -10,7 +10,7 @@
  * here resumes from what it can observe instead of acting blindly again:
  *
  *   provision   record the launch (op id = ClientToken, region, deployment,
- *               machine) in the store first; look the op id up as
+ *               market, machine) in the store first; look the op id up as
  *               RunInstances ClientToken in the recorded region; launch only
  *               if absent; record the instance id the answer (or the lookup)
  *               names; wait for running and for the SSM agent; enroll.
@@ -40,7 +40,7 @@ import type { MachineLoss, OperationOutcome, OperationRequest, Placement, Provid
 import type { MachineRow } from "../../store/machines.js";
 import type { OpRowArgs } from "../../protocol/operations.js";
 import { parsePublicKey } from "../../core/ssh-public-key.js";
-import { launchCandidates, poolConfig, sdkSettings, withImage, type AwsConfig, type AwsPoolConfig } from "./config.js";
+import { launchCandidates, poolConfig, sdkSettings, withImage, type AwsConfig, type AwsPoolConfig, type LaunchCandidate } from "./config.js";
 import { sdkClients, type AwsClients } from "./clients.js";
 import { boundInstances, byClientToken, byId, byInstanceId, boundTo, instanceStatuses, launch, reboot, stateOf, terminate, type Binding } from "./ec2.js";
 import type { LaunchRecord, LaunchRecords } from "../../store/aws-launches.js";
@@ -68,10 +68,27 @@ export interface AwsProviderDeps {
 const CAPABILITIES: ProviderCapabilities = { provision: true, installKey: true, revokeKey: true, fence: true, scrub: true, destroy: true, observeIdentity: true };
 
 /** Errors after which AWS is known to have changed nothing. */
-const DEFINITE_REFUSALS = new Set(["InsufficientInstanceCapacity", "InstanceLimitExceeded", "VcpuLimitExceeded", "Unsupported", "InvalidParameterValue", "InvalidParameterCombination", "InvalidAMIID.NotFound", "InvalidAMIID.Malformed", "InvalidSubnetID.NotFound", "InvalidGroup.NotFound", "UnauthorizedOperation", "AccessDeniedException", "InvalidInstanceId", "InvalidDocument", "ValidationException"]);
+const DEFINITE_REFUSALS = new Set(["InsufficientInstanceCapacity", "InstanceLimitExceeded", "VcpuLimitExceeded", "Unsupported", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded", "InvalidParameterValue", "InvalidParameterCombination", "InvalidAMIID.NotFound", "InvalidAMIID.Malformed", "InvalidSubnetID.NotFound", "InvalidGroup.NotFound", "UnauthorizedOperation", "AccessDeniedException", "InvalidInstanceId", "InvalidDocument", "ValidationException"]);
 
-/** Refusals after which another instance type or availability zone may launch: the provision moves to the next configured candidate. */
-const CAPACITY_REFUSALS = new Set(["InsufficientInstanceCapacity", "InstanceLimitExceeded", "VcpuLimitExceeded", "Unsupported"]);
+/**
+ * Refusals after which another instance type, availability zone or market
+ * may launch: the provision moves to the next configured candidate. On the
+ * spot market: no spot capacity (InsufficientInstanceCapacity), a spot price
+ * above the pool's maxPrice (SpotMaxPriceTooLow), the account's spot limit
+ * (MaxSpotInstanceCountExceeded).
+ */
+const CAPACITY_REFUSALS = new Set(["InsufficientInstanceCapacity", "InstanceLimitExceeded", "VcpuLimitExceeded", "Unsupported", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded"]);
+
+/** StateReason codes of an instance AWS reclaimed from the spot market. */
+const SPOT_RECLAIMED = new Set(["Server.SpotInstanceTermination", "Server.SpotInstanceShutdown"]);
+
+/** Why an instance left running, as AWS says it (StateReason), and whether it was a spot interruption. */
+function stateWhy(inst: Instance | undefined): string {
+  const r = inst?.StateReason;
+  if (!r?.Message && !r?.Code) return "";
+  const spot = r.Code && SPOT_RECLAIMED.has(r.Code) ? ": reclaimed by AWS (a spot interruption)" : "";
+  return ` (${r.Message ?? r.Code}${spot})`;
+}
 
 /** The ClientToken of the launch attempt an error came from (a fallback attempt's own token). */
 function tokenOf(e: unknown): string | undefined {
@@ -232,7 +249,10 @@ export class AwsProvider implements Provider {
           // Not listed at all yet, soon after its launch: EC2 has not caught up (eventual consistency); not gone.
           if (!inst && this.#clock.now() - requestedAt < LAUNCH_SETTLE_MS) continue;
           state = inst ? stateOf(inst) : "gone";
-          why = inst?.StateReason?.Message ? ` (${inst.StateReason.Message})` : inst ? "" : " (no longer listed by EC2)";
+          why = inst ? stateWhy(inst) : " (no longer listed by EC2)";
+        } else if (state === "shutting-down" || state === "stopping" || state === "stopped") {
+          // The status listing carries no reason: DescribeInstances says why (a spot interruption, a user's stop).
+          why = stateWhy(await byInstanceId(ec2, instanceId));
         }
         if (state === "terminated" || state === "shutting-down" || state === "gone") {
           out.push({ machineId, verdict: "gone", cause: `instance ${instanceId} in ${region} is ${state === "gone" ? "terminated" : state}${why}; berth did not end it` });
@@ -251,7 +271,7 @@ export class AwsProvider implements Provider {
     // each attempt has its own ClientToken and launch record, written before its RunInstances.
     // A candidate whose placement breaker is open is skipped unless this operation already launched there.
     const candidates = launchCandidates(x0.pc);
-    const keyOf = (cand: { instanceType: string; subnetId: string }) => placementKey(x0.pc.region, cand);
+    const keyOf = (cand: LaunchCandidate) => placementKey(x0.pc.region, cand);
     const avoid = new Set(x0.op.avoidPlacements ?? []);
     const open = (key: string) => new Set(candidates.map(keyOf).filter((k) => k !== key && !avoid.has(k))).size;
     const refusals: string[] = [];
@@ -261,16 +281,17 @@ export class AwsProvider implements Provider {
       const cand = candidates[k]!;
       const token = k === 0 ? x0.op.opId : `${x0.op.opId}.f${k}`;
       const key = keyOf(cand);
+      const what = `${cand.instanceType} in ${cand.subnetId}${cand.market === "spot" ? " (spot)" : ""}`;
       if (avoid.has(key) && !(await this.deps.records.byToken(token))) {
-        refusals.push(`${cand.instanceType} in ${cand.subnetId}: backed off (placement breaker open)`);
+        refusals.push(`${what}: backed off (placement breaker open)`);
         continue;
       }
       // The launch is on record before it can cost money; a retry keeps the first attempt's region and deployment.
-      const rec = await this.deps.records.intend({ clientToken: token, machineId: x0.b.machineId, org: x0.b.org, pool: x0.b.pool, region: x0.pc.region, deployment: x0.b.deployment, requestedAt: this.#clock.now() });
+      const rec = await this.deps.records.intend({ clientToken: token, machineId: x0.b.machineId, org: x0.b.org, pool: x0.b.pool, region: x0.pc.region, deployment: x0.b.deployment, market: cand.market, requestedAt: this.#clock.now() });
       x = { ...x0, c: this.clientsFor(rec.region), b: { ...x0.b, deployment: rec.deployment } };
       if (rec.endReason?.startsWith("refused: ")) {
         // An earlier call of this operation was refused this candidate: the next one.
-        refusals.push(`${cand.instanceType} in ${cand.subnetId}: ${rec.endReason.slice("refused: ".length)}`);
+        refusals.push(`${what}: ${rec.endReason.slice("refused: ".length)}`);
         continue;
       }
       x0.where.placement = { key: placementKey(rec.region, cand), alternatives: open(key) };
@@ -284,18 +305,19 @@ export class AwsProvider implements Provider {
         return { kind: "failed", error: `aws_config_changed: provision ${x.op.opId} was recorded for region ${rec.region}, deployment ${rec.deployment}; the configuration now says ${x0.pc.region}, ${x0.b.deployment}`, retryable: false };
       }
       try {
-        const l = await launch(x.c.ec2, { ...withImage(x.pc, provisionArgs(x.op).image), ...cand }, x.b, x.op.opId, token);
+        // The record's market, not today's configuration's: a ClientToken must be sent with the same parameters again.
+        const l = await launch(x.c.ec2, { ...withImage(x.pc, provisionArgs(x.op).image), instanceType: cand.instanceType, subnetId: cand.subnetId }, rec.market, x.b, x.op.opId, token);
         inst = l.instance;
         await this.deps.records.launched(token, inst.InstanceId!, l.account);
       } catch (e) {
         if (!CAPACITY_REFUSALS.has(errorName(e))) throw Object.assign(e as object, { clientToken: token });
         await this.deps.records.ended(token, this.#clock.now(), `refused: ${errorName(e)}`);
-        refusals.push(`${cand.instanceType} in ${cand.subnetId}: ${errorName(e)}`);
+        refusals.push(`${what}: ${errorName(e)}`);
         delete x0.where.placement;
       }
     }
     if (!inst) {
-      return { kind: "failed", error: `aws refused provision: every configured instance type and subnet was refused or is backed off (${refusals.join("; ")})`, retryable: false };
+      return { kind: "failed", error: `aws refused provision: every configured instance type, subnet${x0.pc.spot ? " and market" : ""} was refused or is backed off (${refusals.join("; ")})`, retryable: false };
     }
     if (!boundTo(inst, x.b)) return { kind: "failed", error: `instance ${inst.InstanceId} launched under op ${x.op.opId} is not tagged for machine ${x.b.machineId}`, retryable: false };
     const id = inst.InstanceId!;
@@ -346,7 +368,7 @@ export class AwsProvider implements Provider {
         continue;
       }
       if (stateOf(inst) === "terminated") {
-        gone.push(`${inst.InstanceId} is terminated${inst.StateReason?.Message ? ` (${inst.StateReason.Message})` : ""}`);
+        gone.push(`${inst.InstanceId} is terminated${stateWhy(inst)}`);
         await this.deps.records.ended(rec.clientToken, now, "observed terminated");
         continue;
       }

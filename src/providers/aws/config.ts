@@ -44,6 +44,26 @@ const launchTemplateSchema = z
 
 const endpoint = z.string().url();
 
+/**
+ * Spot: RunInstances asks for a one-time spot instance, terminated on
+ * interruption (InstanceMarketOptions). `maxPrice` is the most paid per
+ * instance-hour in USD (absent: up to the on-demand price, AWS's default);
+ * `fallbackOnDemand` launches on demand once every spot placement was
+ * refused for capacity, price or a spot limit.
+ */
+const spotSchema = z
+  .object({
+    maxPrice: z
+      .union([z.string(), z.number()])
+      .transform((v) => String(v))
+      .pipe(z.string().regex(/^(0|[1-9][0-9]{0,3})(\.[0-9]{1,6})?$/, "a price in USD per instance-hour, such as \"0.05\"").refine((v) => Number(v) > 0, "a price above 0"))
+      .optional(),
+    fallbackOnDemand: z.boolean().default(false),
+  })
+  .strict();
+
+export type Market = "spot" | "on-demand";
+
 const poolSchema = z
   .object({
     region: z.string().regex(/^[a-z]{2}(-[a-z]+)+-\d+$/, "an AWS region such as eu-west-1"),
@@ -69,6 +89,8 @@ const poolSchema = z
     rootVolume: rootVolumeSchema.optional(),
     /** A launch template for what berth does not set itself (user data, key pair, placement…); berth's own parameters take precedence. */
     launchTemplate: launchTemplateSchema.optional(),
+    /** Launch spot instances (one-time, terminated on interruption) instead of on-demand ones. */
+    spot: spotSchema.optional(),
   })
   .strict();
 
@@ -169,11 +191,25 @@ export function withImage(pc: AwsPoolConfig, image: unknown): AwsPoolConfig {
   return { ...pc, imageId: ref.amiId };
 }
 
-/** The (instance type, subnet) pairs a provision tries, in order: the configured pair first. */
-export function launchCandidates(pc: AwsPoolConfig): Array<{ instanceType: string; subnetId: string }> {
-  const out: Array<{ instanceType: string; subnetId: string }> = [];
-  for (const instanceType of [pc.instanceType, ...pc.fallbackInstanceTypes]) {
-    for (const subnetId of [pc.subnetId, ...pc.fallbackSubnetIds]) out.push({ instanceType, subnetId });
+export interface LaunchCandidate {
+  instanceType: string;
+  subnetId: string;
+  market: Market;
+}
+
+/**
+ * The (instance type, subnet, market) a provision tries, in order: the
+ * configured pair first, then every subnet with each fallback type; in a
+ * spot pool all of them on the spot market, then, with `fallbackOnDemand`,
+ * all of them again on demand.
+ */
+export function launchCandidates(pc: AwsPoolConfig): LaunchCandidate[] {
+  const markets: Market[] = pc.spot ? (pc.spot.fallbackOnDemand ? ["spot", "on-demand"] : ["spot"]) : ["on-demand"];
+  const out: LaunchCandidate[] = [];
+  for (const market of markets) {
+    for (const instanceType of [pc.instanceType, ...pc.fallbackInstanceTypes]) {
+      for (const subnetId of [pc.subnetId, ...pc.fallbackSubnetIds]) out.push({ instanceType, subnetId, market });
+    }
   }
   return out;
 }

@@ -20,7 +20,7 @@ import {
   type InstanceStatus,
   type RunInstancesCommandInput,
 } from "@aws-sdk/client-ec2";
-import type { AwsPoolConfig } from "./config.js";
+import type { AwsPoolConfig, Market } from "./config.js";
 
 export const TAG = { managed: "berth:deployment", machine: "berth:machine", pool: "berth:pool", org: "berth:org", op: "berth:op" } as const;
 const LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"];
@@ -89,9 +89,13 @@ export async function byId(ec2: EC2Client, instanceId: string): Promise<Instance
  * address (`sshAddress: public`), on its primary network interface with a
  * public IPv4 address requested (EC2 takes either form, not both); the
  * root volume's size and encryption (deleted with the instance); the launch
- * template (what the call sets takes precedence over it).
+ * template (what the call sets takes precedence over it); on the spot
+ * market, a one-time spot request whose instance is terminated when AWS
+ * reclaims it (a persistent request could relaunch an instance berth
+ * believes ended; `stop` and `hibernate` would keep billing its volumes),
+ * at most `maxPrice` where the pool sets one.
  */
-function runParams(pc: AwsPoolConfig): Omit<RunInstancesCommandInput, "ClientToken" | "TagSpecifications"> {
+function runParams(pc: AwsPoolConfig, market: Market): Omit<RunInstancesCommandInput, "ClientToken" | "TagSpecifications"> {
   const placed: Partial<RunInstancesCommandInput> =
     pc.sshAddress === "public"
       ? { NetworkInterfaces: [{ DeviceIndex: 0, SubnetId: pc.subnetId, Groups: pc.securityGroupIds, AssociatePublicIpAddress: true, DeleteOnTermination: true }] }
@@ -111,11 +115,14 @@ function runParams(pc: AwsPoolConfig): Omit<RunInstancesCommandInput, "ClientTok
       ? { BlockDeviceMappings: [{ DeviceName: v.deviceName, Ebs: { VolumeSize: v.sizeGiB, VolumeType: v.volumeType, Encrypted: v.encrypted, ...(v.kmsKeyId ? { KmsKeyId: v.kmsKeyId } : {}), DeleteOnTermination: true } }] }
       : {}),
     ...(lt ? { LaunchTemplate: { ...(lt.id ? { LaunchTemplateId: lt.id } : { LaunchTemplateName: lt.name }), Version: lt.version } } : {}),
+    ...(market === "spot"
+      ? { InstanceMarketOptions: { MarketType: "spot", SpotOptions: { SpotInstanceType: "one-time", InstanceInterruptionBehavior: "terminate", ...(pc.spot?.maxPrice ? { MaxPrice: pc.spot.maxPrice } : {}) } } }
+      : {}),
   };
 }
 
-/** RunInstances for the machine, tagged with the operation id; `clientToken` is the op id itself, or a fallback attempt's own token. */
-export async function launch(ec2: EC2Client, pc: AwsPoolConfig, b: Binding, opId: string, clientToken = opId): Promise<{ instance: Instance; account: string | null }> {
+/** RunInstances for the machine on `market`, tagged with the operation id; `clientToken` is the op id itself, or a fallback attempt's own token. */
+export async function launch(ec2: EC2Client, pc: AwsPoolConfig, market: Market, b: Binding, opId: string, clientToken = opId): Promise<{ instance: Instance; account: string | null }> {
   const tags = [
     { Key: TAG.managed, Value: b.deployment },
     { Key: TAG.org, Value: b.org },
@@ -124,7 +131,7 @@ export async function launch(ec2: EC2Client, pc: AwsPoolConfig, b: Binding, opId
     { Key: TAG.op, Value: opId },
     { Key: "Name", Value: `berth ${b.pool} ${b.machineId}` },
   ];
-  const r = await ec2.send(new RunInstancesCommand({ ...runParams(pc), ClientToken: clientToken, TagSpecifications: [{ ResourceType: "instance", Tags: tags }, { ResourceType: "volume", Tags: tags }] }));
+  const r = await ec2.send(new RunInstancesCommand({ ...runParams(pc, market), ClientToken: clientToken, TagSpecifications: [{ ResourceType: "instance", Tags: tags }, { ResourceType: "volume", Tags: tags }] }));
   const i = r.Instances?.[0];
   if (!i?.InstanceId) throw new Error("RunInstances answered without an instance");
   return { instance: i, account: r.OwnerId ?? null };

@@ -69,6 +69,27 @@ function notFound(ids: string[]): { status: number; body: string } {
   return { status: 400, body: errorXml("InvalidInstanceID.NotFound", `The instance IDs '${ids.join(", ")}' do not exist`) };
 }
 
+/**
+ * Why a spot launch is refused, as EC2 answers it: no spot capacity for the
+ * type in the subnet's zone, a MaxPrice below the spot price, or the
+ * account's spot limit reached; null when it may launch.
+ */
+function spotRefusal(emu: AwsEmulator, p: URLSearchParams, type: string, subnet: string, region: EmulatedInstance[]): { status: number; body: string } | null {
+  const f = emu.faults;
+  if (f.noSpotCapacity.includes(type) || f.noSpotCapacity.includes(subnet) || f.noSpotCapacity.includes(`${type}@${subnet}`)) {
+    return { status: 500, body: errorXml("InsufficientInstanceCapacity", "There is no Spot capacity available that matches your request.") };
+  }
+  const max = p.get("InstanceMarketOptions.SpotOptions.MaxPrice");
+  const price = f.spotPrices[type];
+  if (max !== null && price !== undefined && Number(max) < Number(price)) {
+    return { status: 400, body: errorXml("SpotMaxPriceTooLow", `Your Spot request price of ${max} is lower than the minimum required Spot request fulfillment price of ${price}.`) };
+  }
+  if (region.filter((i) => i.spot && i.state !== "terminated" && i.state !== "shutting-down").length >= f.maxSpotInstances) {
+    return { status: 400, body: errorXml("MaxSpotInstanceCountExceeded", "Max spot instance count exceeded") };
+  }
+  return null;
+}
+
 export async function ec2Action(emu: AwsEmulator, action: string, p: URLSearchParams, region: string): Promise<{ status: number; body: string }> {
   // Each region is its own namespace: ids, client tokens and filters see only its instances.
   const all = new Map(emu.inRegion(region).map((i) => [i.id, i]));
@@ -91,12 +112,17 @@ export async function ec2Action(emu: AwsEmulator, action: string, p: URLSearchPa
       // Idempotency: the same client token returns the instance it launched, whatever its state;
       // the same token with other parameters (region and zone aside) is IdempotentParameterMismatch.
       let inst = [...all.values()].find((i) => i.clientToken === token && p.get("ClientToken"));
-      if (inst && (inst.instanceType !== type || inst.subnetId !== subnet || inst.tags["emu:image"] !== (p.get("ImageId") ?? ""))) {
+      const spot = p.get("InstanceMarketOptions.MarketType") === "spot";
+      if (inst && (inst.instanceType !== type || inst.subnetId !== subnet || inst.tags["emu:image"] !== (p.get("ImageId") ?? "") || inst.spot !== spot)) {
         return { status: 400, body: errorXml("IdempotentParameterMismatch", "Arguments on this idempotent request are inconsistent with arguments used in previous request(s).") };
       }
       // No capacity for this type in this subnet's zone (InsufficientInstanceCapacity names both; nothing launched).
       if (!inst && (emu.faults.noCapacity.includes(type) || emu.faults.noCapacity.includes(subnet) || emu.faults.noCapacity.includes(`${type}@${subnet}`))) {
         return { status: 500, body: errorXml("InsufficientInstanceCapacity", `We currently do not have sufficient ${type} capacity in the Availability Zone of ${subnet}. Our system will be working on provisioning additional capacity.`) };
+      }
+      if (!inst && spot) {
+        const refusal = spotRefusal(emu, p, type, subnet, [...all.values()]);
+        if (refusal) return refusal;
       }
       if (!inst) {
         const tags: Record<string, string> = { "emu:image": p.get("ImageId") ?? "" };
@@ -109,7 +135,7 @@ export async function ec2Action(emu: AwsEmulator, action: string, p: URLSearchPa
         inst.subnetId = subnet;
         // A public IPv4 address only when the call asks for one (the emulated subnets do not map them on launch).
         inst.publicIp = p.get("NetworkInterface.1.AssociatePublicIpAddress") === "true";
-        inst.spot = p.get("InstanceMarketOptions.MarketType") === "spot";
+        inst.spot = spot;
         inst.launchParams = Object.fromEntries([...p.entries()].filter(([k]) => !k.startsWith("TagSpecification.")));
       }
       return reply(action, `<reservationId>r-${inst.id.slice(2)}</reservationId><ownerId>000000000000</ownerId><instancesSet>${instanceXml(inst)}</instancesSet>`);

@@ -4,7 +4,8 @@
  * not checked). One HTTP server speaks both wire protocols:
  *   - EC2 Query (form-encoded `Action=…`, XML answers): RunInstances (with
  *     ClientToken idempotency, IdempotentParameterMismatch, TagSpecifications,
- *     capacity refusals per type/subnet), DescribeInstances
+ *     capacity refusals per type/subnet; spot launches with their own
+ *     capacity, price and count refusals), DescribeInstances
  *     (instance ids; filters client-token, instance-state-name, tag:K),
  *     RebootInstances, TerminateInstances, DescribeInstanceStatus (paged;
  *     status checks `impaired` when a test sets `instance.impaired`);
@@ -58,6 +59,12 @@ export interface Faults {
   runRefusals: string[];
   /** Instance types, subnet ids or `type@subnet` pairs with no capacity: RunInstances for them is refused InsufficientInstanceCapacity (HTTP 500, as EC2 answers it). */
   noCapacity: string[];
+  /** Instance types, subnet ids or `type@subnet` pairs with no spot capacity: a spot launch there is refused InsufficientInstanceCapacity (on-demand launches are not). */
+  noSpotCapacity: string[];
+  /** The spot price per instance type (USD per hour): a spot launch whose MaxPrice is lower is refused SpotMaxPriceTooLow. */
+  spotPrices: Record<string, string>;
+  /** Spot instances the account may run at once (the spot vCPU limit, counted in instances here): one more is refused MaxSpotInstanceCountExceeded. */
+  maxSpotInstances: number;
   /** How many RebootInstances calls are answered true and ignored. */
   rebootsIgnored: number;
   bootMs: number;
@@ -101,7 +108,7 @@ export class AwsEmulator {
   readonly portCalls: string[] = [];
   /** `Action ErrorCode` of every error the emulator answered (throttling included), in order. */
   readonly errors: string[] = [];
-  readonly faults: Faults = { lose: new Map(), hold: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], runRefusals: [], noCapacity: [], rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, ssmNeverRegistersIn: [], sshdReloadFails: false, sshdIgnoresDropIns: false, rebootMs: 0, terminateLagMs: 0, pageSize: 1000, describeLagMs: 0, invocationLagMs: 100, ssmDelayed: [], rebootGraceMs: 200, cancelLagMs: 0, deliveryTimeoutMs: 0, executionTimeoutMs: 0, ssmSlowRuns: [] };
+  readonly faults: Faults = { lose: new Map(), hold: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], runRefusals: [], noCapacity: [], noSpotCapacity: [], spotPrices: {}, maxSpotInstances: 1000, rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, ssmNeverRegistersIn: [], sshdReloadFails: false, sshdIgnoresDropIns: false, rebootMs: 0, terminateLagMs: 0, pageSize: 1000, describeLagMs: 0, invocationLagMs: 100, ssmDelayed: [], rebootGraceMs: 200, cancelLagMs: 0, deliveryTimeoutMs: 0, executionTimeoutMs: 0, ssmSlowRuns: [] };
   url = "";
   sshPort = 0;
   #server: Server | null = null;
