@@ -4,8 +4,9 @@
  * BENCH_AGENT_NODE_ARGS), it records, in memory, when
  *   - an HTTP request arrives (node:http's `http.server.request.start`, after
  *     its headers were parsed) and when its reply is finished;
- *   - an outgoing undici request is created, its reply's headers arrive and
- *     its body ends (the coordinator's agent call);
+ *   - an outgoing node:http request starts (berth's one HTTP client,
+ *     src/http/client.ts), its reply's headers arrive and its body ends (the
+ *     coordinator's agent call);
  *   - a SQLite COMMIT statement starts and returns (the coordinator's group
  *     commit), and a better-sqlite3 `transaction().immediate()` starts and
  *     returns (the agent's transactions: body + commit);
@@ -37,14 +38,16 @@ if (file) {
     response.once("finish", () => note("res", what));
   });
 
-  const calls = new WeakMap<object, string>();
-  subscribe("undici:request:create", (m) => {
+  subscribe("http.client.request.start", (m) => {
     const { request } = m as { request: { method: string; path: string } };
-    calls.set(request, `${request.method} ${request.path}`);
-    note("call", calls.get(request));
+    note("call", `${request.method} ${request.path}`);
   });
-  subscribe("undici:request:headers", (m) => note("call-headers", calls.get((m as { request: object }).request) ?? ""));
-  subscribe("undici:request:trailers", (m) => note("call-done", calls.get((m as { request: object }).request) ?? ""));
+  subscribe("http.client.response.finish", (m) => {
+    const { request, response } = m as { request: { method: string; path: string }; response: { once(e: string, f: () => void): void } };
+    const what = `${request.method} ${request.path}`;
+    note("call-headers", what);
+    response.once("end", () => note("call-done", what));
+  });
 
   const probe = new Database(":memory:");
   const stmtProto = Object.getPrototypeOf(probe.prepare("SELECT 1")) as { run: (...a: unknown[]) => unknown };

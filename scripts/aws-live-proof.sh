@@ -20,7 +20,8 @@
 #
 # Whatever happens after the first launch (a failed check, a timeout, Ctrl-C,
 # SIGTERM, SIGHUP, the coordinator dying), the exit trap ends what it
-# started: it drains the pool through the coordinator if it still answers
+# started: it ends its background processes (heartbeat loops, the open
+# session of step 3), drains the pool through the coordinator if it still answers
 # (bounded by BERTH_PROOF_DRAIN_TIMEOUT), stops the coordinator, then
 # terminates every instance of the deployment by launch record and by tag
 # (`berth aws orphans --including-live --terminate --yes`), prints what it
@@ -36,7 +37,14 @@
 #   the pool named "proof" must be in the config; this machine must reach the
 #   instances' SSH address (sshAddress in the config). Needs: jq, ssh, curl.
 #   BERTH_PROOF_POLL (s, default 5), BERTH_PROOF_DRAIN_TIMEOUT (s, default 900),
-#   BERTH_PROOF_CALL_TIMEOUT (s per berth command, default 300).
+#   BERTH_PROOF_CALL_TIMEOUT (s per berth command, default 300),
+#   BERTH_PROOF_HEARTBEAT (s, the pool's borrow heartbeat, default 60; step 4
+#   waits about twice that), BERTH_PROOF_SESSION_SETTLE (s the session of step
+#   3 runs before the return, default 10).
+#   BERTH_PROOF_PAUSE_AT=POINT (for the emulator test of the exit trap only):
+#   on reaching POINT (preflight, 1 … 6: a point inside that step, see `at`)
+#   print "paused at POINT" and wait until the file WORK/continue exists, so
+#   that a test can signal the script, or kill its coordinator, there.
 set -euo pipefail
 # The script's own stdout and stderr, kept on fds 3 and 4: the exit trap can run while a
 # command's output is redirected (wait_for sends its condition's output to /dev/null), and
@@ -60,6 +68,8 @@ POOL=proof
 POLL="${BERTH_PROOF_POLL:-5}"
 DRAIN_TIMEOUT="${BERTH_PROOF_DRAIN_TIMEOUT:-900}"
 CALL_TIMEOUT="${BERTH_PROOF_CALL_TIMEOUT:-300}"
+HEARTBEAT="${BERTH_PROOF_HEARTBEAT:-60}"
+SETTLE="${BERTH_PROOF_SESSION_SETTLE:-10}"
 DEPLOYMENT="$(jq -r .deployment "$CONFIG")"
 REGIONS="$(jq -r '[.pools[].region] | unique | .[]' "$CONFIG" | tr '\n' ' ')"
 POOLCONF="$(jq -c ".pools.$POOL // .pools[\"proof/$POOL\"]" "$CONFIG")"
@@ -90,10 +100,19 @@ chmod 700 "$WORK"
 echo "work directory (logs, receipts, the coordinator's state): $WORK"
 COORD_PID=""
 URL=""
-HB_PIDS=()
+# The coordinator's port, kept across its restarts: receipts name the coordinator's URL.
+PORT="${BERTH_PROOF_PORT:-0}"
+# Background processes of the script (heartbeat loops, the open session of step 3): the trap ends them.
+BG_PIDS=()
 CLEANING=0
 
 step() { printf '\n== %s\n' "$*"; }
+# A point inside a step where the emulator test of the trap stops the script (BERTH_PROOF_PAUSE_AT); a no-op otherwise.
+at() { # point
+  [ "${BERTH_PROOF_PAUSE_AT:-}" = "$1" ] || return 0
+  echo "paused at $1"
+  until [ -e "$WORK/continue" ]; do sleep 0.1; done
+}
 pass() { printf 'PASS %s\n' "$*"; }
 fail() { printf 'FAIL %s\n' "$*" >&2; exit 1; }
 wait_for() { # what, timeout seconds, command...
@@ -102,6 +121,8 @@ wait_for() { # what, timeout seconds, command...
   end=$((SECONDS + t))
   until "$@" >/dev/null 2>&1; do
     [ "$SECONDS" -lt "$end" ] || fail "timed out after ${t}s waiting for $what"
+    # A dead coordinator answers nothing: fail now rather than at the timeout (the trap then ends the instances by record and tag).
+    [ -z "$COORD_PID" ] || kill -0 "$COORD_PID" 2>/dev/null || fail "the coordinator (pid $COORD_PID) is gone while waiting for $what; see $WORK/coord.log"
     sleep "$POLL"
   done
 }
@@ -114,12 +135,13 @@ tagged_instances() { orphans --json | jq '[.instances[] | select(.state != "term
 
 start_coordinator() { # config file
   : >"$WORK/coord.out"
-  "$BERTH" serve --portable --aws-config "$1" --state-dir "$WORK/coord" --listen "127.0.0.1:${BERTH_PROOF_PORT:-0}" >"$WORK/coord.out" 2>>"$WORK/coord.log" 3>&- 4>&- &
+  "$BERTH" serve --portable --aws-config "$1" --state-dir "$WORK/coord" --listen "127.0.0.1:$PORT" >"$WORK/coord.out" 2>>"$WORK/coord.log" 3>&- 4>&- &
   COORD_PID=$!
   echo "$COORD_PID" >"$WORK/coord.pid"
   listening() { URL="$(sed -n 's/^berth coordinator listening on \([^ ]*\).*/\1/p' "$WORK/coord.out")"; [ -n "$URL" ] && curl -sf "$URL/v1/health"; }
   wait_for "the coordinator" 60 listening
   URL="$(sed -n 's/^berth coordinator listening on \([^ ]*\).*/\1/p' "$WORK/coord.out")"
+  PORT="${URL##*:}"
   [ ! -d "$WORK/admin-cli" ] || printf '{"url":"%s","tokenFile":"token"}\n' "$URL" >"$WORK/admin-cli/client.json"
   for who in alice bob; do [ ! -d "$WORK/$who" ] || printf '{"url":"%s","tokenFile":"token"}\n' "$URL" >"$WORK/$who/client.json"; done
 }
@@ -156,8 +178,8 @@ on() { # who receipt shell-line
 }
 
 heartbeat_loop() { # who receipt
-  while sleep 20; do as "$1" heartbeat --receipt "$2" >/dev/null 2>&1 || true; done 3>&- 4>&- &
-  HB_PIDS+=($!)
+  while sleep "$(awk -v h="$HEARTBEAT" 'BEGIN { print h / 3 }')"; do as "$1" heartbeat --receipt "$2" >/dev/null 2>&1 || true; done 3>&- 4>&- &
+  BG_PIDS+=($!)
 }
 
 drained() { admin_post "/v1/pools/$POOL/drain" '{"force":true}' | jq -e '.remaining == 0'; }
@@ -170,7 +192,7 @@ cleanup() {
   trap '' INT TERM HUP
   exec 1>&3 2>&4
   set +e
-  for p in "${HB_PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${BG_PIDS[@]}"; do kill "$p" 2>/dev/null; done
   if [ -n "$COORD_PID" ] && kill -0 "$COORD_PID" 2>/dev/null && [ -f "$WORK/admin.header" ]; then
     echo "cleanup: draining pool $POOL through the coordinator (up to ${DRAIN_TIMEOUT}s)"
     as admin-cli pool ensure "$POOL" --min-ready 0 --max-ready 2 --compatibility-key aws-linux --access portable --provider aws >/dev/null 2>&1
@@ -211,6 +233,7 @@ start_coordinator "$CONFIG"
 orphans --json >"$WORK/preflight.json" || [ $? = 1 ] || fail "cannot list the deployment's instances (credentials? endpoint?); see above"
 [ "$(jq '.instances | length' "$WORK/preflight.json")" = 0 ] || fail "instances tagged berth:deployment=$DEPLOYMENT already exist; use a fresh deployment name"
 pass "credentials from the default chain answer; no instance of deployment $DEPLOYMENT yet"
+at preflight
 if [ "$YES" != 1 ]; then
   read -r -p "launch these instances? [y/N] " answer
   [[ "$answer" =~ ^[Yy]([Ee][Ss])?$ ]] || { echo "nothing launched"; exit 1; }
@@ -220,7 +243,8 @@ step "1. coordinator and a portable aws pool of 2"
 b token create --state-dir "$WORK/coord" --org proof --role admin --out "$WORK/admin.token" >/dev/null
 printf 'authorization: Bearer %s\n' "$(cat "$WORK/admin.token")" >"$WORK/admin.header"; chmod 600 "$WORK/admin.header"
 client admin-cli; cp "$WORK/admin.token" "$WORK/admin-cli/token"
-as admin-cli pool ensure "$POOL" --min-ready 2 --max-ready 2 --compatibility-key aws-linux --access portable --provider aws
+as admin-cli pool ensure "$POOL" --min-ready 2 --max-ready 2 --compatibility-key aws-linux --access portable --provider aws --heartbeat "${HEARTBEAT}s"
+at 1
 wait_for "2 ready instances" 900 ready
 pass "2 instances provisioned, enrolled over SSM and ready"
 
@@ -232,6 +256,7 @@ heartbeat_loop alice "$WORK/alice/r1.json"; ALICE_HB=$!
 heartbeat_loop bob "$WORK/bob/r1.json"; BOB_HB=$!
 as alice ack --receipt "$WORK/alice/r1.json"
 as bob ack --receipt "$WORK/bob/r1.json"
+at 2
 [ "$(on alice "$WORK/alice/r1.json" 'echo alice > ~/note; echo usable')" = usable ] || fail "alice cannot use her machine"
 [ "$(on bob "$WORK/bob/r1.json" 'echo usable')" = usable ] || fail "bob cannot use his machine"
 BOB_HOST="$(jq -r .machine.ssh.host "$WORK/bob/r1.json")"; BOB_USER="$(jq -r .machine.ssh.user "$WORK/bob/r1.json")"; BOB_PORT="$(jq -r .machine.ssh.port "$WORK/bob/r1.json")"
@@ -243,7 +268,9 @@ pass "usable access for both; alice's key is refused on bob's machine"
 step "3. return with an open session (fenced), reborrow"
 timeout 900 "$BERTH" ssh --receipt "$WORK/alice/r1.json" --config "$WORK/alice/client.json" -- sleep 3600 &
 OPEN=$!
-sleep 10
+BG_PIDS+=("$OPEN")
+sleep "$SETTLE"
+at 3
 kill "$ALICE_HB"
 as alice return --receipt "$WORK/alice/r1.json"
 set +e; wait "$OPEN"; OPEN_RC=$?; set -e
@@ -259,6 +286,7 @@ pass "reborrowed with a fresh key; nothing of the previous borrow is left"
 
 step "4. a killed borrower"
 kill -9 "$BOB_HB"
+at 4
 BOB_BORROW="$(jq -r .borrowId "$WORK/bob/r1.json")"
 bob_gone() { admin_get "/v1/borrows/$BOB_BORROW" | jq -e '.reason == "heartbeat_missed" and (.machine.state == "destroyed" or .machine.state == "pruned")'; }
 wait_for "bob's machine quarantined and destroyed" 900 bob_gone
@@ -277,6 +305,7 @@ if FIRST="$(as alice ack --receipt "$WORK/alice/r3.json" 2>&1)"; then
   fail "the first ack was already active: the install did not outlast one call (nothing ambiguous was proven)"
 fi
 grep -q "is installing after acknowledgement" <<<"$FIRST" || fail "the first ack failed otherwise: $FIRST"
+at 5
 active() { as alice ack --receipt "$WORK/alice/r3.json"; }
 wait_for "the retried install to be proven" 300 active
 [ "$(on alice "$WORK/alice/r3.json" 'echo usable')" = usable ] || fail "no access after the ambiguous install"
@@ -288,6 +317,7 @@ start_coordinator "$CONFIG"
 step "6. drain and prove zero remaining instances"
 as alice return --receipt "$WORK/alice/r3.json" || true
 as admin-cli pool ensure "$POOL" --min-ready 0 --max-ready 2 --compatibility-key aws-linux --access portable --provider aws
+at 6
 wait_for "every machine destroyed" 900 drained
 stop_coordinator
 wait_for "zero tagged instances" 600 zero

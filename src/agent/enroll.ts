@@ -25,7 +25,7 @@ import { readFileSync, statSync } from "node:fs";
 import { z } from "zod";
 import { BerthError } from "../core/errors.js";
 import { parseId, type Id } from "../core/ids.js";
-import { agentRefusal } from "../protocol/agent-api.js";
+import { postToCoordinator, refusalOf } from "./coordinator-call.js";
 import type { RuntimeDetail } from "./runtime/types.js";
 
 export interface EnrollRequest {
@@ -69,29 +69,17 @@ const responseSchema = z.object({
 });
 
 export async function enroll(coordinatorUrl: string, enrollToken: string, body: EnrollRequest, identity?: IdentityProof, timeoutMs = 15_000): Promise<Enrollment> {
-  const url = new URL("/v1/hosts/enroll", coordinatorUrl);
-  let res: Response;
-  try {
-    res = await fetch(url, {
-      method: "POST",
-      headers: { authorization: `Bearer ${enrollToken}`, "content-type": "application/json" },
-      body: JSON.stringify(identity === undefined ? body : { ...body, identity }),
-      signal: AbortSignal.timeout(timeoutMs),
-    });
-  } catch (e) {
-    // fetch's errors never carry the request headers; say only where it failed.
-    throw new Error(`the coordinator at ${url.origin} did not answer the enrollment (${(e as Error).cause ? String((e as { cause: unknown }).cause) : (e as Error).message})`);
-  }
-  const text = await res.text();
-  if (!res.ok) {
-    const { code, message } = refusalOf(res.status, text);
+  const payload = identity === undefined ? body : { ...body, identity };
+  const res = await postToCoordinator(coordinatorUrl, "/v1/hosts/enroll", "the enrollment", { authorization: `Bearer ${enrollToken}` }, payload, timeoutMs);
+  if (res.status < 200 || res.status > 299) {
+    const { code, message } = refusalOf(res.status, res.text);
     const what = `the coordinator refused the enrollment (${res.status} ${code}): ${message}`;
     if (res.status >= 400 && res.status < 500) throw new EnrollRefusedError(res.status, code, what);
     throw new Error(what);
   }
   let parsed: z.infer<typeof responseSchema>;
   try {
-    parsed = responseSchema.parse(JSON.parse(text));
+    parsed = responseSchema.parse(JSON.parse(res.text));
   } catch {
     throw new Error("the coordinator's enrollment answer is not {hostId, hostCallToken}");
   }
@@ -102,20 +90,6 @@ export async function enroll(coordinatorUrl: string, enrollToken: string, body: 
  * The enroll token: from `file` (owner-only permissions recommended) or the
  * BERTH_ENROLL_TOKEN environment variable. Never from argv.
  */
-/** The code and message of a coordinator's refusal body (`{error: {code, message}}`), or the status and the text's start. */
-export function refusalOf(status: number, text: string): { code: string; message: string } {
-  let code = `http_${status}`;
-  let message = text.slice(0, 300);
-  try {
-    const r = agentRefusal(JSON.parse(text));
-    if (r.code !== null) code = r.code;
-    if (r.message !== null) message = r.message;
-  } catch {
-    // not JSON: keep the text
-  }
-  return { code, message };
-}
-
 export function readEnrollToken(file: string | undefined, env: NodeJS.ProcessEnv): string | null {
   if (file !== undefined) {
     let text: string;

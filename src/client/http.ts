@@ -1,13 +1,12 @@
 /**
  * The HTTP client for the coordinator API, used by the client library, the
  * CLI, benchmarks and tests: JSON in and out over keep-alive connections
- * (node:http; node:https only when the URL asks for it). A refusal becomes
- * an ApiError with the server's stable code and message.
- *
- * Built on node:http rather than undici: loading undici costs a client
- * command 100-200 ms on this class of machine, more than the whole borrow.
+ * (berth's one HTTP client, src/http/client.ts: node:http, node:https only
+ * when the URL asks for it). A refusal becomes an ApiError with the server's
+ * stable code and message; a connection error is Node's own (its `code`,
+ * e.g. ECONNREFUSED, is what the CLI and MCP server read).
  */
-import { Agent, request as httpRequest, type IncomingMessage, type RequestOptions } from "node:http";
+import { HttpClient } from "../http/client.js";
 import { API, replyMismatch, routePath, type Route, type RouteBody, type RouteParams, type RouteReply } from "../protocol/api.js";
 
 export class ApiError extends Error {
@@ -21,14 +20,10 @@ export class ApiError extends Error {
   }
 }
 
-type Requester = (o: RequestOptions, cb: (res: IncomingMessage) => void) => ReturnType<typeof httpRequest>;
-
 export class Api {
   readonly #auth: string | null;
-  readonly #url: URL;
-  #agent: Agent | null = null;
-  #request: Requester | null = null;
-  readonly #connections: number;
+  readonly #origin: URL;
+  readonly #http: HttpClient;
 
   constructor(
     readonly baseUrl: string,
@@ -41,61 +36,18 @@ export class Api {
     } catch {
       throw new ApiError(0, "invalid_request", `invalid_request: coordinator URL ${JSON.stringify(baseUrl)} is not a URL; expected e.g. http://127.0.0.1:7420`);
     }
-    this.#url = url;
-    if (this.#url.protocol !== "http:" && this.#url.protocol !== "https:") throw new ApiError(0, "invalid_request", `invalid_request: coordinator URL ${baseUrl} is not http(s)`);
+    if (url.protocol !== "http:" && url.protocol !== "https:") throw new ApiError(0, "invalid_request", `invalid_request: coordinator URL ${baseUrl} is not http(s)`);
+    this.#origin = url;
     this.#auth = token ? `Bearer ${token}` : null;
-    this.#connections = opts.connections ?? 8;
-  }
-
-  async #transport(): Promise<{ agent: Agent; request: Requester }> {
-    if (this.#agent && this.#request) return { agent: this.#agent, request: this.#request };
-    if (this.#url.protocol === "https:") {
-      const https = await import("node:https");
-      this.#agent = new https.Agent({ keepAlive: true, maxSockets: this.#connections });
-      this.#request = https.request as Requester;
-    } else {
-      this.#agent = new Agent({ keepAlive: true, maxSockets: this.#connections });
-      this.#request = httpRequest as Requester;
-    }
-    return { agent: this.#agent, request: this.#request };
+    this.#http = new HttpClient({ connections: opts.connections ?? 8 });
   }
 
   /** `onSent`: called once the request is handed to the OS, while its answer is awaited (work to overlap with the wait). */
   async raw(method: string, path: string, body?: unknown, headers: Record<string, string> = {}, onSent?: () => void): Promise<{ status: number; body: unknown; text: string }> {
     const h: Record<string, string> = { ...headers };
     if (this.#auth && !("authorization" in h)) h.authorization = this.#auth;
-    let payload: Buffer | undefined;
-    if (body !== undefined) {
-      payload = Buffer.from(typeof body === "string" ? body : JSON.stringify(body), "utf8");
-      h["content-type"] = "application/json";
-      h["content-length"] = String(payload.length);
-    }
-    const { agent, request } = await this.#transport();
-    const res = await new Promise<{ status: number; type: string; text: string }>((resolve, reject) => {
-      const req = request(
-        { method, host: this.#url.hostname, port: this.#url.port || undefined, path, headers: h, agent },
-        (r) => {
-          const chunks: Buffer[] = [];
-          r.on("data", (c: Buffer) => chunks.push(c));
-          r.on("error", reject);
-          r.on("end", () => resolve({ status: r.statusCode ?? 0, type: String(r.headers["content-type"] ?? ""), text: Buffer.concat(chunks).toString("utf8") }));
-        },
-      );
-      // Requests are small and latency-bound: no Nagle.
-      req.on("socket", (s) => s.setNoDelay(true));
-      req.on("error", reject);
-      if (onSent) req.once("finish", onSent);
-      req.end(payload);
-    });
-    let parsed: unknown = undefined;
-    if (res.text.length > 0 && res.type.includes("json")) {
-      try {
-        parsed = JSON.parse(res.text);
-      } catch {
-        parsed = undefined;
-      }
-    }
-    return { status: res.status, body: parsed, text: res.text };
+    const r = await this.#http.request(method, this.#origin, path, { headers: h, body, ...(onSent ? { onSent } : {}) });
+    return { status: r.status, body: r.body, text: r.text };
   }
 
   /**
@@ -128,7 +80,7 @@ export class Api {
   }
 
   close(): Promise<void> {
-    this.#agent?.destroy();
+    this.#http.close();
     return Promise.resolve();
   }
 }

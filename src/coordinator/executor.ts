@@ -40,6 +40,7 @@ import { readinessVerdict, type ReadinessEvidence, type ReadinessVerdict } from 
 import { policyFingerprint } from "../core/network-policy.js";
 import { setMachineEvidence } from "../store/machine-network.js";
 import { readPool } from "../store/pools.js";
+import type { PoolRecord } from "../core/pool.js";
 import { closeBreaker } from "../store/provision-breaker.js";
 import { closePlacement, openPlacements } from "../store/placement-breakers.js";
 import { countProvisionGiveUp } from "./breakers.js";
@@ -200,59 +201,11 @@ export class OperationExecutor {
     return false;
   }
 
+  /** A proven outcome: a destroy, a provision, or a cleanup step of exactly the op's generation. */
   async #onDone(tx: Tx, op: OpRow, m: MachineRow, result: OperationEvidence, now: number, nonce: string): Promise<void> {
-    const { ctx, grants } = this.#deps;
-    if (op.kind === "destroy") {
-      if (m.state === "destroying") {
-        await applyTransition(tx, ctx, m, { kind: "destroyed" }, now, { nonce });
-        await grants.machineDestroyed(tx, m.id, now);
-        if (m.host_id) await releaseHostSlot(tx, m.host_id);
-        await setDue(tx, "retention", `m:${m.id}`, now + ctx.config.retentionMs);
-        await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
-      }
-      return;
-    }
-    if (op.kind === "provision") {
-      const found = provisionedMachine(result);
-      const net = m.state === "provisioning" ? await this.#network(tx, m, result, 0) : ({ kind: "ready" } as const);
-      // The pool's image changed while this machine was being made for the old one: never lent, replaced.
-      const image = m.state === "provisioning" ? ((await readPool(tx, m.org, m.pool))?.image ?? null) : (m.image ?? null);
-      const forwarding = m.state === "provisioning" ? ((await readPool(tx, m.org, m.pool))?.forwarding ?? "on") : forwardingOf(m);
-      const files = m.state === "provisioning" ? ((await readPool(tx, m.org, m.pool))?.files ?? "machine") : filesScopeOf(m);
-      const staleImage =
-        (m.image ?? null) !== image
-          ? `the pool's image changed to ${image ?? "the host's root"} while it was provisioned for ${m.image ?? "the host's root"}`
-          : forwardingOf(m) !== forwarding
-            ? `the pool's forwarding changed to ${forwarding} while it was provisioned with ${forwardingOf(m)}`
-            : filesScopeOf(m) !== files
-              ? `the pool's files scope changed to ${files} while it was provisioned with ${filesScopeOf(m)}`
-              : null;
-      const r =
-        net.kind !== "ready"
-          ? { ok: false as const, why: net.why }
-          : staleImage !== null
-            ? { ok: false as const, why: staleImage }
-            : found
-              ? await this.#deps.registerProvisioned(tx, m, found, now)
-              : { ok: false as const, why: "the provider's proof lacks the machine's incarnation or SSH address" };
-      if (net.kind === "quarantine") ctx.metrics.machineQuarantined(m, "network_probe_failed", now);
-      // The provider launched and proved a machine: the pool's provisioning works, its breakers close.
-      if (found) await closeBreaker(tx, m.org, m.pool);
-      if (found && typeof result.placement === "string") await closePlacement(tx, m.org, m.pool, result.placement);
-      if (!r.ok && m.state === "provisioning") {
-        const d = await applyTransition(tx, ctx, m, { kind: "drain", reason: `not registered: ${r.why}` }, now, { nonce });
-        if (d.opIds.length === 0) await audit(tx, { at: now, machineId: m.id, subject: op.id, event: "unregistered", from: "provisioning", to: d.machine.state, generation: m.generation, actor: ctx.actor });
-        // Its claim will never fund a ready machine: expire it now (not at its TTL, while it
-        // still counts as capacity on its way), and let the pool look again.
-        const claim = m.claim_id ? await lockClaim(tx, m.claim_id) : undefined;
-        if (claim && claim.state === "open") {
-          await expireClaim(tx, claim.id);
-          await clearDue(tx, "claim", claim.id);
-        }
-        await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
-      }
-      return;
-    }
+    const { ctx } = this.#deps;
+    if (op.kind === "destroy") return this.#onDestroyed(tx, m, now, nonce);
+    if (op.kind === "provision") return this.#onProvisioned(tx, op, m, result, now, nonce);
     // Everything below proves a step for exactly the op's generation. A late
     // completion for an older generation is recorded on the op and changes nothing.
     if (m.generation !== op.generation) {
@@ -262,48 +215,99 @@ export class OperationExecutor {
     if (typeof result.incarnation === "string") await setIncarnation(tx, m.id, result.incarnation);
     switch (op.kind) {
       case "remove_key":
-        if (m.state === "revoking") {
-          await applyTransition(tx, ctx, m, { kind: "revoked" }, now, { nonce });
-          await grants.cleanupStep(tx, m.id, m.generation, "revoked", now);
-        }
+        if (m.state === "revoking") await this.#cleanupStep(tx, m, "revoked", now, nonce);
         return;
       case "fence":
-        if (m.state === "fencing") {
-          await applyTransition(tx, ctx, m, { kind: "fenced" }, now, { nonce });
-          await grants.cleanupStep(tx, m.id, m.generation, "fenced", now);
-        }
+        if (m.state === "fencing") await this.#cleanupStep(tx, m, "fenced", now, nonce);
         return;
       case "scrub":
-        if (m.state === "scrubbing") {
-          // Ready again only with passing network evidence for this generation (docs/network.md).
-          const net = await this.#network(tx, m, result, m.generation);
-          if (net.kind === "quarantine") {
-            ctx.metrics.machineQuarantined(m, "network_probe_failed", now);
-            grants.cleanupFailed(tx, m, "network_probe");
-            await applyTransition(tx, ctx, m, { kind: "quarantine", reason: net.why }, now, { nonce });
-            return;
-          }
-          const back = await applyTransition(tx, ctx, m, { kind: "scrubbed" }, now, { nonce });
-          await grants.cleanupStep(tx, m.id, m.generation, "closed", now);
-          // The pool's image changed while it was lent: it is replaced, never changed live.
-          const pool = await readPool(tx, m.org, m.pool);
-          const image = pool?.image ?? null;
-          const forwarding = pool?.forwarding ?? "on";
-          const files = pool?.files ?? "machine";
-          const rotate =
-            net.kind === "rotate" ? net.why
-            : (m.image ?? null) !== image ? `image changed to ${image ?? "the host's root"}`
-            : forwardingOf(m) !== forwarding ? `forwarding changed to ${forwarding}`
-            : filesScopeOf(m) !== files ? `files scope changed to ${files}`
-            : null;
-          if (rotate !== null) await applyTransition(tx, ctx, back.machine, { kind: "drain", reason: rotate }, now, { nonce: `${nonce}:rotate` });
-          // Back in the ready queue: let the reconciler check the pool is not above its capacity.
-          await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
-        }
+        if (m.state === "scrubbing") await this.#onScrubbed(tx, m, result, now, nonce);
         return;
       case "install_key":
         return; // the current generation's install is recorded by #complete
     }
+  }
+
+  /** The destroy is proven: the machine, its grants and its host slot are done with; the pool looks again. */
+  async #onDestroyed(tx: Tx, m: MachineRow, now: number, nonce: string): Promise<void> {
+    const { ctx, grants } = this.#deps;
+    if (m.state !== "destroying") return;
+    await applyTransition(tx, ctx, m, { kind: "destroyed" }, now, { nonce });
+    await grants.machineDestroyed(tx, m.id, now);
+    if (m.host_id) await releaseHostSlot(tx, m.host_id);
+    await setDue(tx, "retention", `m:${m.id}`, now + ctx.config.retentionMs);
+    await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
+  }
+
+  /**
+   * The provider made a machine: it is registered (ready) only with passing
+   * network evidence, for the pool's settings as they are now, and while its
+   * claim still funds it; otherwise it is drained and its claim expired.
+   */
+  async #onProvisioned(tx: Tx, op: OpRow, m: MachineRow, result: OperationEvidence, now: number, nonce: string): Promise<void> {
+    const { ctx } = this.#deps;
+    const found = provisionedMachine(result);
+    const provisioning = m.state === "provisioning";
+    const net = provisioning ? await this.#network(tx, m, result, 0) : ({ kind: "ready" } as const);
+    // The pool's image (or forwarding, or files scope) changed while this machine was being made for the old one: never lent, replaced.
+    const stale = provisioning ? provisionedForOldPool(m, await readPool(tx, m.org, m.pool)) : null;
+    const r =
+      net.kind !== "ready"
+        ? { ok: false as const, why: net.why }
+        : stale !== null
+          ? { ok: false as const, why: stale }
+          : found
+            ? await this.#deps.registerProvisioned(tx, m, found, now)
+            : { ok: false as const, why: "the provider's proof lacks the machine's incarnation or SSH address" };
+    if (net.kind === "quarantine") ctx.metrics.machineQuarantined(m, "network_probe_failed", now);
+    // The provider launched and proved a machine: the pool's provisioning works, its breakers close.
+    if (found) await closeBreaker(tx, m.org, m.pool);
+    if (found && typeof result.placement === "string") await closePlacement(tx, m.org, m.pool, result.placement);
+    if (r.ok || !provisioning) return;
+    const d = await applyTransition(tx, ctx, m, { kind: "drain", reason: `not registered: ${r.why}` }, now, { nonce });
+    if (d.opIds.length === 0) await audit(tx, { at: now, machineId: m.id, subject: op.id, event: "unregistered", from: "provisioning", to: d.machine.state, generation: m.generation, actor: ctx.actor });
+    // Its claim will never fund a ready machine: expire it now (not at its TTL, while it
+    // still counts as capacity on its way), and let the pool look again.
+    await expireOpenClaim(tx, m);
+    await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
+  }
+
+  /** A key removal or fence proven: the machine and its grant move one step on. */
+  async #cleanupStep(tx: Tx, m: MachineRow, step: "revoked" | "fenced", now: number, nonce: string): Promise<void> {
+    const { ctx, grants } = this.#deps;
+    await applyTransition(tx, ctx, m, step === "revoked" ? { kind: "revoked" } : { kind: "fenced" }, now, { nonce });
+    await grants.cleanupStep(tx, m.id, m.generation, step, now);
+  }
+
+  /**
+   * The scrub proven: ready again only with passing network evidence for this
+   * generation (docs/network.md), and rotated out when the pool's settings
+   * changed while it was lent (replaced, never changed live).
+   */
+  async #onScrubbed(tx: Tx, m: MachineRow, result: OperationEvidence, now: number, nonce: string): Promise<void> {
+    const { ctx, grants } = this.#deps;
+    const net = await this.#network(tx, m, result, m.generation);
+    if (net.kind === "quarantine") {
+      ctx.metrics.machineQuarantined(m, "network_probe_failed", now);
+      grants.cleanupFailed(tx, m, "network_probe");
+      await applyTransition(tx, ctx, m, { kind: "quarantine", reason: net.why }, now, { nonce });
+      return;
+    }
+    const back = await applyTransition(tx, ctx, m, { kind: "scrubbed" }, now, { nonce });
+    await grants.cleanupStep(tx, m.id, m.generation, "closed", now);
+    const pool = await readPool(tx, m.org, m.pool);
+    const image = pool?.image ?? null;
+    const forwarding = pool?.forwarding ?? "on";
+    const files = pool?.files ?? "machine";
+    const rotate =
+      net.kind === "rotate" ? net.why
+      : (m.image ?? null) !== image ? `image changed to ${image ?? "the host's root"}`
+      : forwardingOf(m) !== forwarding ? `forwarding changed to ${forwarding}`
+      : filesScopeOf(m) !== files ? `files scope changed to ${files}`
+      : null;
+    if (rotate !== null) await applyTransition(tx, ctx, back.machine, { kind: "drain", reason: rotate }, now, { nonce: `${nonce}:rotate` });
+    // Back in the ready queue: let the reconciler check the pool is not above its capacity.
+    await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
   }
 
   /**
@@ -337,11 +341,7 @@ export class OperationExecutor {
       if (!ctx.providers.get(m.provider)?.selfPlaced) return;
       // Its claim will never fund a ready machine: expired now, so the pool replaces it at once
       // (the breaker, not the claim's TTL, is what stops a pool whose launches keep failing).
-      const claim = m.claim_id ? await lockClaim(tx, m.claim_id) : undefined;
-      if (claim && claim.state === "open") {
-        await expireClaim(tx, claim.id);
-        await clearDue(tx, "claim", claim.id);
-      }
+      await expireOpenClaim(tx, m);
       await setDueNoLater(tx, "fill", poolRef(m.org, m.pool), now);
       await countProvisionGiveUp(tx, ctx, op.id, m, error, placement, now);
       return;
@@ -362,6 +362,26 @@ function rowCall(op: OpRow): OpRowCall | { error: string } {
   } catch (e) {
     return { error: e instanceof Error ? e.message : String(e) };
   }
+}
+
+/** A machine's fill claim, expired (and its due row cleared) if still open. */
+async function expireOpenClaim(tx: Tx, m: MachineRow): Promise<void> {
+  const claim = m.claim_id ? await lockClaim(tx, m.claim_id) : undefined;
+  if (claim && claim.state === "open") {
+    await expireClaim(tx, claim.id);
+    await clearDue(tx, "claim", claim.id);
+  }
+}
+
+/** Why a machine just provisioned no longer fits its pool (image, forwarding or files scope changed meanwhile), or null. */
+function provisionedForOldPool(m: MachineRow, pool: PoolRecord | undefined): string | null {
+  const image = pool?.image ?? null;
+  const forwarding = pool?.forwarding ?? "on";
+  const files = pool?.files ?? "machine";
+  if ((m.image ?? null) !== image) return `the pool's image changed to ${image ?? "the host's root"} while it was provisioned for ${m.image ?? "the host's root"}`;
+  if (forwardingOf(m) !== forwarding) return `the pool's forwarding changed to ${forwarding} while it was provisioned with ${forwardingOf(m)}`;
+  if (filesScopeOf(m) !== files) return `the pool's files scope changed to ${files} while it was provisioned with ${filesScopeOf(m)}`;
+  return null;
 }
 
 /** The address a provision proved, or null when its evidence lacks any part of it. */

@@ -24,9 +24,10 @@ export interface HostAccountRow {
   standing_since: number;
   standing_epoch: number;
   standing_acked: number;
+  gone_epoch: number | null;
 }
 
-export function hostAccountFromRow(r: HostAccountRow): HostAccount & { org: string; standingSince: number; standingEpoch: number; standingAcked: number } {
+export function hostAccountFromRow(r: HostAccountRow): HostAccount & { org: string; standingSince: number; standingEpoch: number; standingAcked: number; goneEpoch: number | null } {
   return {
     hostId: r.host_id,
     org: r.org,
@@ -37,6 +38,8 @@ export function hostAccountFromRow(r: HostAccountRow): HostAccount & { org: stri
     standingSince: r.standing_since,
     standingEpoch: Number(r.standing_epoch ?? 0),
     standingAcked: Number(r.standing_acked ?? 0),
+    /** The standing epoch under which an operator attested the host gone (null: never). */
+    goneEpoch: r.gone_epoch === null || r.gone_epoch === undefined ? null : Number(r.gone_epoch),
   };
 }
 
@@ -49,7 +52,7 @@ export function hostAccountFromRow(r: HostAccountRow): HostAccount & { org: stri
  */
 const SWITCHING = "EXISTS (SELECT 1 FROM hosts h WHERE h.id = a.host_id AND (h.identity_state NOT IN ('legacy', 'active') OR h.removing_since IS NOT NULL))";
 const ACCOUNT_COLUMNS = `a.host_id, a.org, a.name, CASE WHEN a.standing = 'ready' AND ${SWITCHING} THEN 'not_ready' ELSE a.standing END AS standing,
-  a.vcpu, a.memory_mib, a.slots, a.used_vcpu, a.used_memory_mib, a.used_slots, a.disk_mib, a.used_disk_mib, a.standing_since, a.standing_epoch, a.standing_acked`;
+  a.vcpu, a.memory_mib, a.slots, a.used_vcpu, a.used_memory_mib, a.used_slots, a.disk_mib, a.used_disk_mib, a.standing_since, a.standing_epoch, a.standing_acked, a.gone_epoch`;
 
 export async function listHostAccounts(tx: Tx, org: string): Promise<ReturnType<typeof hostAccountFromRow>[]> {
   return (await tx.all<HostAccountRow>(`SELECT ${ACCOUNT_COLUMNS} FROM host_accounts a WHERE a.org = ? ORDER BY a.host_id`, [org])).map(hostAccountFromRow);

@@ -13,7 +13,7 @@ import { NETWORK_MIGRATION } from "./machine-network.js";
 import { HOST_IDENTITY_MIGRATION } from "./host-identity.js";
 import { IMAGES_MIGRATION } from "./images.js";
 import { HOST_REMOVAL_MIGRATION } from "./host-removal.js";
-import { HOST_STANDING_MIGRATION } from "./host-standing.js";
+import { HOST_GONE_MIGRATION, HOST_STANDING_MIGRATION } from "./host-standing.js";
 import { AUDIT_DETAIL_MIGRATION } from "./audit.js";
 import { ALLOCATION_RESOLVE_MIGRATION, ALLOCATION_VOLUME_MIGRATION } from "./allocation-launches.js";
 import { FORWARDING_MIGRATION } from "./forwarding.js";
@@ -209,4 +209,5 @@ CREATE INDEX grants_borrower ON grants (borrower, state);
   ALLOCATION_VOLUME_MIGRATION,
   ALLOCATION_DISK_MIGRATION,
   AWS_LAUNCH_MARKET_MIGRATION,
+  HOST_GONE_MIGRATION,
 ];

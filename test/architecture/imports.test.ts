@@ -43,10 +43,11 @@ describe("import rules of src/", () => {
     assert.equal(status, 0);
   });
 
-  it("finds a folder without a rule, and the client's and http layer's upward imports", () => {
+  it("finds a folder without a rule, and the client's and http layer's upward imports (the client may import the shared HTTP client only)", () => {
     const dir = tree({
-      "client/a.ts": 'import { y } from "../coordinator/c.js";\nimport { h } from "../http/h.js";\n',
+      "client/a.ts": 'import { y } from "../coordinator/c.js";\nimport { h } from "../http/h.js";\nimport { HttpClient } from "../http/client.js";\n',
       "http/h.ts": 'import { x } from "../store/s.js";\nexport const h = 1;\n',
+      "http/client.ts": "export class HttpClient {}\n",
       "store/s.ts": "export const x = 1;\n",
       "coordinator/c.ts": "export const y = 1;\n",
       "gadgets/g.ts": "export const g = 1;\n",

@@ -17,7 +17,7 @@ import { ApiError } from "../../src/client/http.js";
 
 const key = generateSshKeyPair("adversarial-test");
 
-describe("allocations under adversarial timing (real coordinator and agent, a proxy between)", { timeout: 180_000 }, () => {
+describe("allocations under adversarial timing (real coordinator and agent, a proxy between)", { timeout: 300_000 }, () => {
   const rig = new AllocRig("sqlite");
   let proxy: AgentProxy;
   before(async () => {
@@ -123,6 +123,74 @@ describe("allocations under adversarial timing (real coordinator and agent, a pr
       await rig.api(a).call("POST", "/v1/allocations/Z9/release", {});
       await rig.waitState("Z9", "released", 20_000);
     } finally {
+      await a.kill();
+    }
+  });
+
+  // model/allocation.pml ARM_RESOLVE (MUTANT_LATE_WIPE): a release delayed in flight reaches the agent after an operator's resolve kept the volume.
+  test("a cleanup release delayed past an operator's resolve --keep-volume leaves the kept volume kept (the first release to end decides the volume)", async () => {
+    // The first cleanup attempt's release is held in flight; its coordinator dies; the next one's attempts are lost (five unknown outcomes: quarantined).
+    proxy.rule({ match: (c) => c.opId === "a-Q1-r", action: { kind: "hold" }, times: 1 });
+    proxy.rule({ match: (c) => c.opId === "a-Q1-r", action: { kind: "drop" } });
+    const a = await rig.coordinator();
+    let b: Awaited<ReturnType<typeof rig.coordinator>> | null = null;
+    try {
+      const before = await rig.ownerUse();
+      await rig.api(a).call("POST", "/v1/allocations", { id: "Q1", size: "small", publicKey: key.publicKey });
+      await rig.waitState("Q1", "ready", 20_000);
+      const file = join(rig.agentDir, "volumes", "Q1", "data", "kept.txt");
+      writeFileSync(file, "the operator keeps this\n");
+      await rig.api(a).call("POST", "/v1/allocations/Q1/release", {});
+      const late = await proxy.held((c) => c.opId === "a-Q1-r");
+      await a.kill("SIGKILL");
+      b = await rig.coordinator();
+      await rig.waitState("Q1", "quarantined", 60_000);
+      const resolved = await rig.api(b).call<{ state: string }>("POST", "/v1/allocations/Q1/resolve", { volume: "keep" });
+      assert.equal(resolved.state, "quarantined", "resolution under way");
+      await rig.waitState("Q1", "released", 30_000);
+      assert.match((await rig.allocation("Q1")).reason ?? "", /volume kept/);
+      assert.deepEqual(await rig.ownerUse(), before, "budget back once the resolve's release was proven");
+      // Now the first attempt's release arrives (another operation id, keepVolume false).
+      const answer = await late.release();
+      assert.equal(answer.status, 200, JSON.stringify(answer.body));
+      assert.match(JSON.stringify(answer.body), /"volume":"kept"/, `the late release leaves the volume as the resolve left it: ${JSON.stringify(answer.body)}`);
+      assert.equal(readFileSync(file, "utf8"), "the operator keeps this\n", "the kept volume's data is still there");
+      assert.deepEqual(await rig.ownerUse(), before, "nothing charged or returned twice");
+    } finally {
+      proxy.clearRules();
+      await a.kill();
+      await b?.kill();
+    }
+  });
+
+  // model/allocation.pml ARM_HOSTGONE (MUTANT_GONE_UNATTESTED): an acknowledged withdrawal is not the operator's word that the host is gone.
+  test("resolve --host-gone is refused on a host withdrawn by its live agent; the cleanup goes on and returns the budget only when proven", async () => {
+    const a = await rig.coordinator();
+    const api = rig.api(a);
+    try {
+      const before = await rig.ownerUse();
+      await api.call("POST", "/v1/allocations", { id: "G3", size: "small", publicKey: key.publicKey });
+      await rig.waitState("G3", "ready", 20_000);
+      const charged = await rig.ownerUse();
+      const w = await api.call<{ standing: string }>("POST", `/v1/hosts/${rig.hostId}/standing`, { standing: "withdrawn" });
+      assert.equal(w.standing, "withdrawn", "acknowledged by the live agent");
+      proxy.rule({ match: (c) => c.opId === "a-G3-r", action: { kind: "hold" }, times: 1 });
+      await api.call("POST", "/v1/allocations/G3/release", {});
+      const release = await proxy.held((c) => c.opId === "a-G3-r");
+      const err: unknown = await api.send("POST /v1/allocations/{id}/resolve", { id: "G3" }, { volume: "host_gone" }).then(() => null, (e: unknown) => e);
+      assert.ok(err instanceof ApiError, `resolve --host-gone on a live agent's host is refused (it answered ${JSON.stringify(await rig.allocation("G3"))})`);
+      assert.equal(err.code, "conflict");
+      assert.match(err.message, /not attested gone/);
+      assert.equal((await rig.allocation("G3")).state, "releasing");
+      assert.deepEqual(await rig.ownerUse(), charged, "slot and budget stay charged while the sandbox may still run");
+      const machine = await rig.agentGet("/v1/agent/machines/a-G3");
+      assert.equal((machine.body as { state?: string }).state, "running", `the sandbox still runs: ${JSON.stringify(machine.body)}`);
+      await release.release();
+      await rig.waitState("G3", "released", 20_000);
+      assert.deepEqual(await rig.ownerUse(), before, "budget back once the cleanup was proven");
+    } finally {
+      proxy.clearRules();
+      await api.call("POST", `/v1/hosts/${rig.hostId}/standing`, { standing: "ready" });
       await a.kill();
     }
   });

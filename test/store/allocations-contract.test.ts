@@ -11,11 +11,13 @@ import type { Store } from "../../src/store/store.js";
 import { createToken } from "../../src/coordinator/auth.js";
 import { createAllocation, type CreateInput } from "../../src/coordinator/actions/allocation-create.js";
 import type { AllocCtx } from "../../src/coordinator/actions/allocation-context.js";
-import { releaseAllocation, onAllocationExpiryDue } from "../../src/coordinator/actions/allocation-release.js";
+import { releaseAllocation, onAllocationExpiryDue, resolveAllocation } from "../../src/coordinator/actions/allocation-release.js";
 import { accountEnrolledHost, changeHostStanding, setOwnerBudget } from "../../src/coordinator/actions/alloc-owners.js";
 import { insertHost } from "../../src/store/hosts.js";
 import { getOwner } from "../../src/store/alloc-owners.js";
 import { listHostAccounts } from "../../src/store/host-accounts.js";
+import { ackStanding } from "../../src/store/host-standing.js";
+import { casAllocationState } from "../../src/store/allocations.js";
 import { planAllocation, showAllocation } from "../../src/coordinator/actions/allocation-read.js";
 import { readLedger, type LedgerEntry } from "../../src/store/allocation-ledger.js";
 import { DEFAULT_SIZES } from "../../src/core/allocation-sizes.js";
@@ -319,6 +321,45 @@ for (const engine of ["sqlite", "postgres"] as Engine[]) {
         const ok = await createAllocation(w.ctx, ORG, owner, req("x"));
         assert.equal(ok.allocation.hostId, b);
         assert.equal(c.length > 0, true);
+      } finally {
+        await w.close();
+      }
+    });
+
+    // model/allocation.pml ARM_HOSTGONE, MUTANT_GONE_UNATTESTED: before gone_epoch, an acknowledged withdrawal was enough.
+    test("resolve --host-gone needs the operator's attestation under the host's current standing epoch, not an acknowledged withdrawal", async () => {
+      const w = await world(engine);
+      try {
+        const owner = await w.owner();
+        const h = await w.host("g");
+        const operator = { org: ORG, principal: "op", operator: true };
+        const idle = await w.store.transaction(async (tx) => (await getOwner(tx, ORG, owner))!.used);
+        /** An allocation whose cleanup is under way on h (launched, then released). */
+        const releasing = async (id: string) => {
+          await createAllocation(w.ctx, ORG, owner, req(id));
+          await w.store.transaction((tx) => casAllocationState(tx, id, "placed", "launching", w.clock.now(), null));
+          assert.equal((await releaseAllocation(w.ctx, { org: ORG, principal: owner, operator: false }, id, false)).state, "releasing");
+        };
+        await releasing("x");
+        const charged = await w.store.transaction(async (tx) => (await getOwner(tx, ORG, owner))!.used);
+        const { epoch } = await changeHostStanding(w.ctx, ORG, h, "withdrawn");
+        await w.store.transaction((tx) => ackStanding(tx, h, epoch)); // what the live agent's acknowledgment records
+        const e = await refusal(resolveAllocation(w.ctx, operator, "x", "host_gone"));
+        assert.equal(e.code, "conflict");
+        assert.match(e.message, /host g is withdrawn \(acknowledged by its agent\) but not attested gone/);
+        assert.deepEqual(await w.store.transaction(async (tx) => (await getOwner(tx, ORG, owner))!.used), charged, "nothing returned");
+
+        await changeHostStanding(w.ctx, ORG, h, "withdrawn", "tok_op");
+        assert.equal((await resolveAllocation(w.ctx, operator, "x", "host_gone")).state, "released");
+        assert.deepEqual(await w.store.transaction(async (tx) => (await getOwner(tx, ORG, owner))!.used), idle, "returned once, on the attestation");
+
+        // An attestation of an earlier epoch does not carry over: the host made ready, then withdrawn again.
+        await changeHostStanding(w.ctx, ORG, h, "ready");
+        await releasing("y");
+        const again = await changeHostStanding(w.ctx, ORG, h, "withdrawn");
+        await w.store.transaction((tx) => ackStanding(tx, h, again.epoch));
+        assert.equal((await refusal(resolveAllocation(w.ctx, operator, "y", "host_gone"))).code, "conflict");
+        assert.equal((await showAllocation(w.ctx, operator, "y")).state, "releasing");
       } finally {
         await w.close();
       }

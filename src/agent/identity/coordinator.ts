@@ -17,7 +17,8 @@
  * here logs or returns the credential.
  */
 import type { StoppedReport } from "../../core/host-identity.js";
-import { refusalOf, type EnrollRequest } from "../enroll.js";
+import type { EnrollRequest } from "../enroll.js";
+import { postToCoordinator, refusalOf } from "../coordinator-call.js";
 import { parseReply, routePath, type RouteBody, type RouteReply } from "../../protocol/api.js";
 
 /** The coordinator routes an agent calls with its identity. */
@@ -133,17 +134,11 @@ export class IdentityClient {
   /** One call of a coordinator route, its answer parsed by the contract (src/protocol/api.ts). */
   async #post<R extends HostRoute>(route: R, bearer: string | null, body: RouteBody<R>): Promise<RouteReply<R>> {
     const path = routePath(route, {});
-    const url = new URL(path, this.#d.coordinatorUrl);
-    const headers: Record<string, string> = { "content-type": "application/json" };
+    const headers: Record<string, string> = {};
     if (bearer !== null) headers.authorization = `Bearer ${bearer}`;
-    let res: Response;
-    try {
-      res = await fetch(url, { method: "POST", headers, body: JSON.stringify(body), signal: AbortSignal.timeout(this.#d.timeoutMs ?? 15_000) });
-    } catch (e) {
-      throw new Error(`the coordinator at ${url.origin} did not answer ${path} (${(e as Error).cause ? String((e as { cause: unknown }).cause) : (e as Error).message})`);
-    }
-    const text = await res.text();
-    if (!res.ok) {
+    const res = await postToCoordinator(this.#d.coordinatorUrl, path, path, headers, body, this.#d.timeoutMs ?? 15_000);
+    const text = res.text;
+    if (res.status < 200 || res.status > 299) {
       const { code, message } = refusalOf(res.status, text);
       const what = `the coordinator refused ${path} (${res.status} ${code}): ${message}`;
       if (res.status >= 400 && res.status < 500) throw new CoordinatorRefusal(res.status, code, what);

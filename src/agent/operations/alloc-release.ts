@@ -30,7 +30,10 @@ export async function allocRelease(op: OpCall, a: ArgsOf<"alloc_release">): Prom
     op.deps.log.warn({ machineId: op.machineId, opId: op.opId, was: m.mismatch }, "an operator resolved a machine that does not match its record: it is destroyed");
   }
   const destroyed = await op.step("d", "destroy", generation);
-  const volume = volumes.release(a.allocationId, a.keepVolume);
+  // The first release to end decides the volume: one that arrives after the hold was released (a cleanup's
+  // call delayed in flight past an operator's resolve, under another operation id) leaves it as that one
+  // did — the coordinator may already have reported it kept (model/allocation.pml MUTANT_LATE_WIPE).
+  const volume = volumes.release(a.allocationId, a.keepVolume || h?.state === "released");
   const result: AllocReleaseResult = { allocationId: a.allocationId, sessionsClosed: destroyed.sessionsClosed, processesRemaining: 0, volume, holdReleased: true };
   store.transaction(() => {
     const now = op.deps.now();

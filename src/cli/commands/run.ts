@@ -25,7 +25,7 @@ import { fstatSync, mkdirSync, statSync } from "node:fs";
 import { isatty } from "node:tty";
 import { join } from "node:path";
 import { randomBytes } from "node:crypto";
-import { BerthClient } from "../../client/client.js";
+import { BerthClient, type RunResult } from "../../client/client.js";
 import type { RemoteCommand } from "../../client/ssh.js";
 import { loadConfig, type ClientConfig } from "../../client/config.js";
 import { waitProgress } from "../wait-progress.js";
@@ -62,17 +62,12 @@ function isDevNull(fd: number): boolean {
   }
 }
 
-/** The whole run; resolves with the process exit status. Used by `berth run` and `berth up -- CMD`. */
-export async function runOnBorrowed(client: BerthClient, config: Pick<ClientConfig, "stateDir">, argv: string[], o: RunOptions): Promise<number> {
-  const say = (s: string) => {
-    if (!o.quiet) process.stderr.write(`berth: ${s}\n`);
-  };
-  const dir = join(config.stateDir, "receipts");
-  mkdirSync(dir, { recursive: true, mode: 0o700 });
-  const receiptPath = join(dir, `run-${randomBytes(6).toString("hex")}.json`);
-
-  // Signals: before the command starts they abort the run (the machine is still returned);
-  // once it runs, the first is forwarded and the second stops waiting.
+/**
+ * The signals of a run: before the command starts they abort it (the machine
+ * is still returned); once it runs, the first is forwarded and the second
+ * stops waiting. `stop` removes the handlers.
+ */
+function forwardSignals(say: (s: string) => void, graceMs: number): { signal: AbortSignal; got: () => Forwarded | null; onStart: (c: RemoteCommand) => void; stop: () => void } {
   const abort = new AbortController();
   let got: Forwarded | null = null;
   let cmd: RemoteCommand | null = null;
@@ -88,11 +83,70 @@ export async function runOnBorrowed(client: BerthClient, config: Pick<ClientConf
     }
     got = sig;
     cmd.signal(sig.slice(3));
-    grace = setTimeout(() => cmd?.close(), o.graceMs ?? DEFAULT_GRACE_MS);
+    grace = setTimeout(() => cmd?.close(), graceMs);
   };
   const handlers = (["SIGINT", "SIGTERM", "SIGHUP"] as const).map((s) => [s, () => onSignal(s)] as const);
   for (const [s, h] of handlers) process.on(s, h);
+  return {
+    signal: abort.signal,
+    got: () => got,
+    onStart: (c) => {
+      cmd = c;
+      // A signal that arrived while the session was opening is forwarded now.
+      if (got !== null) {
+        c.signal(got.slice(3));
+        grace = setTimeout(() => c.close(), graceMs);
+      }
+    },
+    stop: () => {
+      if (grace) clearTimeout(grace);
+      for (const [s, h] of handlers) process.off(s, h);
+    },
+  };
+}
 
+/** A fresh receipt path under the client's state directory (the directory made owner-only). */
+function runReceiptPath(stateDir: string): string {
+  const dir = join(stateDir, "receipts");
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  return join(dir, `run-${randomBytes(6).toString("hex")}.json`);
+}
+
+/** The exit status of a run that ended: the command's own, or the signal's, or a cut or a failed return's; each reported. */
+function statusOfRun(r: RunResult, got: Forwarded | null, expiresAt: number, receiptPath: string, say: (s: string) => void): number {
+  if (r.expired) process.stderr.write(`berth: borrow ${r.borrowId} expired at ${iso(expiresAt)}; the command was interrupted\n`);
+  else if (r.cut && got === null) process.stderr.write("berth: the SSH session ended without an exit status (access was cut)\n");
+  let status = got !== null ? SIGNAL_EXIT[got] : r.cut && !r.expired ? EXIT.error : r.status;
+  if (r.returned) say(`returned ${r.machineId}${r.returned.cleanup ? ` (cleanup: ${r.returned.cleanup})` : ""}`);
+  else {
+    // The command's own status wins; a cleanup failure is reported on its own line,
+    // and decides the exit status only when the command itself succeeded.
+    process.stderr.write(`berth: cleanup failed: ${describeError(r.returnError)}; the receipt is kept at ${receiptPath} (retry: berth return --receipt ${receiptPath})\n`);
+    if (status === 0) status = EXIT.cleanup;
+  }
+  return status;
+}
+
+/** The exit status of a run that failed before its command ended (a signal's, or the error's), with a failed return reported. */
+function statusOfFailure(e: unknown, got: Forwarded | null, receiptPath: string, say: (s: string) => void): number {
+  const returnError = (e as { returnError?: unknown }).returnError;
+  if (got !== null) {
+    say(`${got}: stopped before the command ran`);
+    if (returnError) process.stderr.write(`berth: cleanup failed: ${describeError(returnError)}; retry: berth return --receipt ${receiptPath}\n`);
+    return SIGNAL_EXIT[got];
+  }
+  reportError(e);
+  if (returnError) process.stderr.write(`berth: cleanup failed: ${describeError(returnError)}; the receipt is kept at ${receiptPath} (retry: berth return --receipt ${receiptPath})\n`);
+  return exitCodeOf(e);
+}
+
+/** The whole run; resolves with the process exit status. Used by `berth run` and `berth up -- CMD`. */
+export async function runOnBorrowed(client: BerthClient, config: Pick<ClientConfig, "stateDir">, argv: string[], o: RunOptions): Promise<number> {
+  const say = (s: string) => {
+    if (!o.quiet) process.stderr.write(`berth: ${s}\n`);
+  };
+  const receiptPath = runReceiptPath(config.stateDir);
+  const signals = forwardSignals(say, o.graceMs ?? DEFAULT_GRACE_MS);
   const waiting = waitProgress(o.pool, o.waitMs, o.quiet);
   let expiresAt = 0;
   const forwardStdin = o.stdin === "always" || (o.stdin === "auto" && !isatty(0) && !isDevNull(0));
@@ -104,7 +158,7 @@ export async function runOnBorrowed(client: BerthClient, config: Pick<ClientConf
       drain: o.drain,
       receiptPath,
       waitMs: o.waitMs,
-      signal: abort.signal,
+      signal: signals.signal,
       command: argv,
       stdin: forwardStdin ? process.stdin : null,
       stdout: process.stdout,
@@ -115,40 +169,14 @@ export async function runOnBorrowed(client: BerthClient, config: Pick<ClientConf
         expiresAt = b.expiresAt;
         say(`borrowed ${b.machine.id} from ${o.pool} (${o.access}); hard deadline ${iso(b.expiresAt)}`);
       },
-      onStart: (c) => {
-        cmd = c;
-        // A signal that arrived while the session was opening is forwarded now.
-        if (got !== null) {
-          c.signal(got.slice(3));
-          grace = setTimeout(() => c.close(), o.graceMs ?? DEFAULT_GRACE_MS);
-        }
-      },
+      onStart: signals.onStart,
     });
-    if (r.expired) process.stderr.write(`berth: borrow ${r.borrowId} expired at ${iso(expiresAt)}; the command was interrupted\n`);
-    else if (r.cut && got === null) process.stderr.write("berth: the SSH session ended without an exit status (access was cut)\n");
-    let status = got !== null ? SIGNAL_EXIT[got] : r.cut && !r.expired ? EXIT.error : r.status;
-    if (r.returned) say(`returned ${r.machineId}${r.returned.cleanup ? ` (cleanup: ${r.returned.cleanup})` : ""}`);
-    else {
-      // The command's own status wins; a cleanup failure is reported on its own line,
-      // and decides the exit status only when the command itself succeeded.
-      process.stderr.write(`berth: cleanup failed: ${describeError(r.returnError)}; the receipt is kept at ${receiptPath} (retry: berth return --receipt ${receiptPath})\n`);
-      if (status === 0) status = EXIT.cleanup;
-    }
-    return status;
+    return statusOfRun(r, signals.got(), expiresAt, receiptPath, say);
   } catch (e) {
     waiting.done();
-    const returnError = (e as { returnError?: unknown }).returnError;
-    if (got !== null) {
-      say(`${got}: stopped before the command ran`);
-      if (returnError) process.stderr.write(`berth: cleanup failed: ${describeError(returnError)}; retry: berth return --receipt ${receiptPath}\n`);
-      return SIGNAL_EXIT[got];
-    }
-    reportError(e);
-    if (returnError) process.stderr.write(`berth: cleanup failed: ${describeError(returnError)}; the receipt is kept at ${receiptPath} (retry: berth return --receipt ${receiptPath})\n`);
-    return exitCodeOf(e);
+    return statusOfFailure(e, signals.got(), receiptPath, say);
   } finally {
-    if (grace) clearTimeout(grace);
-    for (const [s, h] of handlers) process.off(s, h);
+    signals.stop();
     // Whatever was forwarded, stdin must not keep berth alive after the command ended.
     if (forwardStdin) process.stdin.destroy();
   }

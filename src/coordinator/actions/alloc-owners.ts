@@ -14,7 +14,7 @@ import { parseId } from "../../core/ids.js";
 import { checkBudget, DEFAULT_DISK_PER_ALLOCATION_MIB, type Budget } from "../../core/allocation-budget.js";
 import type { HostStanding } from "../../core/allocation-placement.js";
 import { clearDue, setDue } from "../../store/due.js";
-import { ackStanding } from "../../store/host-standing.js";
+import { ackStanding, attestHostGone } from "../../store/host-standing.js";
 import { STANDING_RETRY_MS } from "./host-standing.js";
 import { isPrincipalOf, listOwners, lockOwner, upsertOwnerBudget, type OwnerRecord } from "../../store/alloc-owners.js";
 import { lockHostAccount, setHostStanding, upsertHostAccount, listHostAccounts } from "../../store/host-accounts.js";
@@ -67,6 +67,7 @@ export async function changeHostStanding(ctx: AllocCtx, org: string, rawHost: st
     if (!h || h.org !== org) throw new BerthError("not_found", `not_found: no host ${hostId} in this organisation`);
     const epoch = await setHostStanding(tx, hostId, standing, now);
     if (goneBy !== null) {
+      await attestHostGone(tx, hostId, epoch);
       await ackStanding(tx, hostId, epoch);
       await clearDue(tx, "host_standing", hostId);
     } else await setDue(tx, "host_standing", hostId, now + STANDING_RETRY_MS);

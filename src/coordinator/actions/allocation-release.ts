@@ -129,16 +129,20 @@ export async function resolveAllocation(ctx: AllocCtx, who: Requester, rawId: st
 
 /**
  * `--host-gone`: the allocation's host was withdrawn and an operator attested
- * it gone for good (`berth alloc standing H withdrawn --host-gone`), so no
- * cleanup can ever be proven there. The reservation comes back now, in this
+ * it gone for good (`berth alloc standing H withdrawn --host-gone`, recorded
+ * as the epoch it came with: checked to be the current one), so no cleanup
+ * can ever be proven there. The reservation comes back now, in this
  * transaction (owner row locked, then the host's), recorded as the
  * operator's word in the ledger and the allocation's reason.
  */
 async function endOnGoneHost(tx: Tx, ctx: AllocCtx, a: AllocationRecord, who: Requester, now: number): Promise<AllocationRecord> {
   const host = await lockHostAccount(tx, a.hostId);
   if (!host) throw new Error(`allocation ${a.id} has no host account ${a.hostId}`);
-  if (host.standing !== "withdrawn" || host.standingAcked < host.standingEpoch) {
-    throw new BerthError("conflict", `conflict: host ${host.name} is ${host.standing}${host.standing === "withdrawn" ? " but its withdrawal is not acknowledged" : ""}; only on a host attested gone (berth alloc standing ${a.hostId} withdrawn --host-gone) is a cleanup ended unproven`);
+  // The operator's attestation under the current standing epoch, not an acknowledged withdrawal alone: an agent
+  // that acknowledged lives, and what it runs of this allocation is cleaned up by the cleanup (still armed).
+  if (host.standing !== "withdrawn" || host.goneEpoch !== host.standingEpoch) {
+    const why = host.standing !== "withdrawn" ? "" : host.standingAcked < host.standingEpoch ? " but its withdrawal is not acknowledged and it is not attested gone" : " (acknowledged by its agent) but not attested gone";
+    throw new BerthError("conflict", `conflict: host ${host.name} is ${host.standing}${why}; only on a host attested gone (berth alloc standing ${a.hostId} withdrawn --host-gone) is a cleanup ended unproven`);
   }
   const t = allocationTransition(a.state, { kind: "host_gone", by: who.principal });
   if (!t.ok) throw new BerthError("conflict", `conflict: allocation ${a.id}: ${t.refusal}`);

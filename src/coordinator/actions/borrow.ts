@@ -15,13 +15,13 @@ import { BerthError } from "../../core/errors.js";
 import { newId } from "../../core/ids.js";
 import { hashToken, newToken, sameHash } from "../../core/tokens.js";
 import { keeperBorrowMs, liveDecision, nextHeartbeatDeadline } from "../../core/borrow.js";
-import { rotationMarginMs } from "../../core/pool.js";
+import { rotationMarginMs, type PoolRecord } from "../../core/pool.js";
 import { formatDuration } from "../../core/durations.js";
 import type { Tx } from "../../store/store.js";
 import { clearDue, poolRef, requestFillCheck, setDue } from "../../store/due.js";
 import { whyExhausted } from "./exhausted.js";
 import { endBorrow, insertBorrow, lockBorrowAsToken, readBorrowWithMachineState, setBorrowHeartbeat, type BorrowRow } from "../../store/borrows.js";
-import { lockMachine, lockShortLivedReady, readMachine, takeReadyMachine } from "../../store/machines.js";
+import { lockMachine, lockShortLivedReady, readMachine, takeReadyMachine, type MachineRow } from "../../store/machines.js";
 import { readPool, readPoolAsToken } from "../../store/pools.js";
 import { tokenLive } from "../../store/api-tokens.js";
 import type { Ctx } from "../context.js";
@@ -84,70 +84,54 @@ export async function borrowKeeper(ctx: Ctx, p: Principal, poolName: string, cho
   );
 }
 
+/** A machine taken and its borrow recorded, in the borrow's transaction. */
+interface Taken {
+  miss: false;
+  repeat: null;
+  pool: string;
+  machine: MachineRow;
+  readySince: number | null;
+  heartbeatMs: number;
+  heartbeatDeadline: number;
+  expiresAt: number;
+  /** The transition queued operations: the reconciler is woken. */
+  work: boolean;
+}
+
+/** No machine to lend: why, and whether a short-lived one was retired (work for the reconciler). */
+interface Missed {
+  miss: true;
+  pool: string;
+  why: string;
+  work: boolean;
+}
+
+/** A resent client-chosen borrow whose first request took the machine: that borrow again. */
+interface Repeated {
+  miss: false;
+  repeat: KeeperBorrowResult;
+}
+
+/**
+ * One borrow attempt: one transaction (take a machine and record the borrow,
+ * or find why none is lent), then, after the commit, the lend-time check
+ * where the machine needs one, the metrics, and the answer.
+ */
 async function borrowKeeperOnce(ctx: Ctx, p: Principal, poolName: string, chosen: ChosenBorrow | null, durationMs: number | null): Promise<KeeperBorrowResult> {
   const started = process.hrtime.bigint();
   const now = ctx.now();
   const borrowId = chosen?.borrowId ?? newId("b", ctx.randomBytes);
   const token = chosen?.borrowToken ?? newToken("borrow", ctx.randomBytes);
   const tokenHash = hashToken("borrow", token);
-  const out = await ctx.store.transaction(async (tx) => {
-    // The token is checked again here, in the transaction that acts (the route may have taken it from its cache).
-    const { pool, tokenLive: live } = await readPoolAsToken(tx, p.org, poolName, p.tokenId);
-    refuseDeadToken(live);
-    if (!pool) throw new BerthError("not_found", `not_found: no pool named ${poolName} in this organisation`);
-    if (pool.access !== "keeper") {
-      throw new BerthError("namespace_conflict", `namespace_conflict: pool ${poolName} is a ${pool.access} pool; borrow it with --access ${pool.access}`);
-    }
-    const length = keeperBorrowMs(durationMs, pool, rotationMarginMs(pool.hardTtlMs));
-    if (length.kind === "too_long") {
-      throw new BerthError(
-        "duration_too_long",
-        `duration_too_long: pool ${poolName}'s machines live ${formatDuration(pool.hardTtlMs)} (its hard TTL), so a borrow there lasts at most ${formatDuration(length.maxMs)}; ask --duration ${formatDuration(length.maxMs)} or less, or raise the pool's --hard-ttl`,
-      );
-    }
+  const out = await ctx.store.transaction(async (tx): Promise<Taken | Missed | Repeated> => {
+    const { pool, lengthMs } = await keeperPoolFor(tx, p, poolName, durationMs);
     // Only a machine that outlives the borrow is lent: its deadline is the borrow's own.
-    const m = await takeReadyMachine(tx, pool, "keeper", now, length.ms);
-    if (!m) {
-      // A resent borrow whose first request took the last machine gets that borrow, not pool_exhausted.
-      const repeat = chosen ? await earlierBorrow(tx, p, poolName, chosen, now) : null;
-      if (repeat) return { miss: false as const, repeat };
-      // A ready machine too short-lived for this borrow is retired (one per refused borrow), so a fresh one replaces it.
-      const provisions = Boolean(ctx.providers.get(pool.provider)?.capabilities.provision);
-      const short = provisions ? await lockShortLivedReady(tx, pool, now, length.ms) : undefined;
-      let work = false;
-      if (short) {
-        const drained = await applyTransition(tx, ctx, short, { kind: "drain", reason: `retired: less than ${formatDuration(length.ms)} left for a ${formatDuration(length.ms)} borrow` }, now, { subject: borrowId, nonce: `${borrowId}:short` });
-        work = drained.opIds.length > 0;
-      }
-      const why = await whyExhausted(tx, pool, now, { provisions, retired: short ? { lifeMs: length.ms } : null });
-      await requestFillCheck(tx, poolRef(p.org, poolName), now);
-      return { miss: true as const, pool: pool.name, why, work };
-    }
-    const applied = await applyTransition(tx, ctx, m, { kind: "reserve", mode: "keeper" }, now, { subject: borrowId, lentTo: borrowId, nonce: borrowId });
-    const expiresAt = now + length.ms;
-    const heartbeatDeadline = nextHeartbeatDeadline(now, pool.heartbeatMs, expiresAt);
-    await insertBorrow(
-      tx,
-      { id: borrowId, org: p.org, pool: poolName, machineId: m.id, principal: p.tokenId, tokenHash, generation: applied.machine.generation, now, heartbeatDeadline, expiresAt },
-      // A client-chosen id or token may meet a concurrent insert of the same: roll back, then read it.
-      chosen ? chosenIdTaken : null,
-    );
-    await setDue(tx, "heartbeat", borrowId, heartbeatDeadline);
-    // The pool may now be short of minReady: the reconciler's next pass looks
-    // (no wake-up per borrow; one fill visit serves every borrow before it).
-    // Last statement, so the shared lock it may take is held only until commit.
-    // A pool whose provider does not provision (an outside keeper fills it
-    // through ensure) has nothing a borrow could make its fill visit do.
-    if (ctx.providers.get(pool.provider)?.capabilities.provision) await requestFillCheck(tx, poolRef(p.org, poolName), now);
-    return { miss: false as const, repeat: null, pool: pool.name, machine: applied.machine, readySince: m.ready_since, heartbeatMs: pool.heartbeatMs, heartbeatDeadline, expiresAt, work: applied.opIds.length > 0 };
+    const m = await takeReadyMachine(tx, pool, "keeper", now, lengthMs);
+    if (!m) return noMachine(tx, ctx, p, pool, { borrowId, chosen, lengthMs }, now);
+    return lendMachine(tx, ctx, p, pool, m, { borrowId, tokenHash, chosen, lengthMs }, now);
   }, { name: "borrow" });
   if (!out.miss && out.repeat) return out.repeat;
-  if (out.miss) {
-    ctx.metrics.warm.inc({ pool: out.pool, result: "miss" });
-    ctx.metrics.borrowRequests.inc({ pool: out.pool, access: "keeper", outcome: "exhausted" });
-    ctx.kick();
-    throw new BerthError("pool_exhausted", `pool_exhausted: ${out.why}`);
-  }
+  if (out.miss) refuseMissed(ctx, out);
   if (out.work) ctx.kick();
   if (needsLendCheck(out.machine)) {
     // After the commit, before the answer: the machine's rules must be the ones its evidence was probed against.
@@ -157,6 +141,79 @@ async function borrowKeeperOnce(ctx: Ctx, p: Principal, poolName: string, chosen
       throw new LendRefused(`machine ${out.machine.id}: ${why}`);
     }
   }
+  countLent(ctx, p, out, started, now);
+  return keeperAnswer(borrowId, token, out);
+}
+
+/** The pool to borrow from and how long the borrow lasts; refuses a dead token, an unknown or portable pool, a duration too long. */
+async function keeperPoolFor(tx: Tx, p: Principal, poolName: string, durationMs: number | null): Promise<{ pool: PoolRecord; lengthMs: number }> {
+  // The token is checked again here, in the transaction that acts (the route may have taken it from its cache).
+  const { pool, tokenLive: live } = await readPoolAsToken(tx, p.org, poolName, p.tokenId);
+  refuseDeadToken(live);
+  if (!pool) throw new BerthError("not_found", `not_found: no pool named ${poolName} in this organisation`);
+  if (pool.access !== "keeper") {
+    throw new BerthError("namespace_conflict", `namespace_conflict: pool ${poolName} is a ${pool.access} pool; borrow it with --access ${pool.access}`);
+  }
+  const length = keeperBorrowMs(durationMs, pool, rotationMarginMs(pool.hardTtlMs));
+  if (length.kind === "too_long") {
+    throw new BerthError(
+      "duration_too_long",
+      `duration_too_long: pool ${poolName}'s machines live ${formatDuration(pool.hardTtlMs)} (its hard TTL), so a borrow there lasts at most ${formatDuration(length.maxMs)}; ask --duration ${formatDuration(length.maxMs)} or less, or raise the pool's --hard-ttl`,
+    );
+  }
+  return { pool, lengthMs: length.ms };
+}
+
+/** No ready machine outlives the borrow: the earlier borrow of a resent request, or why the pool is exhausted. */
+async function noMachine(tx: Tx, ctx: Ctx, p: Principal, pool: PoolRecord, b: { borrowId: string; chosen: ChosenBorrow | null; lengthMs: number }, now: number): Promise<Missed | Repeated> {
+  // A resent borrow whose first request took the last machine gets that borrow, not pool_exhausted.
+  const repeat = b.chosen ? await earlierBorrow(tx, p, pool.name, b.chosen, now) : null;
+  if (repeat) return { miss: false, repeat };
+  // A ready machine too short-lived for this borrow is retired (one per refused borrow), so a fresh one replaces it.
+  const provisions = Boolean(ctx.providers.get(pool.provider)?.capabilities.provision);
+  const short = provisions ? await lockShortLivedReady(tx, pool, now, b.lengthMs) : undefined;
+  let work = false;
+  if (short) {
+    const drained = await applyTransition(tx, ctx, short, { kind: "drain", reason: `retired: less than ${formatDuration(b.lengthMs)} left for a ${formatDuration(b.lengthMs)} borrow` }, now, { subject: b.borrowId, nonce: `${b.borrowId}:short` });
+    work = drained.opIds.length > 0;
+  }
+  const why = await whyExhausted(tx, pool, now, { provisions, retired: short ? { lifeMs: b.lengthMs } : null });
+  await requestFillCheck(tx, poolRef(p.org, pool.name), now);
+  return { miss: true, pool: pool.name, why, work };
+}
+
+/** Reserves machine `m` for the borrow and records the borrow and its heartbeat deadline. */
+async function lendMachine(tx: Tx, ctx: Ctx, p: Principal, pool: PoolRecord, m: MachineRow, b: { borrowId: string; tokenHash: string; chosen: ChosenBorrow | null; lengthMs: number }, now: number): Promise<Taken> {
+  const { borrowId } = b;
+  const applied = await applyTransition(tx, ctx, m, { kind: "reserve", mode: "keeper" }, now, { subject: borrowId, lentTo: borrowId, nonce: borrowId });
+  const expiresAt = now + b.lengthMs;
+  const heartbeatDeadline = nextHeartbeatDeadline(now, pool.heartbeatMs, expiresAt);
+  await insertBorrow(
+    tx,
+    { id: borrowId, org: p.org, pool: pool.name, machineId: m.id, principal: p.tokenId, tokenHash: b.tokenHash, generation: applied.machine.generation, now, heartbeatDeadline, expiresAt },
+    // A client-chosen id or token may meet a concurrent insert of the same: roll back, then read it.
+    b.chosen ? chosenIdTaken : null,
+  );
+  await setDue(tx, "heartbeat", borrowId, heartbeatDeadline);
+  // The pool may now be short of minReady: the reconciler's next pass looks
+  // (no wake-up per borrow; one fill visit serves every borrow before it).
+  // Last statement, so the shared lock it may take is held only until commit.
+  // A pool whose provider does not provision (an outside keeper fills it
+  // through ensure) has nothing a borrow could make its fill visit do.
+  if (ctx.providers.get(pool.provider)?.capabilities.provision) await requestFillCheck(tx, poolRef(p.org, pool.name), now);
+  return { miss: false, repeat: null, pool: pool.name, machine: applied.machine, readySince: m.ready_since, heartbeatMs: pool.heartbeatMs, heartbeatDeadline, expiresAt, work: applied.opIds.length > 0 };
+}
+
+/** Counts the miss, wakes the reconciler, and refuses with `pool_exhausted`. */
+function refuseMissed(ctx: Ctx, out: Missed): never {
+  ctx.metrics.warm.inc({ pool: out.pool, result: "miss" });
+  ctx.metrics.borrowRequests.inc({ pool: out.pool, access: "keeper", outcome: "exhausted" });
+  ctx.kick();
+  throw new BerthError("pool_exhausted", `pool_exhausted: ${out.why}`);
+}
+
+/** The warm hit, the borrow request and its latency and ready age, in the metrics. */
+function countLent(ctx: Ctx, p: Principal, out: Taken, started: bigint, now: number): void {
   ctx.metrics.warm.inc({ pool: out.pool, result: "hit" });
   ctx.metrics.borrowRequests.inc({ pool: out.pool, access: "keeper", outcome: "ok" });
   ctx.metrics.observeBorrow({
@@ -167,6 +224,9 @@ async function borrowKeeperOnce(ctx: Ctx, p: Principal, poolName: string, chosen
     readyAgeSeconds: out.readySince !== null ? Math.max(0, now - out.readySince) / 1000 : null,
     at: now,
   });
+}
+
+function keeperAnswer(borrowId: string, token: string, out: Taken): KeeperBorrowResult {
   const m = out.machine;
   return {
     borrowId,

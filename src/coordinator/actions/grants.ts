@@ -1,109 +1,31 @@
 /**
- * Portable access: bounded borrows with per-borrow keys and two-phase
- * acknowledgement.
+ * Portable access, what the coordinator does to a grant on its own: the
+ * borrower's calls are grant-borrow.ts (the borrow) and grant-calls.ts (ack,
+ * heartbeat, return, show).
  *
- *   borrow (one transaction; grant-borrow.ts): reserve the longest-waiting
- *     eligible ready machine, advance its generation, persist a pending grant
- *     with hashes, an ack deadline and the immutable expiry. No key is
- *     installed.
- *   ack: (1) one transaction re-checks everything (fresh authorization,
- *     hashes, key, generation, deadlines), persists install intent (the
- *     install_key operation row) and marks it running; (2) the provider call,
- *     outside any transaction, carrying op id and generation; (3) one
- *     transaction revalidates and publishes `active` only for exactly that
- *     generation and only while now < expiresAt.
  *   way out: return, expiry, ack timeout, missed heartbeat, drain, token
- *     revocation or failed revalidation durably invalidate the grant first;
- *     then remove-key, fence and scrub run as separate proven operations, and
- *     only then is the machine ready. A crash anywhere resumes from the
- *     operation rows and due index.
+ *     revocation or failed revalidation durably invalidate the grant first
+ *     (`invalidateGrant`); then remove-key, fence and scrub run as separate
+ *     proven operations, and only then is the machine ready. A crash
+ *     anywhere resumes from the operation rows and due index.
+ *   proofs: the executor's install and cleanup outcomes keep the grant in
+ *     step (`grantHooks`).
+ *   deadlines: the ack and grant due rows (`handleGrantDueRow`).
  *
  * A late or duplicated install completion never activates anything: the
  * completion transaction requires the grant to still be `installing` at the
  * op's generation.
  */
-import { BerthError } from "../../core/errors.js";
-import { hashToken, sameHash } from "../../core/tokens.js";
-import { ackDecision, afterInvalidation, isExpired, type InvalidationReason } from "../../core/grant.js";
-import { parsePublicKey } from "../../core/ssh-public-key.js";
+import { afterInvalidation, isExpired, type InvalidationReason } from "../../core/grant.js";
 import type { Tx } from "../../store/store.js";
 import { audit } from "../../store/audit.js";
 import { clearDue, poolRef, setDue, setDueNoLater } from "../../store/due.js";
-import {
-  activateGrant,
-  advanceGrantCleanup,
-  closeGrantsOfMachineRows,
-  invalidateGrantRow,
-  lockGrant,
-  lockGrantAt,
-  lockLiveGrantsOfBorrower,
-  markGrantInstalling,
-  readGrant,
-  setGrantHeartbeat,
-  type GrantRow,
-} from "../../store/grants.js";
-import { lockMachine, readMachine, type MachineRow } from "../../store/machines.js";
-import { firstRemovalAt, leaseOp, type OpRow } from "../../store/operations.js";
-import { readPool } from "../../store/pools.js";
-import type { InstallKeyArgs, RemoveKeyArgs } from "../../protocol/operations.js";
+import { activateGrant, advanceGrantCleanup, closeGrantsOfMachineRows, invalidateGrantRow, lockGrant, lockGrantAt, lockLiveGrantsOfBorrower, type GrantRow } from "../../store/grants.js";
+import { lockMachine, type MachineRow } from "../../store/machines.js";
+import { firstRemovalAt, type OpRow } from "../../store/operations.js";
+import type { RemoveKeyArgs } from "../../protocol/operations.js";
 import type { Ctx } from "../context.js";
-import type { Principal } from "../auth.js";
 import { applyTransition } from "./transition.js";
-import { borrowPortable } from "./grant-borrow.js";
-import type { PortableApi } from "./portable-api.js";
-
-/** What the portable API needs from the rest of the coordinator (wired in server.ts). */
-export interface PortableDeps {
-  /** Carries out an operation this code leased itself (the ack's install), outside any transaction. */
-  runLeased<T>(started: { op: OpRow; machine: MachineRow }, read: (tx: Tx) => Promise<T>): Promise<T | undefined>;
-}
-
-function presentGrant(g: GrantRow, m: MachineRow | undefined) {
-  return {
-    id: g.id,
-    access: "portable",
-    pool: g.pool,
-    state: g.state,
-    reason: g.reason,
-    generation: g.generation,
-    fingerprint: g.fingerprint,
-    createdAt: g.created_at,
-    ackDeadline: g.ack_deadline,
-    heartbeatDeadline: g.heartbeat_deadline,
-    expiresAt: g.expires_at,
-    activatedAt: g.activated_at,
-    endedAt: g.ended_at,
-    machine: m
-      ? { id: m.id, state: m.state, generation: m.generation, ssh: { host: m.ssh_host, port: m.ssh_port, user: m.ssh_user, hostKey: m.host_key } }
-      : { id: g.machine_id, state: "pruned" },
-    cleanup: cleanupStatus(g, m),
-  };
-}
-
-/** A borrow as its borrower's organisation sees it. */
-async function grantView(tx: Tx, p: Principal, grantId: string): Promise<ReturnType<typeof presentGrant>> {
-  const g = await readGrant(tx, grantId);
-  if (!g || g.org !== p.org) throw new BerthError("not_found", `not_found: no borrow ${grantId} in this organisation`);
-  return presentGrant(g, await readMachine(tx, g.machine_id));
-}
-
-function cleanupStatus(g: GrantRow, m: MachineRow | undefined): string {
-  if (g.state === "pending" || g.state === "installing" || g.state === "active") return "none";
-  if (g.state === "closed") return m && m.generation === g.generation && m.state === "destroyed" ? "machine destroyed" : "done";
-  if (!m) return "done";
-  if (m.state === "quarantined" || m.state === "destroying" || m.state === "draining") return `machine ${m.state}`;
-  return `in progress (${g.state})`;
-}
-
-async function loadGrant(tx: Tx, p: Principal, grantId: string, token: string, grantToken?: string): Promise<GrantRow> {
-  const g = await lockGrant(tx, grantId);
-  if (!g || g.org !== p.org) throw new BerthError("not_found", `not_found: no borrow ${grantId} in this organisation`);
-  if (!sameHash(g.token_hash, hashToken("borrow", token))) throw new BerthError("token_mismatch", `token_mismatch: the borrow token does not match borrow ${grantId}`);
-  if (grantToken !== undefined && !sameHash(g.grant_token_hash, hashToken("grant", grantToken))) {
-    throw new BerthError("token_mismatch", `token_mismatch: the grant token does not match borrow ${grantId}`);
-  }
-  return g;
-}
 
 /**
  * Invalidates a grant durably and starts its machine's way out. Runs inside
@@ -233,113 +155,6 @@ export async function invalidateGrantsOfBorrower(tx: Tx, ctx: Ctx, tokenId: stri
   for (const g of live) await invalidateGrant(tx, ctx, g, "token_revoked", now, `${nonce}:${g.id}`);
   return live.length;
 }
-
-export function createPortable(ctx: Ctx, deps: PortableDeps): PortableApi {
-  return {
-    borrow: (p, poolName, body, chosen) => borrowPortable(ctx, p, poolName, body, chosen),
-
-    async ack(p, grantId, body) {
-      const key = parsePublicKey(body.publicKey);
-      const now = ctx.now();
-      const first = await ctx.store.transaction(async (tx) => {
-        const g = await loadGrant(tx, p, grantId, body.token, body.grantToken);
-        const m = await lockMachine(tx, g.machine_id);
-        const d = ackDecision({
-          grant: { state: g.state, ackDeadline: g.ack_deadline, expiresAt: g.expires_at, fingerprint: g.fingerprint, generation: g.generation, borrower: g.borrower, org: g.org },
-          machine: m ? { state: m.state, generation: m.generation } : null,
-          principal: p,
-          fingerprint: key.fingerprint,
-          now,
-        });
-        if (d.kind === "replay") return { kind: "replay" as const };
-        if (d.kind === "refuse") {
-          // An ack that finds the grant unusable leaves it to the reconciler's deadlines; authorization
-          // that no longer covers the grant invalidates it now.
-          if (d.code === "forbidden" && g.state === "pending" && p.tokenId === g.borrower) {
-            await invalidateGrant(tx, ctx, g, "revalidation_failed", now, `${g.id}:ack`);
-            return { kind: "refuse" as const, code: d.code, why: d.why, invalidated: true };
-          }
-          return { kind: "refuse" as const, code: d.code, why: d.why, invalidated: false };
-        }
-        // Install intent is durable before the provider is called: a crash from here on resumes
-        // from this operation row, and a retry carries the same op id (no blind second install).
-        const applied = await applyTransition(tx, ctx, m!, { kind: "install_started" }, now, {
-          subject: g.id,
-          nonce: g.id,
-          opArgs: { publicKey: g.public_key, mode: "grant", grantId: g.id, expiresAt: g.expires_at } satisfies InstallKeyArgs,
-        });
-        await markGrantInstalling(tx, g.id);
-        tx.afterCommit(() => ctx.metrics.grants.inc({ pool: g.pool, event: "acked" }));
-        const opId = applied.opIds[0]!;
-        // Lease the op here so the reconciler leaves it to this request.
-        const op = await leaseOp(tx, opId, now);
-        return { kind: "install" as const, started: { op, machine: applied.machine } };
-      });
-      if (first.kind === "refuse") {
-        if (first.invalidated) ctx.kick();
-        throw new BerthError(first.code, `${first.code}: borrow ${grantId}: ${first.why}`);
-      }
-      if (first.kind === "install") {
-        // The answer is read in the transaction that records the install's outcome. Access is
-        // never answered active at or after the grant's expiry: a grant found so (the install
-        // took that long) is invalidated here, as the reconciler would at its deadline.
-        let expired = false;
-        const view = await deps.runLeased(first.started, async (tx) => {
-          const g = await lockGrant(tx, grantId);
-          const at = ctx.now();
-          if (!g || g.org !== p.org || g.state !== "active" || !isExpired(g.expires_at, at)) return g && g.org === p.org ? presentGrant(g, await readMachine(tx, g.machine_id)) : grantView(tx, p, grantId);
-          expired = await invalidateGrant(tx, ctx, g, "expired", at, `${g.id}:ack-expired`);
-          return grantView(tx, p, grantId);
-        });
-        if (expired) ctx.kick();
-        if (view) return view;
-      }
-      return this.show(p, grantId);
-    },
-
-    async heartbeat(p, grantId, body) {
-      const now = ctx.now();
-      const r = await ctx.store.transaction(async (tx) => {
-        const g = await loadGrant(tx, p, grantId, body.token, body.grantToken);
-        if (g.state !== "active" && g.state !== "installing" && g.state !== "pending") {
-          throw new BerthError("borrow_not_active", `borrow_not_active: borrow ${g.id} is ${g.state}${g.reason ? ` (${g.reason})` : ""}; borrow again`);
-        }
-        if (isExpired(g.expires_at, now)) throw new BerthError("grant_expired", `grant_expired: the grant for borrow ${g.id} expired at ${new Date(g.expires_at).toISOString()}; borrow again`);
-        if (g.state === "active" && now >= g.heartbeat_deadline) {
-          throw new BerthError("borrow_expired", `borrow_expired: borrow ${g.id} missed its heartbeat deadline and is being quarantined; borrow again`);
-        }
-        const pool = await readPool(tx, g.org, g.pool);
-        // A heartbeat proves liveness only: expiresAt is never touched.
-        const deadline = Math.min(now + (pool?.heartbeatMs ?? 60_000), g.expires_at);
-        await setGrantHeartbeat(tx, g.id, deadline);
-        if (g.state === "active") await setDue(tx, "grant", g.id, Math.min(deadline, g.expires_at));
-        return { heartbeatDeadline: deadline, expiresAt: g.expires_at, state: g.state };
-      });
-      ctx.metrics.heartbeats.inc({ outcome: "ok" });
-      return r;
-    },
-
-    async return(p, grantId, body) {
-      const now = ctx.now();
-      const work = await ctx.store.transaction(async (tx) => {
-        const g = await loadGrant(tx, p, grantId, body.token, body.grantToken);
-        if (g.state !== "pending" && g.state !== "installing" && g.state !== "active") {
-          // Already on its way out (expired, revoked…): returning again is answered with where it stands.
-          return false;
-        }
-        tx.afterCommit(() => ctx.metrics.history.returned(g.org, g.pool, now));
-        return invalidateGrant(tx, ctx, g, body.disposition === "drain" ? "drained" : "returned", now, `${g.id}:return`);
-      });
-      if (work) ctx.kick();
-      return this.show(p, grantId);
-    },
-
-    async show(p, grantId) {
-      return ctx.store.transaction((tx) => grantView(tx, p, grantId));
-    },
-  };
-}
-
 
 /** The grant steps the operation executor's proofs drive, bound to `ctx` (wired in server.ts). */
 export function grantHooks(ctx: Ctx) {

@@ -96,6 +96,8 @@ export interface Faults {
   executionTimeoutMs: number;
   /** The next SendCommand runs take this much longer (ms) on the instance, one entry per command (a slow plugin start or a busy guest). */
   ssmSlowRuns: number[];
+  /** Guest step name (the last word of berth's command comment, e.g. install_key) -> every such run takes this much longer (ms). */
+  ssmSlowSteps: Record<string, number>;
 }
 
 export class AwsEmulator {
@@ -108,7 +110,7 @@ export class AwsEmulator {
   readonly portCalls: string[] = [];
   /** `Action ErrorCode` of every error the emulator answered (throttling included), in order. */
   readonly errors: string[] = [];
-  readonly faults: Faults = { lose: new Map(), hold: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], runRefusals: [], noCapacity: [], noSpotCapacity: [], spotPrices: {}, maxSpotInstances: 1000, rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, ssmNeverRegistersIn: [], sshdReloadFails: false, sshdIgnoresDropIns: false, rebootMs: 0, terminateLagMs: 0, pageSize: 1000, describeLagMs: 0, invocationLagMs: 100, ssmDelayed: [], rebootGraceMs: 200, cancelLagMs: 0, deliveryTimeoutMs: 0, executionTimeoutMs: 0, ssmSlowRuns: [] };
+  readonly faults: Faults = { lose: new Map(), hold: new Map(), throttle: new Map(), ssmDelays: [], ssmHolds: [], ssmDuplicates: [], runRefusals: [], noCapacity: [], noSpotCapacity: [], spotPrices: {}, maxSpotInstances: 1000, rebootsIgnored: 0, bootMs: 0, ssmNeverRegisters: false, ssmNeverRegistersIn: [], sshdReloadFails: false, sshdIgnoresDropIns: false, rebootMs: 0, terminateLagMs: 0, pageSize: 1000, describeLagMs: 0, invocationLagMs: 100, ssmDelayed: [], rebootGraceMs: 200, cancelLagMs: 0, deliveryTimeoutMs: 0, executionTimeoutMs: 0, ssmSlowRuns: [], ssmSlowSteps: {} };
   url = "";
   sshPort = 0;
   #server: Server | null = null;

@@ -35,7 +35,7 @@ export async function ssmAction(emu: AwsEmulator, action: string, b: Record<stri
       const hold = emu.faults.ssmHolds.shift();
       const dup = emu.faults.ssmDuplicates.shift();
       const delayed = emu.faults.ssmDelayed.shift();
-      const slow = emu.faults.ssmSlowRuns.shift();
+      const slow = emu.faults.ssmSlowRuns.shift() ?? emu.faults.ssmSlowSteps[inv.comment.split(" ").at(-1) ?? ""];
       if (slow !== undefined) inv.script = `sleep ${slow / 1000}\n${inv.script}`;
       inv.gated = true;
       const deliver = async () => {
