@@ -130,7 +130,9 @@ describe("berth mcp over stdio", { timeout: 300_000 }, () => {
     const spill = mkdtempSync(join(tmpdir(), "berth-mcp-spill-"));
     const m = await stdioMcp(rig, ["--spill-dir", spill]);
     try {
-      const h = (await call(m.client, "borrow_machine", {})).json.handle as string;
+      const b = await call(m.client, "borrow_machine", {});
+      assert.equal(b.isError, false, b.text);
+      const h = b.json.handle as string;
       await call(m.client, "run_command", { handle: h, command: ["true"] });
       const before = peakRssKiB(m.pid);
       const r = await call(m.client, "run_command", { handle: h, command: `yes 0123456789abcde | head -c ${HUNDRED_MB}; echo done >&2`, shell: true, timeout_seconds: 300 });
