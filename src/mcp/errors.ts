@@ -89,3 +89,9 @@ export function toolError(e: unknown): ToolErrorResult {
 export function invalid(message: string): BerthError {
   return new BerthError("invalid_request", `invalid_request: ${message}`);
 }
+
+/** A base64 argument decoded, or `invalid_request` naming it. */
+export function decodeBase64(s: string, what: string): Buffer {
+  if (!/^[A-Za-z0-9+/\s]*={0,2}\s*$/.test(s)) throw invalid(`${what} is not base64`);
+  return Buffer.from(s, "base64");
+}

@@ -18,8 +18,25 @@
  * `tail`, `readlink -f`; list_files prefers GNU find's -printf and falls back
  * to one `stat` per entry (busybox images).
  */
+import { isUtf8 } from "node:buffer";
 import { posix } from "node:path";
-import { ToolError, invalid } from "./errors.js";
+import type { Borrow } from "../client/borrow.js";
+import type { BerthClient } from "../client/client.js";
+import { shellQuote } from "../client/ssh.js";
+import { ToolError, decodeBase64, invalid } from "./errors.js";
+import type { SessionLimits } from "./limits.js";
+
+/** What a file tool needs of its session. */
+export interface FileDeps {
+  client: BerthClient;
+  limits: SessionLimits;
+}
+
+/** The machine a file tool works on, as the session holds it. */
+export interface FileMachine {
+  borrow: Borrow;
+  workspace: string;
+}
 
 /** Prints the workspace's physical path. */
 export const WORKSPACE_SCRIPT = `case "$HOME" in */machines/"$BERTH_MACHINE"/workspace) w=$HOME;; *) w=/workspace;; esac; cd -- "$w" && pwd -P`;
@@ -132,4 +149,66 @@ export function parseListing(out: Buffer, workspace: string): ListedEntry[] {
     entries.push({ path: rel, type, size: Number(size), modified: new Date(Math.floor(Number(mtime) * 1000)).toISOString() });
   }
   return entries;
+}
+
+/** write_file: the bytes raw on the channel, the path checked on the machine by WRITE_SCRIPT. */
+export async function writeFile(h: FileMachine, d: FileDeps, a: { handle: string; path: string; content: string; encoding?: "utf8" | "base64"; append?: boolean }): Promise<Record<string, unknown>> {
+  const path = workspacePath(h.workspace, a.path);
+  const bytes = (a.encoding ?? "utf8") === "base64" ? decodeBase64(a.content, "content") : Buffer.from(a.content, "utf8");
+  const max = d.limits.writeMaxBytes;
+  if (bytes.length > max) throw new ToolError("file_too_large", `file_too_large: the content is ${bytes.length} bytes; write_file takes at most ${max} bytes per call (append the rest with append: true)`);
+  const r = await d.client.exec(h.borrow, shellQuote(["sh", "-c", WRITE_SCRIPT, "berth-write", h.workspace, path, a.append ? "1" : "0"]), { stdin: bytes });
+  if (r.status !== 0) throw scriptRefusal(r.status, r.stderr?.toString("utf8") ?? "", a.path, h.workspace);
+  return { path: relativeTo(h.workspace, path), absolute_path: path, bytes_written: bytes.length, size: Number(r.stdout?.toString("utf8").trim() ?? bytes.length) };
+}
+
+/** read_file: a whole small file, or a part by offset and length; text as UTF-8, other bytes as base64. */
+export async function readFile(h: FileMachine, d: FileDeps, a: { handle: string; path: string; offset?: number; length?: number; encoding?: "auto" | "utf8" | "base64" }): Promise<Record<string, unknown>> {
+  const path = workspacePath(h.workspace, a.path);
+  const lim = d.limits;
+  if (a.length !== undefined && a.length > lim.readMaxBytes) throw invalid(`length is at most ${lim.readMaxBytes} bytes per call`);
+  const offset = a.offset ?? 0;
+  // Without a length, one byte more than the default tells a file that is too large.
+  const want = a.length ?? lim.readDefaultBytes + 1;
+  const r = await d.client.exec(h.borrow, shellQuote(["sh", "-c", READ_SCRIPT, "berth-read", h.workspace, path, String(offset), String(want)]));
+  const err = r.stderr?.toString("utf8") ?? "";
+  if (r.status !== 0) throw scriptRefusal(r.status, err, a.path, h.workspace);
+  const size = Number(/berth:size:(\d+)/.exec(err)?.[1] ?? NaN);
+  let data = r.stdout ?? Buffer.alloc(0);
+  if (a.length === undefined && data.length > lim.readDefaultBytes) {
+    throw new ToolError("file_too_large", `file_too_large: ${a.path} is ${size} bytes; read_file gives at most ${lim.readDefaultBytes} bytes without a length (up to ${lim.readMaxBytes} with offset and length)`, { size });
+  }
+  data = data.subarray(0, want);
+  const enc = a.encoding ?? "auto";
+  const text = enc === "utf8" || (enc === "auto" && isUtf8(data));
+  const next = offset + data.length;
+  return {
+    path: relativeTo(h.workspace, path),
+    size,
+    offset,
+    length: data.length,
+    next_offset: next < size ? next : null,
+    encoding: text ? "utf8" : "base64",
+    content: text ? data.toString("utf8") : data.toString("base64"),
+  };
+}
+
+/** list_files: a directory of the workspace, sorted, at most `listMaxEntries` entries. */
+export async function listFiles(h: FileMachine, d: FileDeps, a: { handle: string; path?: string; depth?: number }): Promise<Record<string, unknown>> {
+  const dir = workspacePath(h.workspace, a.path ?? ".");
+  const r = await d.client.exec(h.borrow, shellQuote(["sh", "-c", LIST_SCRIPT, "berth-list", h.workspace, dir, String(a.depth ?? 1)]));
+  if (r.status !== 0) throw scriptRefusal(r.status, r.stderr?.toString("utf8") ?? "", a.path ?? ".", h.workspace);
+  const all: ListedEntry[] = parseListing(r.stdout ?? Buffer.alloc(0), h.workspace).sort((x, y) => (x.path < y.path ? -1 : x.path > y.path ? 1 : 0));
+  const max = d.limits.listMaxEntries;
+  return {
+    path: relativeTo(h.workspace, dir),
+    workspace: h.workspace,
+    entries: all.slice(0, max),
+    ...(all.length > max || (r.stdout?.length ?? 0) >= 1024 * 1024 ? { truncated: `more entries than shown (at most ${max}); list a subdirectory or a smaller depth` } : {}),
+  };
+}
+
+function relativeTo(workspace: string, abs: string): string {
+  if (abs === workspace) return ".";
+  return abs.slice(workspace.length + (workspace.endsWith("/") ? 0 : 1));
 }

@@ -23,7 +23,8 @@ import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/
 import { BerthClient } from "../client/client.js";
 import { Api, ApiError } from "../client/http.js";
 import { BerthError } from "../core/errors.js";
-import { McpSession, type SessionLimits } from "./session.js";
+import type { SessionLimits } from "./limits.js";
+import { McpSession } from "./session.js";
 import { toolOptions } from "./stdio.js";
 import { buildServer } from "./tools.js";
 

@@ -9,7 +9,8 @@
  */
 import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
 import type { BerthClient } from "../client/client.js";
-import { McpSession, type SessionLimits } from "./session.js";
+import type { SessionLimits } from "./limits.js";
+import { McpSession } from "./session.js";
 import { buildServer } from "./tools.js";
 
 export interface McpServeOptions {

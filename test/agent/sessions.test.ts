@@ -8,7 +8,7 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { writeFileSync, createReadStream } from "node:fs";
+import { writeFileSync, createReadStream, existsSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { createRequire } from "node:module";
 import { spawn } from "node:child_process";
@@ -313,6 +313,89 @@ for (const kind of ["process", "gvisor"] as const) {
         `agent+client process RSS growth peak ${mb(peakRss - base.rss)} MB, buffer (external+arrayBuffers) growth peak ${mb(peakExternal - base.external - base.arrayBuffers)} MB`,
     );
   });
+
+  // A client whose process stops reading its connection (starved of CPU, or busy writing to a slow
+  // disk) holds back what the agent writes past the channel's window. When it reads again, every
+  // held-back write must go out, stdout's and stderr's, each byte once, and then the exit status.
+  maybe("a client that stops reading: stdout and the stderr line written after it, both held back by the window, arrive whole, then the exit status", async (r) => {
+    const ws = (await r.runtime.create(r.machine)).workspace;
+    const s = await HeldSession.start(await r.client(), `head -c ${HELD_BACK} /dev/zero; echo done >&2; : > ended`);
+    // The command ended while its stdout waits for the window, and its stderr line after it.
+    await until(() => existsSync(join(ws, "ended")), "the command's end");
+    await new Promise((res) => setTimeout(res, 500)); // the agent takes and forwards the stderr line meanwhile
+    s.release();
+    await s.ended();
+    assert.equal(s.stdout, HELD_BACK, "every stdout byte, once");
+    assert.equal(Buffer.concat(s.stderr).toString(), "done\n");
+    assert.deepEqual(s.exit, { code: 0, signal: null });
+  });
+
+  maybe("a client that stops reading twice: stdout held back, then a stderr flood held back: every byte exactly once, then the exit status", async (r) => {
+    const ws = (await r.runtime.create(r.machine)).workspace;
+    const s = await HeldSession.start(await r.client(), `head -c ${HELD_BACK} /dev/zero; : > written; while [ ! -e go ]; do sleep 0.05; done; head -c ${HELD_BACK} /dev/zero >&2; : > ended`);
+    await until(() => existsSync(join(ws, "written")), "stdout written");
+    await new Promise((res) => setTimeout(res, 500)); // the agent's stdout write waits for the window meanwhile
+    s.release();
+    await until(() => s.stdout === HELD_BACK, "all of stdout");
+    s.hold();
+    writeFileSync(join(ws, "go"), "");
+    await until(() => existsSync(join(ws, "ended")), "the command's end");
+    await new Promise((res) => setTimeout(res, 500));
+    s.release();
+    await s.ended();
+    assert.equal(s.stdout, HELD_BACK, "every stdout byte, once");
+    assert.equal(Buffer.concat(s.stderr).length, HELD_BACK, "every stderr byte, once");
+    assert.deepEqual(s.exit, { code: 0, signal: null });
+  });
+}
+
+/** More than an SSH window (2 MiB) and less than the agent holds for a channel without pausing the command. */
+const HELD_BACK = 3_670_016;
+
+/** One command on a client whose process reads nothing from its connection between hold() and release(). */
+class HeldSession {
+  stdout = 0;
+  readonly stderr: Buffer[] = [];
+  exit: { code: number | null; signal: string | null } | null = null;
+  private closed = false;
+  private readonly sock: import("node:net").Socket;
+
+  private constructor(c: ssh2.Client, ch: ssh2.ClientChannel) {
+    this.sock = (c as unknown as { _sock: import("node:net").Socket })._sock;
+    ch.on("data", (b: Buffer) => (this.stdout += b.length));
+    ch.stderr.on("data", (b: Buffer) => this.stderr.push(b));
+    ch.on("exit", (code: number | null, signal?: string) => (this.exit = { code: typeof code === "number" ? code : null, signal: signal ?? null }));
+    ch.on("close", () => (this.closed = true));
+  }
+
+  /** Runs `command`, holding from the moment its channel is open (before its first byte is read). */
+  static start(c: ssh2.Client, command: string): Promise<HeldSession> {
+    return new Promise((res, rej) => {
+      c.exec(command, (err, ch) => {
+        if (err) return rej(err);
+        const s = new HeldSession(c, ch);
+        s.hold();
+        res(s);
+      });
+    });
+  }
+
+  hold(): void {
+    this.sock.pause();
+  }
+
+  release(): void {
+    this.sock.resume();
+  }
+
+  /** The channel closed; a session that never ends fails with what had arrived. */
+  async ended(): Promise<void> {
+    try {
+      await until(() => this.closed, "the session's end");
+    } catch (e) {
+      throw new Error(`${(e as Error).message}: ${this.stdout} stdout and ${Buffer.concat(this.stderr).length} stderr bytes arrived, exit ${JSON.stringify(this.exit)}`);
+    }
+  }
 }
 
 test("recovery decisions: clean only on verified absence; exact leftovers stopped; mismatches retained", () => {

@@ -32,6 +32,7 @@ import { constants as osConstants } from "node:os";
 import type { ServerChannel } from "ssh2";
 import type { ExecHandle, ExecRequest } from "../runtime/types.js";
 import type { SessionRecord } from "./store.js";
+import { resumeAllParkedWrites } from "./channel-writes.js";
 import { groupSignalFor, sshSignalName, validWindow } from "./events.js";
 import { Pump } from "./pump.js";
 import { releaseSession } from "./release.js";
@@ -70,6 +71,8 @@ export class Session {
     this.spec = spec;
     this.channel = channel;
     this.done = new Promise((r) => (this.resolveDone = r));
+    // A client slower than the command must get stdout's and stderr's held-back writes alike (channel-writes.ts).
+    resumeAllParkedWrites(channel);
     channel.on("error", () => this.cut("channel error"));
     channel.on("close", () => {
       this.channelClosed = true;

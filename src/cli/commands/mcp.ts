@@ -60,7 +60,7 @@ Example MCP client entry (stdio):
     )
     .action((o: McpFlags) =>
       runCommand(async () => {
-        const { DEFAULT_LIMITS } = await import("../../mcp/session.js");
+        const { DEFAULT_LIMITS } = await import("../../mcp/limits.js");
         const limits = { ...DEFAULT_LIMITS, inlineBytes: o.inlineOutput, spillLimit: o.spillLimit, ...(o.spillDir ? { spillDir: o.spillDir } : {}) };
         const log = (line: string) => process.stderr.write(`berth mcp: ${line}\n`);
         if (o.listen) {
