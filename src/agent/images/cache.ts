@@ -11,9 +11,9 @@
  *      over it is refused before a byte of it is read;
  *   3. every layer streamed through its digest and size check, gunzip, its
  *      uncompressed digest (the config's diff_id) and the unpacker
- *      (unpack.ts) into a private `.tmp-*` directory;
+ *      (layer.ts, unpack.ts) into a private `.tmp-*` directory;
  *   4. /bin/sh and sleep present, the image's User resolved, its WorkingDir
- *      made, `image.json` written and synced;
+ *      made (boot.ts), `image.json` written and synced;
  *   5. one rename makes `.tmp-*` the cached `<id>`.
  *   Any failure before 5 removes the temporary directory; a crash leaves a
  *   `.tmp-*` that the next start removes. A directory named by an id is
@@ -29,22 +29,22 @@
  * least recently used images no machine uses are removed until the cache is
  * within `--image-cache-max`.
  */
-import { createGunzip } from "node:zlib";
-import { createHash, randomBytes } from "node:crypto";
-import { existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, realpathSync, renameSync, rmSync, statSync } from "node:fs";
+import { randomBytes } from "node:crypto";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, realpathSync, renameSync, rmSync, statSync } from "node:fs";
 import { join, resolve, sep } from "node:path";
-import { Transform } from "node:stream";
 import { BerthError } from "../../core/errors.js";
 import { formatImageRef, parseImageRef, type ImageRef } from "../../core/image-ref.js";
 import { writeFileDurable } from "../../store/durable-file.js";
 import type { AgentLog } from "../log.js";
 import type { BootImage } from "../runtime/types.js";
-import { checkConfigPlatform, configSchema, layerCompression, parseDocument, type Descriptor } from "./oci.js";
-import { envMap, resolveImageUser } from "./image-user.js";
+import { checkConfigPlatform, configSchema, parseDocument } from "./oci.js";
+import { envMap } from "./image-user.js";
 import { LayoutSource, openDockerArchive } from "./layout.js";
 import { RegistrySource, type RegistryOptions } from "./registry.js";
 import type { ImageSource } from "./source.js";
-import { resolveInRoot, Unpacker } from "./unpack.js";
+import { Unpacker } from "./unpack.js";
+import { bootOf } from "./boot.js";
+import { streamLayer } from "./layer.js";
 import { formatBytes } from "../../core/bytes.js";
 
 export interface ImageCacheOptions {
@@ -242,7 +242,7 @@ export class ImageCache {
         const rootfs = join(tmp, "rootfs");
         mkdirSync(rootfs, { mode: 0o755 });
         const unpacker = new Unpacker(rootfs, { max, used: 0 }, key);
-        for (let i = 0; i < manifest.layers.length; i++) await this.layer(src, unpacker, manifest.layers[i]!, config.rootfs.diff_ids[i]!, key);
+        for (let i = 0; i < manifest.layers.length; i++) await streamLayer(src, unpacker, manifest.layers[i]!, config.rootfs.diff_ids[i]!, key);
         unpacker.finish();
         const c = config.config ?? {};
         const boot = bootOf(rootfs, envMap(c.Env), c.WorkingDir ?? null, c.User ?? null, key);
@@ -297,57 +297,6 @@ export class ImageCache {
     return this.boot(next, ref);
   }
 
-  /** Streams one layer through its checks into the unpacker. */
-  private async layer(src: ImageSource, unpacker: Unpacker, d: Descriptor, diffId: string, what: string): Promise<void> {
-    const compression = layerCompression(d);
-    const blob = await src.blob(d);
-    const compressed = createHash("sha256");
-    const plain = createHash("sha256");
-    let n = 0;
-    const count = new Transform({
-      transform(chunk: Buffer, _e, cb) {
-        n += chunk.length;
-        if (n > d.size) return cb(new BerthError("image_invalid", `image_invalid: layer ${d.digest} of ${what} is longer than its descriptor's ${d.size} bytes`));
-        compressed.update(chunk);
-        cb(null, chunk);
-      },
-    });
-    const hashPlain = new Transform({
-      transform(chunk: Buffer, _e, cb) {
-        plain.update(chunk);
-        cb(null, chunk);
-      },
-    });
-    const gunzip = compression === "gzip" ? createGunzip() : null;
-    // Any stage's failure ends the stream the unpacker reads, with that stage's reason.
-    const fail = (e: Error) => hashPlain.destroy(e);
-    blob.once("error", fail);
-    count.once("error", fail);
-    gunzip?.once("error", (e) => fail(new BerthError("image_invalid", `image_invalid: layer ${d.digest} of ${what} is not valid gzip or is cut short (${e.message})`)));
-    if (gunzip) blob.pipe(count).pipe(gunzip).pipe(hashPlain);
-    else blob.pipe(count).pipe(hashPlain);
-    try {
-      await unpacker.apply(hashPlain, d.digest);
-      // The tar may end before its padding: read the rest, so the digests cover every byte.
-      if (!hashPlain.readableEnded) {
-        await new Promise<void>((res, rej) => {
-          hashPlain.once("end", res);
-          hashPlain.once("error", rej);
-          hashPlain.resume();
-        });
-      }
-    } catch (e) {
-      for (const s of [blob, count, gunzip, hashPlain]) s?.destroy();
-      if (e instanceof BerthError) throw e;
-      throw new BerthError("image_invalid", `image_invalid: layer ${d.digest} of ${what} could not be unpacked: ${(e as Error).message}`);
-    }
-    if (n !== d.size) throw new BerthError("image_invalid", `image_invalid: layer ${d.digest} of ${what} is cut short: ${n} of ${d.size} bytes`);
-    const got = "sha256:" + compressed.digest("hex");
-    if (got !== d.digest) throw new BerthError("image_invalid", `image_invalid: layer ${d.digest} of ${what} does not match its digest (the bytes hash to ${got}); it was not used`);
-    const gotPlain = "sha256:" + plain.digest("hex");
-    if (gotPlain !== diffId) throw new BerthError("image_invalid", `image_invalid: layer ${d.digest} of ${what} unpacks to ${gotPlain}, not the ${diffId} its config names; it was not used`);
-  }
-
   /** Least recently used images no machine uses go until the cache is within its limit. */
   private evict(keep: string): void {
     const used = this.o.inUse();
@@ -362,31 +311,4 @@ export class ImageCache {
     }
     if (total > this.o.maxBytes) this.o.log.warn({ total, max: this.o.maxBytes }, "image cache above --image-cache-max: every other image is in use");
   }
-}
-
-/**
- * What a machine of this root needs: a shell and sleep (berth's init and
- * every exec go through /bin/sh), the login shell, the user and the working
- * directory (made if the image lacks it).
- */
-function bootOf(rootfs: string, env: Record<string, string>, workingDir: string | null, user: string | null, what: string): Pick<BootImage, "env" | "workingDir" | "user" | "shell"> {
-  const isFile = (p: string): boolean => {
-    const host = resolveInRoot(rootfs, p);
-    return host !== null && lstatSync(host).isFile();
-  };
-  if (!isFile("/bin/sh")) throw new BerthError("image_invalid", `image_invalid: ${what} has no /bin/sh; berth runs every command of a machine through /bin/sh`);
-  if (!["/bin/sleep", "/usr/bin/sleep"].some(isFile)) throw new BerthError("image_invalid", `image_invalid: ${what} has no sleep in /bin or /usr/bin; the machine's init needs it`);
-  const small = (p: string): string => {
-    const host = resolveInRoot(rootfs, p);
-    if (host === null || !lstatSync(host).isFile() || lstatSync(host).size > 4 << 20) return "";
-    return readFileSync(host, "utf8");
-  };
-  const u = resolveImageUser(user, small("/etc/passwd"), small("/etc/group"), what);
-  let wd: string | null = null;
-  if (workingDir !== null && workingDir.trim() !== "") {
-    if (!workingDir.startsWith("/")) throw new BerthError("image_invalid", `image_invalid: ${what} has a relative WorkingDir ${JSON.stringify(workingDir)}`);
-    wd = workingDir;
-    if (resolveInRoot(rootfs, wd) === null) new Unpacker(rootfs, { max: Infinity, used: 0 }, what).makeDirectory(wd);
-  }
-  return { env, workingDir: wd, user: u, shell: isFile("/bin/bash") ? "/bin/bash" : "/bin/sh" };
 }
