@@ -42,6 +42,8 @@ export const DYNAMIC_EXCEPTIONS = {
   "cli/commands/agent.ts": ["agent/"],
   // `berth image ls|rm --state-dir`: the agent's image cache, on the agent's host, with no agent running for rm.
   "cli/commands/image.ts": ["agent/"],
+  // `berth up` stopping: its volumes' disk images unmounted with the agent's own unmount, after the agent ended.
+  "cli/up-allocations.ts": ["agent/"],
 };
 
 const IMPORT_RE = /(?:^|[\s;])(?:import|export)\s+(type\s+)?(?:[\w*{}\s,$]+?\s+from\s+)?["'](\.[^"']+)["']|import\(\s*["'](\.[^"']+)["']\s*\)/g;
