@@ -42,7 +42,7 @@ async function one(runtime: "process" | "gvisor"): Promise<Record<string, string
   const c = await startCoordinator({ store, secret: randomBytes(32), log: pino({ level: "warn" }), reconcileIntervalMs: 50 });
   const admin = await createToken(store, { org: "b", role: "admin", expiresAt: null, label: null }, Date.now(), (n) => randomBytes(n));
   const agentTok = await createToken(store, { org: "b", role: "agent", expiresAt: null, label: null }, Date.now(), (n) => randomBytes(n));
-  const agent = await startAgent({ stateDir: join(dir, "agent"), coordinatorUrl: c.url, enrollToken: agentTok.token, runtime, vcpu: 64, memoryMb: 262_144, slots: 64, name: "bench" });
+  const agent = await startAgent({ stateDir: join(dir, "agent"), coordinatorUrl: c.url, enrollToken: agentTok.token, runtime, vcpu: 64, memoryMib: 262_144, slots: 64, name: "bench" });
   await agent.enrolled;
   const api = new Api(c.url, admin.token);
   await api.call("POST", `/v1/owners/${admin.id}/admit`, { vcpu: 1000, memoryMib: 10_000_000, count: 1000 });

@@ -56,7 +56,7 @@ export interface AgentOptions {
   images?: { maxBytes?: number; registry?: RegistryOptions };
   slots?: number;
   vcpu?: number;
-  memoryMb?: number;
+  memoryMib?: number;
   /** Whether each volume's disk is limited by a mounted image (volume-disk.ts); default auto. */
   diskEnforce?: "required" | "auto" | "off";
   /** Disk offered to allocation volumes, MiB (default: free space of the volumes filesystem minus a reserve). */

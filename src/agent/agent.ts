@@ -39,7 +39,7 @@ export const AGENT_VERSION = readVersion();
 export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
   const log = opts.log ?? silentLog;
   const now = opts.now ?? Date.now;
-  const { listen, sshListen, name, slots, vcpu, memoryMb } = hostSettings(opts);
+  const { listen, sshListen, name, slots, vcpu, memoryMib } = hostSettings(opts);
   // 1. The store takes the state directory's lock.
   const store = AgentStore.open(opts.stateDir);
   const diskMib = offeredDisk(opts);
@@ -65,7 +65,7 @@ export async function startAgent(opts: AgentOptions): Promise<RunningAgent> {
     const sshHost = opts.advertiseHost ?? (isWildcard(sshListen.host) ? hostname() : sshListen.host);
     const ssh = { host: sshHost, port: gateway.port, hostKey: gateway.hostKey, fingerprint: gateway.fingerprint };
     let url = "";
-    const description = () => ({ url, runtime: runtime.kind, runtimeDetail: runtime.detail, capacity: { vcpu, memoryMib: memoryMb, diskMib, slots }, ssh });
+    const description = () => ({ url, runtime: runtime.kind, runtimeDetail: runtime.detail, capacity: { vcpu, memoryMib, diskMib, slots }, ssh });
     const enrollment = new HostEnrollment({ opts, name, version: AGENT_VERSION, store, keys, sessions, ops, description, log, now });
     const identity = enrollment.identity;
     const describe = () => ({ hostId: enrollment.hostId, name, runtime: runtime.kind, slots, version: AGENT_VERSION });

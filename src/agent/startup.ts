@@ -60,14 +60,14 @@ export class Teardown {
 }
 
 /** The host as the agent offers it: its addresses, its name and its capacity. */
-export function hostSettings(opts: AgentOptions): { listen: Address; sshListen: Address; name: string; slots: number; vcpu: number; memoryMb: number } {
+export function hostSettings(opts: AgentOptions): { listen: Address; sshListen: Address; name: string; slots: number; vcpu: number; memoryMib: number } {
   const listen = parseHostPort(opts.listen ?? "127.0.0.1:0", "listen");
   const sshListen = parseHostPort(opts.sshListen ?? "127.0.0.1:0", "ssh listen");
   // The coordinator knows a host by this name (an id: re-enrolling under it keeps the host).
   const name = parseId(opts.name ?? (hostname().replace(/[^A-Za-z0-9_-]/g, "-").slice(0, 128) || "host"), "host name");
   // The host's real capacity minus a stated reserve, unless told otherwise (core/host-capacity.ts).
   const real = defaultHostCapacity(availableParallelism(), totalmem());
-  return { listen, sshListen, name, slots: opts.slots ?? 4, vcpu: opts.vcpu ?? real.vcpu, memoryMb: opts.memoryMb ?? real.memoryMb };
+  return { listen, sshListen, name, slots: opts.slots ?? 4, vcpu: opts.vcpu ?? real.vcpu, memoryMib: opts.memoryMib ?? real.memoryMib };
 }
 
 /**

@@ -52,7 +52,7 @@ import { randomBytes } from "node:crypto";
 import { basename, join, resolve } from "node:path";
 import { BerthError } from "../core/errors.js";
 import { parseId } from "../core/ids.js";
-import { writeFileDurable } from "../store/durable-file.js";
+import { writeFileDurable } from "../io/durable-file.js";
 import { wipeDirectory } from "./runtime/durable.js";
 import type { VolumeRecord, VolumeTable } from "./store/volumes.js";
 import type { AgentLog } from "./log.js";

@@ -16,7 +16,7 @@ import { join, resolve } from "node:path";
 import { BerthError } from "../core/errors.js";
 import { parseId } from "../core/ids.js";
 import { generateSshKeyPair, parseOpenSshEd25519, type SshKeyPair } from "../core/ssh-keys.js";
-import { writeFileDurable } from "../store/durable-file.js";
+import { writeFileDurable } from "../io/durable-file.js";
 
 export function allocationKeyDir(flag?: string): string {
   if (flag) return resolve(flag);

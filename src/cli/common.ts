@@ -15,7 +15,7 @@ import type { Store } from "../store/store.js";
 import { Api, ApiError } from "../client/http.js";
 import { BerthClient } from "../client/client.js";
 import { ConfigError, loadConfig, type ClientConfig, type ConfigFlags } from "../client/config.js";
-import { writeFileDurable } from "../store/durable-file.js";
+import { writeFileDurable } from "../io/durable-file.js";
 import { debugEnabled, helpPointer } from "./io.js";
 
 export const EXIT = { ok: 0, error: 1, usage: 2, locked: 3, unavailable: 69, cleanup: 75, expired: 124, pipe: 141 } as const;

@@ -5,7 +5,7 @@
  * told to use only it, strictly. What `berth borrow` and `berth ack` print and
  * what `berth ssh --print` prints; it works as printed.
  */
-import { writeFileDurable } from "../store/durable-file.js";
+import { writeFileDurable } from "../io/durable-file.js";
 import { shellQuote } from "../client/ssh.js";
 
 export interface SystemSshTarget {

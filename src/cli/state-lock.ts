@@ -17,7 +17,7 @@
 import Database from "better-sqlite3";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { writeFileDurable } from "../store/durable-file.js";
+import { writeFileDurable } from "../io/durable-file.js";
 
 export const LOCK_FILE = "lock.db";
 export const HOLDER_FILE = "holder.json";

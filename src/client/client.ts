@@ -22,7 +22,7 @@ import { BerthError } from "../core/errors.js";
 import { newId } from "../core/ids.js";
 import { newToken } from "../core/tokens.js";
 import { formatDuration } from "../core/durations.js";
-import { writeFileDurable } from "../store/durable-file.js";
+import { writeFileDurable } from "../io/durable-file.js";
 import { Borrow, type Access } from "./borrow.js";
 import { ConfigError, loadConfig, type ConfigFlags } from "./config.js";
 import { Api, ApiError } from "./http.js";

@@ -6,7 +6,7 @@
  * receipt file is the CLI's (src/cli/receipt.ts); the library only writes.
  */
 import { unlinkSync } from "node:fs";
-import { writeFileDurable } from "../store/durable-file.js";
+import { writeFileDurable } from "../io/durable-file.js";
 
 export interface SshEndpoint {
   host: string | null;

@@ -20,7 +20,7 @@ import { HostsProvider } from "../providers/hosts/hosts-provider.js";
 import { readHostCommitted } from "../store/hosts.js";
 import { machineCounts } from "../store/machines.js";
 import { liveAllocationCounts } from "../store/allocations.js";
-import { allOwners } from "../store/alloc-owners.js";
+import { allOwners } from "../store/allocation-owners.js";
 import { grantHooks } from "./actions/grants.js";
 import { createPortable } from "./actions/grant-calls.js";
 import { registerProvisioned } from "./actions/register.js";

@@ -13,10 +13,10 @@
 export const MEMORY_RESERVE_MIN_MIB = 1024;
 export const MEMORY_RESERVE_SHARE = 0.1;
 
-export function defaultHostCapacity(cpus: number, totalMemoryBytes: number): { vcpu: number; memoryMb: number } {
+export function defaultHostCapacity(cpus: number, totalMemoryBytes: number): { vcpu: number; memoryMib: number } {
   const totalMib = Math.floor(totalMemoryBytes / 2 ** 20);
   const reserve = Math.max(MEMORY_RESERVE_MIN_MIB, Math.ceil(totalMib * MEMORY_RESERVE_SHARE));
-  return { vcpu: Math.max(1, Math.floor(cpus)), memoryMb: Math.max(1, totalMib - reserve) };
+  return { vcpu: Math.max(1, Math.floor(cpus)), memoryMib: Math.max(1, totalMib - reserve) };
 }
 
 export const DISK_RESERVE_MIN_MIB = 2048;

@@ -160,7 +160,7 @@ describe("enrollment", () => {
 
   it("enrolls with the exact shape, keeps the host id across a restart, and accepts only the newest host-call token", async () => {
     const dir = harness.dir();
-    let a = await harness.agent({ stateDir: dir, coordinatorUrl: coordinator, enrollToken, name: "enr", slots: 2, vcpu: 4, memoryMb: 4096, diskMib: 10240 });
+    let a = await harness.agent({ stateDir: dir, coordinatorUrl: coordinator, enrollToken, name: "enr", slots: 2, vcpu: 4, memoryMib: 4096, diskMib: 10240 });
     assert.equal(a.hostId, "h_first");
     const first = seen().at(-1)!;
     assert.equal(first.auth, `Bearer ${enrollToken}`);

@@ -10,7 +10,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { berth } from "../helpers/cluster.js";
 import { startTestCoordinator } from "../helpers/env.js";
-import { accountEnrolledHost } from "../../src/coordinator/actions/alloc-owners.js";
+import { accountEnrolledHost } from "../../src/coordinator/actions/allocation-owners.js";
 
 test("alloc and owner commands through the binary", async () => {
   const t = await startTestCoordinator();

@@ -31,7 +31,7 @@ describe("allocation launch, expiry and quarantine (in process)", { timeout: 60_
   const key = generateSshKeyPair("launch-test");
   const startAgent = async () => {
     const t = await c.token("agent");
-    agent = await h.agent({ stateDir: agentDir, coordinatorUrl: c.coord.url, enrollToken: t.token, vcpu: 8, memoryMb: 16384, slots: 4, name: "h1" });
+    agent = await h.agent({ stateDir: agentDir, coordinatorUrl: c.coord.url, enrollToken: t.token, vcpu: 8, memoryMib: 16384, slots: 4, name: "h1" });
     await agent.enrolled;
   };
   const get = (id: string) => api.call<View>("GET", `/v1/allocations/${id}`);

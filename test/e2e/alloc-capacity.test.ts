@@ -15,7 +15,7 @@ import { generateSshKeyPair } from "../../src/core/ssh-keys.js";
 const key = generateSshKeyPair("capacity-test");
 const real = defaultHostCapacity(availableParallelism(), totalmem());
 const SMALL = { vcpu: 2, memoryMib: 4096 };
-const room = real.vcpu >= SMALL.vcpu && real.memoryMb >= SMALL.memoryMib;
+const room = real.vcpu >= SMALL.vcpu && real.memoryMib >= SMALL.memoryMib;
 
 describe("an agent without capacity flags offers the host's real capacity", { timeout: 120_000 }, () => {
   const rig = new AllocRig("sqlite");
@@ -25,11 +25,11 @@ describe("an agent without capacity flags offers the host's real capacity", { ti
 
   test("the host account holds the real vCPUs and memory minus the reserve", async () => {
     const r = await rig.store.transaction((tx) => tx.get<{ vcpu: number; memory_mib: number }>("SELECT vcpu, memory_mib FROM host_accounts WHERE host_id = ?", [rig.hostId]));
-    assert.deepEqual({ vcpu: Number(r!.vcpu), memoryMb: Number(r!.memory_mib) }, real);
-    assert.ok(real.memoryMb < Math.floor(totalmem() / 2 ** 20), "a reserve is kept for the host");
+    assert.deepEqual({ vcpu: Number(r!.vcpu), memoryMib: Number(r!.memory_mib) }, real);
+    assert.ok(real.memoryMib < Math.floor(totalmem() / 2 ** 20), "a reserve is kept for the host");
   });
 
-  test("a small allocation is created and launched on a host with room for it", { skip: room ? false : `this host offers ${real.vcpu} vCPU / ${real.memoryMb} MiB after the reserve: no room for a small (2 vCPU / 4 GiB)` }, async () => {
+  test("a small allocation is created and launched on a host with room for it", { skip: room ? false : `this host offers ${real.vcpu} vCPU / ${real.memoryMib} MiB after the reserve: no room for a small (2 vCPU / 4 GiB)` }, async () => {
     const c = await rig.coordinator();
     try {
       const a = await rig.api(c).call<{ state: string }>("POST", "/v1/allocations", { id: "cap1", size: "small", publicKey: key.publicKey });

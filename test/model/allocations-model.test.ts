@@ -19,7 +19,7 @@ import { createToken } from "../../src/coordinator/auth.js";
 import { createAllocation } from "../../src/coordinator/actions/allocation-create.js";
 import type { AllocCtx } from "../../src/coordinator/actions/allocation-context.js";
 import { releaseAllocation, onAllocationExpiryDue } from "../../src/coordinator/actions/allocation-release.js";
-import { accountEnrolledHost, changeHostStanding, setOwnerBudget } from "../../src/coordinator/actions/alloc-owners.js";
+import { accountEnrolledHost, changeHostStanding, setOwnerBudget } from "../../src/coordinator/actions/allocation-owners.js";
 import { DEFAULT_SIZES } from "../../src/core/allocation-sizes.js";
 import { isBerthError } from "../../src/core/errors.js";
 import { tempDir, TestClock } from "../helpers/env.js";

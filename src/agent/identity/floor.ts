@@ -12,7 +12,7 @@
  */
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { writeFileDurable } from "../../store/durable-file.js";
+import { writeFileDurable } from "../../io/durable-file.js";
 import type { AgentStore } from "../store/store.js";
 
 export const FLOOR_FILE = "identity.floor";

@@ -9,7 +9,7 @@ import { createPrivateKey, createPublicKey, generateKeyPairSync, sign, type KeyO
 import { chmodSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { identityFingerprint, proofMessage, type ProofPurpose } from "../../core/host-identity.js";
-import { writeFileDurable } from "../../store/durable-file.js";
+import { writeFileDurable } from "../../io/durable-file.js";
 
 export const IDENTITY_KEY_FILE = "identity_ed25519";
 

@@ -34,7 +34,7 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, realpath
 import { join, resolve, sep } from "node:path";
 import { BerthError } from "../../core/errors.js";
 import { formatImageRef, parseImageRef, type ImageRef } from "../../core/image-ref.js";
-import { writeFileDurable } from "../../store/durable-file.js";
+import { writeFileDurable } from "../../io/durable-file.js";
 import type { AgentLog } from "../log.js";
 import type { BootImage } from "../runtime/types.js";
 import { checkConfigPlatform, configSchema, parseDocument } from "./oci.js";

@@ -7,7 +7,7 @@
 import { readFileSync, rmSync, readdirSync, lstatSync } from "node:fs";
 import { join } from "node:path";
 import { BerthError } from "../../core/errors.js";
-import { writeFileDurable } from "../../store/durable-file.js";
+import { writeFileDurable } from "../../io/durable-file.js";
 
 export function writeRecord(path: string, value: unknown): void {
   writeFileDurable(path, JSON.stringify(value, null, 2) + "\n", 0o600);

@@ -10,7 +10,7 @@
  */
 import { readFileSync } from "node:fs";
 import { generateSshKeyPair, parseOpenSshEd25519, type SshKeyPair } from "../../core/ssh-keys.js";
-import { writeFileDurable } from "../../store/durable-file.js";
+import { writeFileDurable } from "../../io/durable-file.js";
 
 /**
  * Read the host key if the file exists, otherwise create it durably. Reusing

@@ -220,7 +220,7 @@ async function agentOptions(o: AgentFlags, enrollToken: string | null, log: pino
     },
     slots: o.slots,
     ...(o.vcpu !== undefined ? { vcpu: o.vcpu } : {}),
-    ...(o.memoryMb !== undefined ? { memoryMb: o.memoryMb } : {}),
+    ...(o.memoryMb !== undefined ? { memoryMib: o.memoryMb } : {}),
     ...(o.disk !== undefined ? { diskMib: Math.floor(o.disk / 2 ** 20) } : {}),
     diskEnforce: o.diskEnforce,
     name: o.name,

@@ -8,7 +8,7 @@ import { ROLES, type Role } from "../../core/roles.js";
 import { isId } from "../../core/ids.js";
 import { BerthError } from "../../core/errors.js";
 import { durationArg, iso, openStoreFromFlags, printJson, printTable, runCommand } from "../common.js";
-import { writeFileDurable } from "../../store/durable-file.js";
+import { writeFileDurable } from "../../io/durable-file.js";
 
 export function register(program: Command): void {
   const token = program.command("token").description("Create, list and revoke API tokens (runs against the coordinator's store directly)");

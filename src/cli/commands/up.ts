@@ -24,7 +24,7 @@ import type { Logger } from "pino";
 import type { SqliteStore } from "../../store/sqlite/sqlite-store.js";
 import { generateSshKeyPair } from "../../core/ssh-keys.js";
 import { hashToken } from "../../core/tokens.js";
-import { writeFileDurable } from "../../store/durable-file.js";
+import { writeFileDurable } from "../../io/durable-file.js";
 import { Api } from "../../client/http.js";
 import { BerthClient } from "../../client/client.js";
 import { describeError, EXIT, exitCodeOf, intArg, loadOrCreateSecret, reportError, UsageError } from "../common.js";

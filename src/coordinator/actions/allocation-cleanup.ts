@@ -30,7 +30,7 @@ import { allocationTransition } from "../../core/allocation.js";
 import { refund } from "../../core/allocation-budget.js";
 import { actorLiveness, fenceFloor, takeoverDecision, type ActorStanding } from "../../core/allocation-takeover.js";
 import type { Tx } from "../../store/store.js";
-import { lockOwner, setOwnerUsage } from "../../store/alloc-owners.js";
+import { lockOwner, setOwnerUsage } from "../../store/allocation-owners.js";
 import { casActor, readActor } from "../../store/allocation-actors.js";
 import { casAllocationState, getAllocation, type AllocationRecord } from "../../store/allocations.js";
 import { getLaunch, noteLaunchError, setReleased, type LaunchRecord } from "../../store/allocation-launches.js";

@@ -27,7 +27,7 @@ import { lookupSize, sizeCatalog } from "../../core/allocation-sizes.js";
 import { choose, noCapacityMessage, place, verdict, type Strategy } from "../../core/allocation-placement.js";
 import { expiryFor } from "../../core/allocation.js";
 import type { AllocCtx } from "./allocation-context.js";
-import { lockOwner, setOwnerUsage } from "../../store/alloc-owners.js";
+import { lockOwner, setOwnerUsage } from "../../store/allocation-owners.js";
 import { candidateHostAccounts, listHostAccounts, lockHostAccount, setHostUsage } from "../../store/host-accounts.js";
 import { getAllocation, insertAllocation, type AllocationRecord } from "../../store/allocations.js";
 import { appendLedger } from "../../store/allocation-ledger.js";

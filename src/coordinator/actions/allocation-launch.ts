@@ -41,7 +41,7 @@ import { allocationMachineId } from "../../core/allocation-access.js";
 import { launchGate } from "../../core/allocation.js";
 import { actorLiveness, fenceFloor, takeoverDecision, type ActorRecord, type ActorStanding } from "../../core/allocation-takeover.js";
 import type { Tx } from "../../store/store.js";
-import { lockOwner } from "../../store/alloc-owners.js";
+import { lockOwner } from "../../store/allocation-owners.js";
 import { casActor, readActor, renewActor } from "../../store/allocation-actors.js";
 import { casAllocationState, getAllocation, type AllocationRecord } from "../../store/allocations.js";
 import { getLaunch, noteLaunchError, setLaunched, type LaunchRecord } from "../../store/allocation-launches.js";

@@ -5,7 +5,7 @@ import { admit } from "../../core/allocation-budget.js";
 import { lookupSize, sizeCatalog } from "../../core/allocation-sizes.js";
 import { place, type PlacementDecision, type Strategy } from "../../core/allocation-placement.js";
 import { getAllocation, listAllocations, type AllocationRecord } from "../../store/allocations.js";
-import { getOwner } from "../../store/alloc-owners.js";
+import { getOwner } from "../../store/allocation-owners.js";
 import { listHostAccounts } from "../../store/host-accounts.js";
 import type { AllocCtx } from "./allocation-context.js";
 import type { Requester } from "./allocation-release.js";

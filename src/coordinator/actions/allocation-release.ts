@@ -17,7 +17,7 @@ import { parseId } from "../../core/ids.js";
 import { refund } from "../../core/allocation-budget.js";
 import { allocationTransition, expired, type AllocationState, type ReleaseCause } from "../../core/allocation.js";
 import type { Tx } from "../../store/store.js";
-import { lockOwner, setOwnerUsage } from "../../store/alloc-owners.js";
+import { lockOwner, setOwnerUsage } from "../../store/allocation-owners.js";
 import { lockHostAccount, setHostUsage } from "../../store/host-accounts.js";
 import { casAllocationState, getAllocation, type AllocationRecord } from "../../store/allocations.js";
 import { appendLedger } from "../../store/allocation-ledger.js";

@@ -27,7 +27,7 @@ import { allocationTransition, launchGate } from "../../core/allocation.js";
 import { BerthError } from "../../core/errors.js";
 import { parseId } from "../../core/ids.js";
 import type { Tx } from "../../store/store.js";
-import { lockOwner } from "../../store/alloc-owners.js";
+import { lockOwner } from "../../store/allocation-owners.js";
 import { readActor } from "../../store/allocation-actors.js";
 import { casAllocationState, getAllocation, type AllocationRecord } from "../../store/allocations.js";
 import { getLaunch, noteLaunchError, setLaunched } from "../../store/allocation-launches.js";

@@ -53,7 +53,7 @@ import { poolNamesOfProvider } from "../../store/pools.js";
 import type { Tx } from "../../store/store.js";
 import type { Ctx } from "../context.js";
 import { closeGrantsOfMachine } from "./grants.js";
-import { accountEnrolledHost } from "./alloc-owners.js";
+import { accountEnrolledHost } from "./allocation-owners.js";
 
 export function issueChallenge(ctx: Ctx, secret: Uint8Array): { challenge: string; expiresAt: number } {
   return newChallenge(secret, ctx.now(), ctx.randomBytes);

@@ -1,6 +1,6 @@
 /**
  * Pushing a host's standing to its agent (the half of a standing change
- * after its commit; alloc-owners.ts `changeHostStanding` records it under a
+ * after its commit; allocation-owners.ts `changeHostStanding` records it under a
  * new epoch and arms a `host_standing` due row in the same transaction).
  *
  *   1. read the account: nothing to do once the agent acknowledged the

@@ -31,7 +31,7 @@ import { insertHost, listHosts as listHostRows, lockHostByName, updateHost, type
 import { setHostAddressOfMachines } from "../../store/machines.js";
 import { poolNamesOfProvider } from "../../store/pools.js";
 import type { Tx } from "../../store/store.js";
-import { accountEnrolledHost } from "./alloc-owners.js";
+import { accountEnrolledHost } from "./allocation-owners.js";
 import { takeProof } from "./host-identity.js";
 
 export interface EnrollInput {

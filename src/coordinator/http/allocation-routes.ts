@@ -33,9 +33,9 @@ import { registerVolumeRoutes } from "./volume-routes.js";
 import type { AllocationAgent } from "../allocation-agent.js";
 import { reportedStanding } from "../../core/host-standing.js";
 import { pushStanding } from "../actions/host-standing.js";
-import { changeHostStanding, ownersOf, setOwnerBudget, listHostAccounts } from "../actions/alloc-owners.js";
+import { changeHostStanding, ownersOf, setOwnerBudget, listHostAccounts } from "../actions/allocation-owners.js";
 import type { AllocationRecord } from "../../store/allocations.js";
-import type { OwnerRecord } from "../../store/alloc-owners.js";
+import type { OwnerRecord } from "../../store/allocation-owners.js";
 
 export function presentAllocation(a: AllocationRecord) {
   return {

@@ -16,7 +16,7 @@ import type { HostStanding } from "../../core/allocation-placement.js";
 import { clearDue, setDue } from "../../store/due.js";
 import { ackStanding, attestHostGone } from "../../store/host-standing.js";
 import { STANDING_RETRY_MS } from "./host-standing.js";
-import { isPrincipalOf, listOwners, lockOwner, upsertOwnerBudget, type OwnerRecord } from "../../store/alloc-owners.js";
+import { isPrincipalOf, listOwners, lockOwner, upsertOwnerBudget, type OwnerRecord } from "../../store/allocation-owners.js";
 import { lockHostAccount, setHostStanding, upsertHostAccount, listHostAccounts } from "../../store/host-accounts.js";
 import { appendLedger } from "../../store/allocation-ledger.js";
 import type { Tx } from "../../store/store.js";
