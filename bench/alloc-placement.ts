@@ -21,7 +21,7 @@ import type { Store } from "../src/store/store.js";
 import { createToken } from "../src/coordinator/auth.js";
 import { createAllocation } from "../src/coordinator/actions/allocation-create.js";
 import type { AllocCtx } from "../src/coordinator/actions/allocation-context.js";
-import { accountEnrolledHost, setOwnerBudget } from "../src/coordinator/actions/alloc-owners.js";
+import { accountEnrolledHost, setOwnerBudget } from "../src/coordinator/actions/allocation-owners.js";
 import { arg, dist, enginesArg, ms, printTable, round, writeResult, type Engine } from "./lib.js";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
