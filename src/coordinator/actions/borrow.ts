@@ -27,6 +27,7 @@ import { tokenLive } from "../../store/api-tokens.js";
 import type { Ctx } from "../context.js";
 import { refuseDeadToken, type Principal } from "../auth.js";
 import { applyTransition } from "./transition.js";
+import { lentMachine, resentBorrowMachine } from "./lent-machine.js";
 import { borrowOrRepeat, chosenIdConflict, chosenIdTaken } from "./chosen-id.js";
 import { lendCheck, needsLendCheck, withdrawBorrow } from "./lend-check.js";
 
@@ -232,7 +233,7 @@ function keeperAnswer(borrowId: string, token: string, out: Taken): KeeperBorrow
     borrowId,
     borrowToken: token,
     pool: out.pool,
-    machine: { id: m.id, generation: m.generation, ssh: { host: m.ssh_host, port: m.ssh_port, user: m.ssh_user, hostKey: m.host_key } },
+    machine: lentMachine(m, m.generation),
     heartbeatMs: out.heartbeatMs,
     heartbeatDeadline: out.heartbeatDeadline,
     expiresAt: out.expiresAt,
@@ -250,14 +251,12 @@ async function earlierBorrow(tx: Tx, p: Principal, poolName: string, chosen: Cho
   refuseDeadToken(b.token_live);
   if (b.org !== p.org || b.pool !== poolName || !sameHash(b.token_hash, hashToken("borrow", chosen.borrowToken))) throw chosenIdConflict(b.id);
   refuseNotLive(b, now);
-  const m = await readMachine(tx, b.machine_id);
-  const pool = await readPool(tx, p.org, poolName);
-  if (!m || !pool) throw new BerthError("borrow_not_active", `borrow_not_active: borrow ${b.id}'s machine is gone; borrow again`);
+  const { m, pool } = await resentBorrowMachine(tx, b.id, b.machine_id, p.org, poolName);
   return {
     borrowId: b.id,
     borrowToken: chosen.borrowToken,
     pool: b.pool,
-    machine: { id: m.id, generation: b.generation, ssh: { host: m.ssh_host, port: m.ssh_port, user: m.ssh_user, hostKey: m.host_key } },
+    machine: lentMachine(m, b.generation),
     heartbeatMs: pool.heartbeatMs,
     heartbeatDeadline: b.heartbeat_deadline,
     expiresAt: b.expires_at,

@@ -19,14 +19,15 @@ import { parsePublicKey } from "../../core/ssh-public-key.js";
 import type { Tx } from "../../store/store.js";
 import { poolRef, requestFillCheck, setDue, setDueNoLater } from "../../store/due.js";
 import { insertGrant, readGrant } from "../../store/grants.js";
-import { readMachine, takeReadyMachine } from "../../store/machines.js";
-import { readPool, readPoolAsToken } from "../../store/pools.js";
+import { takeReadyMachine } from "../../store/machines.js";
+import { readPoolAsToken } from "../../store/pools.js";
 import type { Ctx } from "../context.js";
 import { refuseDeadToken, type Principal } from "../auth.js";
 import { applyTransition } from "./transition.js";
 import { checkPortable } from "./pools.js";
 import { whyExhausted } from "./exhausted.js";
 import { borrowOrRepeat, chosenIdConflict, chosenIdTaken } from "./chosen-id.js";
+import { lentMachine, resentBorrowMachine } from "./lent-machine.js";
 
 /** A grant id and tokens the client chose (`POST …/borrow` with `borrowId`, `borrowToken` and `grantToken`). */
 export interface ChosenGrant {
@@ -128,7 +129,7 @@ async function borrowOnce(ctx: Ctx, p: Principal, poolName: string, body: Portab
     heartbeatDeadline: out.heartbeatDeadline,
     heartbeatMs: out.heartbeatMs,
     expiresAt: out.expiresAt,
-    machine: { id: m.id, generation: m.generation, ssh: { host: m.ssh_host, port: m.ssh_port, user: m.ssh_user, hostKey: m.host_key } },
+    machine: lentMachine(m, m.generation),
     repeated: false,
   };
 }
@@ -146,9 +147,7 @@ async function earlierGrant(tx: Tx, p: Principal, poolName: string, fingerprint:
   if (!same) throw chosenIdConflict(g.id);
   const live = (g.state === "pending" || g.state === "installing" || g.state === "active") && now < g.expires_at;
   if (!live) throw new BerthError("borrow_not_active", `borrow_not_active: borrow ${g.id} is ${g.state}${g.reason ? ` (${g.reason})` : ""}; borrow again`);
-  const m = await readMachine(tx, g.machine_id);
-  const pool = await readPool(tx, p.org, poolName);
-  if (!m || !pool) throw new BerthError("borrow_not_active", `borrow_not_active: borrow ${g.id}'s machine is gone; borrow again`);
+  const { m, pool } = await resentBorrowMachine(tx, g.id, g.machine_id, p.org, poolName);
   return {
     borrowId: g.id,
     borrowToken: chosen.borrowToken,
@@ -162,7 +161,7 @@ async function earlierGrant(tx: Tx, p: Principal, poolName: string, fingerprint:
     heartbeatDeadline: g.heartbeat_deadline,
     heartbeatMs: pool.heartbeatMs,
     expiresAt: g.expires_at,
-    machine: { id: m.id, generation: g.generation, ssh: { host: m.ssh_host, port: m.ssh_port, user: m.ssh_user, hostKey: m.host_key } },
+    machine: lentMachine(m, g.generation),
     repeated: true,
   };
 }

@@ -30,6 +30,7 @@ import type { InstallKeyArgs } from "../../protocol/operations.js";
 import type { Ctx } from "../context.js";
 import type { Principal } from "../auth.js";
 import { applyTransition } from "./transition.js";
+import { lentMachine } from "./lent-machine.js";
 import { borrowPortable } from "./grant-borrow.js";
 import { invalidateGrant } from "./grants.js";
 import type { PortableApi } from "./portable-api.js";
@@ -178,7 +179,7 @@ function presentGrant(g: GrantRow, m: MachineRow | undefined) {
     activatedAt: g.activated_at,
     endedAt: g.ended_at,
     machine: m
-      ? { id: m.id, state: m.state, generation: m.generation, ssh: { host: m.ssh_host, port: m.ssh_port, user: m.ssh_user, hostKey: m.host_key } }
+      ? { ...lentMachine(m, m.generation), state: m.state }
       : { id: g.machine_id, state: "pruned" },
     cleanup: cleanupStatus(g, m),
   };
